@@ -1,0 +1,239 @@
+//! The command line: clap definitions and the glue from arguments to the
+//! library. main.rs only parses, sets up logging and maps errors to exit
+//! codes.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Exit statuses of sluice's own failures (a wrapped command's status is
+/// passed through unchanged).
+pub mod exit {
+    /// Bad input: a malformed policy, bad arguments.
+    pub const BAD_INPUT: i32 = 2;
+    /// The environment cannot enforce: not root, nft or ip missing, the
+    /// ruleset did not read back as applied.
+    pub const CANNOT_ENFORCE: i32 = 3;
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A transparent egress proxy for sandboxes",
+    long_about = "sluice runs untrusted code in a network namespace whose only way out is sluice.\n\
+nftables steers every TCP connection and DNS query to sluice and drops everything else;\n\
+sluice decides each connection against a policy, audits every deny, and relays what is allowed.\n\n\
+Start with `sluice demo` (as root) to see it work.",
+    after_help = "Exit status: `sluice run` exits with the wrapped command's status (128+N if signal N \
+ended it). sluice's own failures: 2 bad input (policy, arguments), 3 cannot enforce \
+(not root, nft/ip missing, ruleset read-back mismatch).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
+)]
+pub struct Cli {
+    /// More log output (-v info, -vv debug). Logs go to stderr.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command in a sandbox whose only network path is sluice.
+    #[command(
+        after_help = "Example:\n  sluice run --policy policies/dev.yaml -- curl -sS http://origin.test:8080/\n\n\
+Allowed connections behave as without sluice. Denied plain-HTTP requests get a 403 naming the \
+rule and reason; other denied TCP gets a reset; UDP other than DNS, ICMP and raw IP are dropped \
+(sends fail with EPERM). Needs root."
+    )]
+    Run(RunArgs),
+    /// Validate a policy file; prints a summary or every error with file:line:column.
+    Check {
+        /// The policy YAML file.
+        #[arg(long, value_name = "FILE")]
+        policy: PathBuf,
+    },
+    /// Show what a policy decides for one destination.
+    #[command(after_help = "Examples:\n  sluice explain --policy policies/dev.yaml 198.18.0.1:8080\n  \
+sluice explain --policy policies/dev.yaml 198.18.0.1:443 --host origin.test\n\n\
+With --host, the name is assumed to have been resolved by sluice's DNS to DEST.")]
+    Explain {
+        /// The policy YAML file.
+        #[arg(long, value_name = "FILE")]
+        policy: PathBuf,
+        /// Destination address, with optional port (IPv6 as [addr]:port). Port defaults to 443.
+        #[arg(value_name = "DEST[:PORT]")]
+        dest: String,
+        /// Hostname the connection names (TLS SNI, HTTP Host, or resolved name).
+        #[arg(long, value_name = "NAME")]
+        host: Option<String>,
+    },
+    /// Show sluice at work on a throwaway topology (needs root; touches nothing outside it).
+    Demo,
+    /// A small network client used by the demo and the tests to probe a sandbox from inside.
+    #[command(subcommand)]
+    Probe(ProbeCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The policy YAML file to enforce.
+    #[arg(long, value_name = "FILE")]
+    pub policy: PathBuf,
+    /// Append audit records (JSONL, hash-chained) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
+    /// Audit allowed connections too, not only denies.
+    #[arg(long)]
+    pub audit_allows: bool,
+    /// Run the command as USER (name or uid) instead of root.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Connections relayed at once; more wait for a free slot.
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    pub max_connections: usize,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProbeCommand {
+    /// HTTP GET a URL (http:// only); prints status and body length; exit 0 on a 2xx.
+    Http {
+        url: String,
+        /// Print the body to stdout.
+        #[arg(long)]
+        body: bool,
+    },
+    /// TLS handshake with HOST:PORT (or ADDR:PORT with --sni), then HTTP GET /.
+    Tls {
+        /// Where to connect (host:port or addr:port).
+        target: String,
+        /// Server name to send (default: the host part of TARGET).
+        #[arg(long)]
+        sni: Option<String>,
+        /// PEM file of the CA to trust.
+        #[arg(long, value_name = "FILE")]
+        ca: PathBuf,
+    },
+    /// Open a TCP connection, send LINE, print what comes back.
+    Tcp {
+        target: String,
+        #[arg(long, default_value = "")]
+        send: String,
+    },
+    /// Send one UDP datagram.
+    Udp { target: SocketAddr },
+    /// Send one ICMP echo request over a raw socket.
+    Icmp { target: std::net::IpAddr },
+    /// Resolve NAME through the system's configured DNS server.
+    Dns {
+        name: String,
+        /// AAAA instead of A.
+        #[arg(long)]
+        v6: bool,
+        /// Use TCP instead of UDP.
+        #[arg(long)]
+        tcp: bool,
+    },
+}
+
+/// Run the parsed command; returns the process exit status.
+pub fn execute(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Check { policy } => check(&policy),
+        Command::Explain { policy, dest, host } => explain(&policy, &dest, host.as_deref()),
+        Command::Demo => crate::demo::run(),
+        Command::Probe(probe) => Ok(crate::probe::run(probe)),
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<i32> {
+    use anyhow::Context;
+    let policy = crate::policy::Policy::load(&args.policy)?;
+    require_root("sluice run")?;
+    let label = policy.name().to_string();
+    let opts = crate::app::RunOptions {
+        policy,
+        policy_label: label,
+        audit: args.audit,
+        audit_allows: args.audit_allows,
+        user: args.user,
+        command: args.command,
+        limits: crate::proxy::Limits {
+            max_connections: args.max_connections.max(1),
+            ..Default::default()
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(crate::app::run(opts))
+}
+
+/// Fail early, with what to do, instead of a confusing EPERM later.
+pub fn require_root(what: &str) -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!(
+            "{what} needs root (it creates a network namespace and nftables rules): run it with sudo or as root"
+        );
+    }
+    Ok(())
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<i32> {
+    let policy = crate::policy::Policy::load(path)?;
+    let rules = policy.rules();
+    let allows = rules
+        .iter()
+        .filter(|r| r.action == crate::policy::Verdict::Allow)
+        .count();
+    println!(
+        "{}: policy \"{}\" is valid: {} rules ({} allow, {} deny), mode {}",
+        path.display(),
+        policy.name(),
+        rules.len(),
+        allows,
+        rules.len() - allows,
+        match policy.mode() {
+            crate::policy::Mode::Enforce => "enforce",
+            crate::policy::Mode::Audit => "audit",
+        }
+    );
+    Ok(0)
+}
+
+fn explain(path: &std::path::Path, dest: &str, host: Option<&str>) -> anyhow::Result<i32> {
+    let policy = crate::policy::Policy::load(path)?;
+    let dst = parse_dest(dest)?;
+    let decision = policy.decide(dst, host, &crate::policy::AnyResolution);
+    println!("destination: {dst}");
+    if let Some(host) = host {
+        println!("host:        {host}");
+    }
+    println!("verdict:     {}", decision.verdict.as_str());
+    println!("rule:        {}", decision.rule.unwrap_or("(none)"));
+    println!("reason:      {}", decision.reason.as_str());
+    if policy.mode() == crate::policy::Mode::Audit && decision.verdict == crate::policy::Verdict::Deny {
+        println!("note:        the policy is in audit mode: this deny would be logged, not enforced");
+    }
+    Ok(0)
+}
+
+/// `ADDR`, `ADDR:PORT`, `[V6]:PORT` or a bare IPv6 address; port defaults to 443.
+fn parse_dest(dest: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(addr) = dest.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(ip) = dest.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, 443));
+    }
+    anyhow::bail!(
+        "`{dest}` is not an address: give DEST as 198.18.0.1, 198.18.0.1:8080, 2001:db8::1 or [2001:db8::1]:443"
+    )
+}

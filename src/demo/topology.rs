@@ -1,0 +1,178 @@
+//! A throwaway "host" namespace with origin servers, for the demo and the
+//! tests: everything sluice proxies to lives here, so nothing is ever sent
+//! beyond this machine and the root namespace is never touched.
+//!
+//! The namespace is named (so `ip netns exec` can start sluice in it) and
+//! removed on drop, with every process still inside it killed.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A named network namespace standing in for the host sluice runs on.
+pub struct OuterNetns {
+    name: String,
+}
+
+impl OuterNetns {
+    /// Create `<prefix>-<pid>-<n>` with `lo` up and `addrs` on it.
+    pub fn create(prefix: &str, addrs: &[IpAddr]) -> Result<OuterNetns> {
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        ip(&["netns", "add", &name]).context("cannot create a test namespace")?;
+        let ns = OuterNetns { name };
+        let mut batch = String::from("link set lo up\n");
+        for addr in addrs {
+            let len = if addr.is_ipv4() { 32 } else { 128 };
+            batch.push_str(&format!("addr add {addr}/{len} dev lo\n"));
+        }
+        let mut child = Command::new("ip")
+            .args(["-n", &ns.name, "-batch", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .context("cannot run `ip`: install iproute2")?;
+        child
+            .stdin
+            .take()
+            .expect("piped stdin")
+            .write_all(batch.as_bytes())?;
+        if !child.wait()?.success() {
+            bail!("configuring namespace {} failed", ns.name);
+        }
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.name))
+    }
+
+    /// Run `f` on a thread that entered this namespace (sockets made there
+    /// belong to it).
+    pub fn run_in<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        let path = self.path();
+        std::thread::spawn(move || -> Result<T> {
+            let file = std::fs::File::open(&path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .context("setns into the test namespace")?;
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("namespace thread panicked"))?
+    }
+
+    /// A `Command` that runs `program` inside this namespace.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name]).arg(program);
+        cmd
+    }
+
+    /// Serve HTTP/1.1 on `addr`: `/` answers "hello from origin", `/bytes/N`
+    /// answers N deterministic bytes. Returns the request counter.
+    pub fn http_origin(&self, addr: SocketAddr) -> Result<Arc<AtomicU64>> {
+        let listener = self.run_in(move || TcpListener::bind(addr))??;
+        let hits = Arc::new(AtomicU64::new(0));
+        let counter = hits.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { break };
+                counter.fetch_add(1, Ordering::Relaxed);
+                std::thread::spawn(move || serve_http(stream));
+            }
+        });
+        Ok(hits)
+    }
+
+    /// Count the datagrams arriving on `addr` (there should be none).
+    pub fn udp_sink(&self, addr: SocketAddr) -> Result<Arc<AtomicU64>> {
+        let socket = self.run_in(move || UdpSocket::bind(addr))??;
+        let hits = Arc::new(AtomicU64::new(0));
+        let counter = hits.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while socket.recv_from(&mut buf).is_ok() {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        Ok(hits)
+    }
+}
+
+impl Drop for OuterNetns {
+    fn drop(&mut self) {
+        // Kill anything still running in the namespace, then remove it.
+        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                if let Ok(pid) = pid.parse::<i32>() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("cannot run `ip`: install iproute2")?;
+    if !out.status.success() {
+        bail!(
+            "ip {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The body `/bytes/N` serves: byte i is (i * 31 + 7) mod 251.
+pub fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i * 31 + 7) % 251) as u8).collect()
+}
+
+fn serve_http(mut stream: std::net::TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.len() > 64 * 1024 {
+            return;
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let body = match path.strip_prefix("/bytes/").and_then(|n| n.parse::<usize>().ok()) {
+        Some(n) => pattern(n.min(64 << 20)),
+        None => b"hello from origin\n".to_vec(),
+    };
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(reply.as_bytes());
+    let _ = stream.write_all(&body);
+}

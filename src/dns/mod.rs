@@ -1,0 +1,1 @@
+//! dns (in progress)

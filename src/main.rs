@@ -1,0 +1,43 @@
+//! The sluice binary: parse, set up logging, run, map errors to exit codes.
+
+#[cfg(sluice_wip)]
+use clap::Parser;
+#[cfg(sluice_wip)]
+use sluice::cli::{exit, Cli};
+
+#[cfg(not(sluice_wip))]
+fn main() {}
+
+#[cfg(sluice_wip)]
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let code = match sluice::cli::execute(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("sluice: error: {err:#}");
+            if err.chain().any(|e| e.is::<sluice::policy::PolicyError>()) {
+                exit::BAD_INPUT
+            } else {
+                exit::CANNOT_ENFORCE
+            }
+        }
+    };
+    std::process::exit(code);
+}
+
+#[cfg(sluice_wip)]
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "sluice=warn",
+        1 => "sluice=info",
+        _ => "sluice=debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

@@ -1,0 +1,290 @@
+//! `sluice probe`: a deliberately small network client that the demo and the
+//! tests run inside a sandbox, so neither depends on curl, dig or ping being
+//! installed. Each probe prints one line saying what happened and exits 0 on
+//! success, 1 on failure.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
+use std::time::Duration;
+
+use crate::cli::ProbeCommand;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+pub fn run(probe: ProbeCommand) -> i32 {
+    let result = match probe {
+        ProbeCommand::Http { url, body } => http(&url, body),
+        ProbeCommand::Tls { target, sni, ca } => tls(&target, sni.as_deref(), &ca),
+        ProbeCommand::Tcp { target, send } => tcp(&target, &send),
+        ProbeCommand::Udp { target } => udp(target),
+        ProbeCommand::Icmp { target } => icmp(target),
+        ProbeCommand::Dns { name, v6, tcp } => dns(&name, v6, tcp),
+    };
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            0
+        }
+        Err(line) => {
+            println!("{line}");
+            1
+        }
+    }
+}
+
+type Outcome = Result<String, String>;
+
+fn connect(target: &str) -> Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = target
+        .to_socket_addrs()
+        .map_err(|e| format!("FAIL resolve {target}: {e}"))?
+        .collect();
+    let mut last = format!("FAIL resolve {target}: no addresses");
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, TIMEOUT) {
+            Ok(s) => {
+                let _ = s.set_read_timeout(Some(TIMEOUT));
+                let _ = s.set_write_timeout(Some(TIMEOUT));
+                return Ok(s);
+            }
+            Err(e) => last = format!("FAIL connect {addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+fn http(url: &str, print_body: bool) -> Outcome {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("FAIL {url}: only http:// URLs"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let target = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !authority.ends_with(']')
+    {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    let host = authority;
+    let mut stream = connect(&target)?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: sluice-probe\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("FAIL send: {e}"))?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .map_err(|e| format!("FAIL read: {e}"))?;
+    let head_end = find(&response, b"\r\n\r\n").ok_or("FAIL no HTTP response".to_string())?;
+    let head = String::from_utf8_lossy(&response[..head_end]).to_string();
+    let body = &response[head_end + 4..];
+    let status_line = head.lines().next().unwrap_or("").to_string();
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if print_body {
+        let _ = std::io::stdout().write_all(body);
+    }
+    let line = format!(
+        "HTTP {status} {} bytes sha256={} {}",
+        body.len(),
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)),
+        String::from_utf8_lossy(&body[..body.len().min(120)]).trim()
+    );
+    if (200..300).contains(&status) {
+        Ok(line)
+    } else {
+        Err(line)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
+    use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+    let name = sni
+        .map(str::to_string)
+        .unwrap_or_else(|| target.rsplit_once(':').map(|(h, _)| h).unwrap_or(target).to_string());
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca).map_err(|e| format!("FAIL read CA {}: {e}", ca.display()))?;
+    for cert in certs {
+        let cert = cert.map_err(|e| format!("FAIL parse CA {}: {e}", ca.display()))?;
+        roots.add(cert).map_err(|e| format!("FAIL CA: {e}"))?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("FAIL tls config: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let server_name = ServerName::try_from(name.clone()).map_err(|e| format!("FAIL name {name}: {e}"))?;
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), server_name)
+        .map_err(|e| format!("FAIL tls: {e}"))?;
+    let stream = connect(target)?;
+    let mut tls = rustls::StreamOwned::new(conn, stream);
+    let request = format!("GET / HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes())
+        .map_err(|e| format!("FAIL tls handshake/send: {e}"))?;
+    let mut response = Vec::new();
+    match tls.read_to_end(&mut response) {
+        Ok(_) => {}
+        // Servers that close without close_notify still gave us the answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !response.is_empty() => {}
+        Err(e) => return Err(format!("FAIL tls read: {e}")),
+    }
+    let first = String::from_utf8_lossy(&response);
+    let status_line = first.lines().next().unwrap_or("").to_string();
+    if status_line.contains(" 200 ") {
+        Ok(format!("TLS {name} {status_line}"))
+    } else {
+        Err(format!("FAIL TLS {name}: {status_line}"))
+    }
+}
+
+fn tcp(target: &str, send: &str) -> Outcome {
+    let mut stream = connect(target)?;
+    if !send.is_empty() {
+        stream
+            .write_all(send.as_bytes())
+            .map_err(|e| format!("FAIL send: {e}"))?;
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut back = Vec::new();
+    match stream.read_to_end(&mut back) {
+        Ok(_) => Ok(format!(
+            "TCP {target} ok: {}",
+            String::from_utf8_lossy(&back).trim()
+        )),
+        Err(e) => Err(format!("FAIL read {target}: {e}")),
+    }
+}
+
+fn udp(target: SocketAddr) -> Outcome {
+    let bind: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let socket = UdpSocket::bind(bind).map_err(|e| format!("FAIL bind: {e}"))?;
+    match socket.send_to(b"sluice-probe", target) {
+        Ok(n) => Ok(format!("UDP sent {n} bytes to {target}")),
+        Err(e) => Err(format!("FAIL UDP send to {target}: {e}")),
+    }
+}
+
+fn icmp(target: IpAddr) -> Outcome {
+    use nix::sys::socket::{sendto, socket, AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6};
+    let (family, proto, kind) = match target {
+        IpAddr::V4(_) => (AddressFamily::Inet, SockProtocol::Icmp, 8u8),
+        IpAddr::V6(_) => (AddressFamily::Inet6, SockProtocol::IcmpV6, 128u8),
+    };
+    let fd = socket(family, SockType::Raw, SockFlag::empty(), proto)
+        .map_err(|e| format!("FAIL raw socket: {e}"))?;
+    // Echo request: type, code, checksum, id, seq, payload.
+    let mut packet = [kind, 0, 0, 0, 0x51, 0x1c, 0, 1, b's', b'l', b'u', b'i'];
+    if target.is_ipv4() {
+        let sum = checksum(&packet);
+        packet[2..4].copy_from_slice(&sum.to_be_bytes());
+    }
+    let sent = match target {
+        IpAddr::V4(ip) => sendto(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &packet,
+            &SockaddrIn::from(std::net::SocketAddrV4::new(ip, 0)),
+            nix::sys::socket::MsgFlags::empty(),
+        ),
+        IpAddr::V6(ip) => sendto(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &packet,
+            &SockaddrIn6::from(std::net::SocketAddrV6::new(ip, 0, 0, 0)),
+            nix::sys::socket::MsgFlags::empty(),
+        ),
+    };
+    match sent {
+        Ok(n) => Ok(format!("ICMP echo sent {n} bytes to {target}")),
+        Err(e) => Err(format!("FAIL ICMP send to {target}: {e}")),
+    }
+}
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for pair in data.chunks(2) {
+        let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
+        sum += u32::from(word);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+fn dns(name: &str, v6: bool, use_tcp: bool) -> Outcome {
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    let server = system_nameserver();
+    let qname = Name::from_ascii(name).map_err(|e| format!("FAIL name {name}: {e}"))?;
+    let rtype = if v6 { RecordType::AAAA } else { RecordType::A };
+    let mut msg = Message::new(0x5151, MessageType::Query, OpCode::Query);
+    msg.metadata.recursion_desired = true;
+    msg.add_query(Query::query(qname, rtype));
+    let bytes = msg.to_vec().map_err(|e| format!("FAIL encode: {e}"))?;
+    let reply = if use_tcp {
+        let mut s = connect(&server.to_string())?;
+        let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+        framed.extend_from_slice(&bytes);
+        s.write_all(&framed).map_err(|e| format!("FAIL send: {e}"))?;
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len).map_err(|e| format!("FAIL read: {e}"))?;
+        let mut body = vec![0u8; u16::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).map_err(|e| format!("FAIL read: {e}"))?;
+        body
+    } else {
+        let bind = if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+        let socket = UdpSocket::bind(bind).map_err(|e| format!("FAIL bind: {e}"))?;
+        let _ = socket.set_read_timeout(Some(TIMEOUT));
+        socket
+            .send_to(&bytes, server)
+            .map_err(|e| format!("FAIL send to {server}: {e}"))?;
+        let mut buf = vec![0u8; 4096];
+        let (n, _) = socket
+            .recv_from(&mut buf)
+            .map_err(|e| format!("FAIL no answer from {server}: {e}"))?;
+        buf.truncate(n);
+        buf
+    };
+    let answer = Message::from_vec(&reply).map_err(|e| format!("FAIL bad answer: {e}"))?;
+    let code = answer.metadata.response_code;
+    let addrs: Vec<String> = answer
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            hickory_proto::rr::RData::A(a) => Some(a.to_string()),
+            hickory_proto::rr::RData::AAAA(a) => Some(a.to_string()),
+            _ => None,
+        })
+        .collect();
+    let line = format!("DNS {name} {rtype} {code} {}", addrs.join(","));
+    if addrs.is_empty() {
+        Err(format!("FAIL {line}"))
+    } else {
+        Ok(line)
+    }
+}
+
+fn system_nameserver() -> SocketAddr {
+    std::fs::read_to_string("/etc/resolv.conf")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|ip| ip.trim().parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, 53))
+        .next()
+        .unwrap_or_else(|| SocketAddr::from(([198, 18, 0, 53], 53)))
+}

@@ -1,0 +1,168 @@
+//! The proxy: listeners inside the sandbox namespace, the original
+//! destination of each redirected connection, a bounded peek at the first
+//! bytes (TLS SNI, HTTP Host), the policy decision, the upstream connect from
+//! sluice's own namespace, and the byte relay.
+//!
+//! It knows nothing of nftables or namespaces: it is handed already-bound
+//! listeners and asks `policy` (through the swappable handle) for decisions,
+//! reporting denies to `audit`.
+
+#[cfg(sluice_wip)]
+mod connection;
+#[cfg(sluice_wip)]
+mod original_dst;
+pub mod peek;
+#[cfg(sluice_wip)]
+mod relay;
+#[cfg(sluice_wip)]
+mod wip {
+
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::audit::AuditLog;
+use crate::bundle::PolicyHandle;
+use crate::dns::DnsCache;
+
+pub use original_dst::original_dst;
+
+/// Bounds that keep a flood of connections or a slow client at a bounded cost.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Connections relayed at once; further accepts wait for a slot.
+    pub max_connections: usize,
+    /// Bytes read from the client while looking for SNI / Host.
+    pub peek_bytes: usize,
+    /// How long to wait for the client's first bytes before deciding on the
+    /// address alone (server-first protocols such as SSH or SMTP).
+    pub peek_timeout: Duration,
+    /// Upstream connect timeout.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 4096,
+            peek_bytes: 16 * 1024,
+            peek_timeout: Duration::from_millis(300),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything a connection task needs, shared by all of them.
+pub struct ProxyContext {
+    pub policy: PolicyHandle,
+    pub dns: Arc<DnsCache>,
+    pub audit: AuditLog,
+    /// Also audit allowed connections (`--audit-allows`).
+    pub audit_allows: bool,
+    /// The sandbox id audit records carry.
+    pub sandbox: String,
+    /// host | oci | vm
+    pub path: &'static str,
+    pub limits: Limits,
+    slots: Arc<Semaphore>,
+    limit_logged: AtomicBool,
+}
+
+impl ProxyContext {
+    pub fn new(
+        policy: PolicyHandle,
+        dns: Arc<DnsCache>,
+        audit: AuditLog,
+        sandbox: String,
+        path: &'static str,
+        limits: Limits,
+    ) -> ProxyContext {
+        ProxyContext {
+            policy,
+            dns,
+            audit,
+            audit_allows: false,
+            sandbox,
+            path,
+            slots: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
+            limit_logged: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Accept connections on `listener` until `shutdown` turns true, then give
+/// the connections in flight `grace` to finish before aborting them.
+pub async fn serve(
+    listener: TcpListener,
+    ctx: Arc<ProxyContext>,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let permit = match ctx.slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if !ctx.limit_logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        limit = ctx.limits.max_connections,
+                        "connection limit reached: new connections wait until one closes"
+                    );
+                }
+                tokio::select! {
+                    permit = ctx.slots.clone().acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        Err(_) => break,
+                    },
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                }
+            }
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait_for(|stop| *stop) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(%err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let ctx = ctx.clone();
+        connections.spawn(async move {
+            connection::handle(stream, peer, &ctx).await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::debug!(
+            left = connections.len(),
+            "connections still open at the shutdown deadline: closing them"
+        );
+        connections.shutdown().await;
+    }
+}
+
+/// The address a listener must not be asked to proxy to (itself).
+pub fn is_listener_addr(dst: SocketAddr, listener_port: u16) -> bool {
+    dst.ip().is_loopback() && dst.port() == listener_port
+}
+}
+#[cfg(sluice_wip)]
+pub use wip::*;
