@@ -1,14 +1,8 @@
 //! The sluice binary: parse, set up logging, run, map errors to exit codes.
 
-#[cfg(sluice_wip)]
 use clap::Parser;
-#[cfg(sluice_wip)]
 use sluice::cli::{exit, Cli};
 
-#[cfg(not(sluice_wip))]
-fn main() {}
-
-#[cfg(sluice_wip)]
 fn main() {
     let cli = Cli::parse();
     init_logging(cli.verbose);
@@ -26,7 +20,6 @@ fn main() {
     std::process::exit(code);
 }
 
-#[cfg(sluice_wip)]
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "sluice=warn",

@@ -157,6 +157,20 @@ fn changed_policy_and_extra_rule_fail_verification() {
 }
 
 #[test]
+fn foreign_table_in_sandbox_fails_verification() {
+    let Some(_guard) = privileged("foreign_table_in_sandbox_fails_verification") else {
+        return;
+    };
+    let ns = enforced_sandbox();
+    nft_in(&ns, &["add", "table", "ip", "intruder"]);
+    let err = ns.run_in(|| enforce::verify(&spec())).unwrap().unwrap_err();
+    assert!(
+        err.to_string().contains("unexpected table ip intruder"),
+        "{err}"
+    );
+}
+
+#[test]
 fn verify_without_table_says_apply_first() {
     let Some(_guard) = privileged("verify_without_table_says_apply_first") else {
         return;

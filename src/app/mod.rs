@@ -55,6 +55,11 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     let netns = SandboxNetns::create().context("cannot create the sandbox network namespace")?;
     let sandbox = attach::prepare(netns).context("cannot enforce the sandbox")?;
     let sandbox_id = format!("host-{}", std::process::id());
+    tracing::info!(
+        netns_inode = sandbox.netns.inode(),
+        sandbox = %sandbox_id,
+        "sandbox ready"
+    );
 
     let policy = PolicyHandle::new(opts.policy, opts.policy_label);
     let (audit, audit_writer) = AuditWriter::new(opts.audit.as_deref());

@@ -207,7 +207,10 @@ mod tests {
         assert!(cache.resolved("PYPI.ORG.", ip("198.18.0.7")));
         assert!(!cache.resolved("pypi.org", ip("198.18.0.8")));
         assert!(!cache.resolved("other.org", ip("198.18.0.7")));
-        assert_eq!(cache.name_for(ip("198.18.0.7")).as_deref(), Some("pypi.org"));
+        assert_eq!(
+            cache.name_for(ip("198.18.0.7")).as_deref(),
+            Some("pypi.org")
+        );
         assert_eq!(cache.name_for(ip("198.18.0.8")), None);
     }
 

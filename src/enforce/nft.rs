@@ -31,10 +31,46 @@ pub fn apply(spec: &SandboxSpec) -> Result<(), EnforceError> {
 /// Reads `inet sluice` back and compares chains (type, hook, priority,
 /// policy) and every rule's expressions, in order, with what [`ruleset`]
 /// builds for `spec`. Handles and counter values are ignored.
+///
+/// In host mode the namespace belongs to the sandbox alone, so any other
+/// table in it is a mismatch too: a foreign chain could, for instance, DNAT
+/// traffic past `ct status dnat accept`. (Tap mode may share its namespace
+/// with the host's own firewall, so there only `inet sluice` is checked.)
 pub fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
     let want = Table::from_batch(&serde_json::to_value(ruleset(spec)).map_err(parse_err)?)?;
     let got = Table::from_listing(&list_table()?)?;
-    want.compare(&got).map_err(EnforceError::Mismatch)
+    want.compare(&got).map_err(EnforceError::Mismatch)?;
+    if spec.tap.is_none() {
+        if let Some(other) = foreign_tables()?.into_iter().next() {
+            return Err(EnforceError::Mismatch(format!(
+                "unexpected table {other} in the sandbox namespace"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `family name` of every table in this namespace except `inet sluice`.
+fn foreign_tables() -> Result<Vec<String>, EnforceError> {
+    let out = nft(&["-j", "list", "tables"], None)?;
+    if !out.status.success() {
+        return Err(EnforceError::List {
+            stderr: stderr_of(&out),
+        });
+    }
+    let doc: Value = serde_json::from_slice(&out.stdout).map_err(parse_err)?;
+    Ok(objects(&doc)?
+        .iter()
+        .filter_map(|o| o.get("table"))
+        .map(|t| {
+            (
+                t["family"].as_str().unwrap_or_default(),
+                t["name"].as_str().unwrap_or_default(),
+            )
+        })
+        .filter(|&(family, name)| !(family == "inet" && name == TABLE))
+        .map(|(family, name)| format!("{family} {name}"))
+        .collect())
 }
 
 /// Packets dropped so far by the table's counted drop rules in this thread's

@@ -317,6 +317,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sandbox_netns_can_be_shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<SandboxNetns>();
+    }
+
+    #[test]
     fn setup_script_puts_both_veth_ends_and_routes_inside() {
         let s = setup_script();
         assert!(s.contains("link add sbx0 type veth peer name sbx1\n"));

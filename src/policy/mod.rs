@@ -1,1 +1,249 @@
-//! policy (in progress)
+//! The policy: what a sandbox may connect to. This module owns the YAML
+//! format (`version: 1`), its validation with `FILE:LINE:COL` messages for
+//! every violation at once, and the compiled matcher that turns a
+//! destination (address, port, optional hostname) into a [`Decision`].
+//! It is pure: no sockets, no tokio, no nftables, no clock. A [`Policy`] is
+//! immutable once built and cheap to share behind an `Arc`; [`Policy::decide`]
+//! does not allocate.
+//!
+//! Semantics (DESIGN.md, "Policy file"): default deny; a matching deny rule
+//! wins over any allow; else the first matching allow rule allows. A rule
+//! matches when its ports cover the port and its `cidrs` contain the address
+//! or its `hosts` match the name. An allow that only a `hosts` rule gives is
+//! refused for private addresses and for addresses sluice's own DNS did not
+//! return for that name.
+
+mod error;
+mod hostname;
+mod matcher;
+mod model;
+mod net;
+mod validate;
+mod yaml;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::{PolicyError, Violation};
+pub use model::{DnsConfig, Mode, PortRange, Reason, Rule, Verdict};
+pub use net::is_private;
+
+use matcher::Matcher;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+/// At most this many violations are located and reported; the rest are
+/// counted. Locating one costs a parse of the file.
+const MAX_REPORTED: usize = 100;
+
+/// Answers "did sluice's own DNS return `ip` for `name`?". Implemented by the
+/// DNS cache. `name` is passed lowercased without a trailing dot, and `ip`
+/// with IPv4-mapped IPv6 turned into IPv4.
+pub trait ResolvedNames {
+    fn resolved(&self, name: &str, ip: IpAddr) -> bool;
+}
+
+/// Treats every name as having resolved to every address (for `sluice
+/// explain`, which has no DNS history).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnyResolution;
+
+impl ResolvedNames for AnyResolution {
+    fn resolved(&self, _name: &str, _ip: IpAddr) -> bool {
+        true
+    }
+}
+
+/// The outcome for one connection. `rule` borrows the rule name from the
+/// policy; it is `None` only for [`Reason::NoRule`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision<'p> {
+    pub verdict: Verdict,
+    pub rule: Option<&'p str>,
+    pub reason: Reason,
+}
+
+/// A validated, compiled policy.
+#[derive(Debug)]
+pub struct Policy {
+    name: String,
+    mode: Mode,
+    dns: DnsConfig,
+    rules: Vec<Rule>,
+    matcher: Matcher,
+}
+
+impl Policy {
+    /// Parses and validates `text`; `origin` names the file in messages.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Policy, PolicyError> {
+        let root = yaml::parse(text).map_err(|e| PolicyError::Invalid {
+            violations: vec![Violation {
+                origin: origin.to_string(),
+                line: e.line,
+                column: e.column,
+                message: e.message,
+            }],
+        })?;
+        match validate::validate(&root) {
+            Ok(v) => Ok(Policy {
+                matcher: Matcher::new(&v.rules),
+                name: v.name,
+                mode: v.mode,
+                dns: v.dns,
+                rules: v.rules,
+            }),
+            Err(problems) => Err(PolicyError::Invalid {
+                violations: locate_all(text, origin, problems),
+            }),
+        }
+    }
+
+    /// Reads `path` (at most 4 MiB) and parses it; messages name the path.
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let shown = path.display().to_string();
+        let io = |source| PolicyError::Io {
+            path: shown.clone(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let mut bytes = Vec::new();
+        file.take(yaml::MAX_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        match String::from_utf8(bytes) {
+            Ok(text) => Policy::from_yaml(&text, &shown),
+            Err(e) => {
+                let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+                let line = 1 + good.iter().filter(|b| **b == b'\n').count();
+                let column = 1 + good.iter().rev().take_while(|b| **b != b'\n').count();
+                Err(PolicyError::Invalid {
+                    violations: vec![Violation {
+                        origin: shown.clone(),
+                        line,
+                        column,
+                        message: "the file is not UTF-8 text; save it as UTF-8".into(),
+                    }],
+                })
+            }
+        }
+    }
+
+    /// The policy's `name`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn dns(&self) -> &DnsConfig {
+        &self.dns
+    }
+
+    /// The validated rules in file order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Decides a connection to `dst`, whose hostname (SNI, Host, or the name
+    /// the sandbox resolved) is `host`. The same in both modes; does not
+    /// allocate.
+    pub fn decide(
+        &self,
+        dst: SocketAddr,
+        host: Option<&str>,
+        resolved: &dyn ResolvedNames,
+    ) -> Decision<'_> {
+        let ip = net::canonical(dst.ip());
+        let port = dst.port();
+        let mut buf = [0u8; hostname::MAX_NAME];
+        let name = host.and_then(|h| hostname::normalize(h, &mut buf));
+
+        if let Some(r) = self.matcher.deny(ip, name, port) {
+            return self.decision(Verdict::Deny, r, Reason::DenyRule);
+        }
+        if let Some(r) = self.matcher.allow_cidr(ip, port) {
+            return self.decision(Verdict::Allow, r, Reason::AllowRule);
+        }
+        if let Some(name) = name {
+            if let Some(r) = self.matcher.allow_host(name, port) {
+                return if is_private(ip) {
+                    self.decision(Verdict::Deny, r, Reason::PrivateAddress)
+                } else if !resolved.resolved(name, ip) {
+                    self.decision(Verdict::Deny, r, Reason::HostAddressMismatch)
+                } else {
+                    self.decision(Verdict::Allow, r, Reason::AllowRule)
+                };
+            }
+        }
+        Decision {
+            verdict: Verdict::Deny,
+            rule: None,
+            reason: Reason::NoRule,
+        }
+    }
+
+    /// True if some rule with `hosts` (allow or deny) covers `port`, so the
+    /// hostname could change the verdict and is worth peeking for.
+    pub fn host_can_matter(&self, port: u16) -> bool {
+        self.matcher.host_can_matter(port)
+    }
+
+    /// For DNS: true if some allow rule's `hosts` match `name` (any port)
+    /// and no deny rule covering every port names it.
+    pub fn admits_name(&self, name: &str) -> bool {
+        let mut buf = [0u8; hostname::MAX_NAME];
+        hostname::normalize(name, &mut buf).is_some_and(|n| self.matcher.admits_name(n))
+    }
+
+    fn decision(&self, verdict: Verdict, rule: u32, reason: Reason) -> Decision<'_> {
+        Decision {
+            verdict,
+            rule: Some(&self.rules[rule as usize].name),
+            reason,
+        }
+    }
+}
+
+/// Looks up where each problem is and renders the messages, sorted by
+/// position.
+fn locate_all(text: &str, origin: &str, problems: Vec<validate::Problem>) -> Vec<Violation> {
+    let total = problems.len();
+    let mut out: Vec<Violation> = problems
+        .into_iter()
+        .take(MAX_REPORTED)
+        .map(|p| {
+            let (line, column) = yaml::locate(text, &p.at).unwrap_or((1, 1));
+            let message = match &p.first {
+                Some(first) => {
+                    let place = yaml::locate(text, first)
+                        .map_or_else(|| "an earlier line".to_string(), |(l, _)| format!("line {l}"));
+                    p.message.replace(validate::FIRST, &place)
+                }
+                None => p.message,
+            };
+            Violation {
+                origin: origin.to_string(),
+                line,
+                column,
+                message,
+            }
+        })
+        .collect();
+    out.sort_by_key(|v| (v.line, v.column));
+    if total > MAX_REPORTED {
+        let (line, column) = out.last().map_or((1, 1), |v| (v.line, v.column));
+        out.push(Violation {
+            origin: origin.to_string(),
+            line,
+            column,
+            message: format!(
+                "{} more problems not shown; fix the ones above and check again",
+                total - MAX_REPORTED
+            ),
+        });
+    }
+    out
+}

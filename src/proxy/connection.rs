@@ -33,8 +33,10 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
     let policy = ctx.policy.current();
 
     let mut first = FirstBytes::default();
+    let mut peeked = false;
     if policy.host_can_matter(dst.port()) {
         first = peek(&mut client, ctx).await;
+        peeked = true;
     }
     let host = first
         .host
@@ -60,6 +62,11 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
                 .await;
             tracing::debug!(%peer, %dst, ?host, rule = ?decision.rule, reason = decision.reason.as_str(), "{verdict}");
             if enforce {
+                // A denied plain-HTTP client deserves a readable answer; only
+                // denies pay for finding out whether it speaks HTTP.
+                if !peeked {
+                    first = peek(&mut client, ctx).await;
+                }
                 if first.http {
                     reply_forbidden(client, &decision).await;
                 } else {

@@ -7,15 +7,10 @@
 //! listeners and asks `policy` (through the swappable handle) for decisions,
 //! reporting denies to `audit`.
 
-#[cfg(sluice_wip)]
 mod connection;
-#[cfg(sluice_wip)]
 mod original_dst;
 pub mod peek;
-#[cfg(sluice_wip)]
 mod relay;
-#[cfg(sluice_wip)]
-mod wip {
 
 
 use std::net::SocketAddr;
@@ -163,6 +158,3 @@ pub async fn serve(
 pub fn is_listener_addr(dst: SocketAddr, listener_port: u16) -> bool {
     dst.ip().is_loopback() && dst.port() == listener_port
 }
-}
-#[cfg(sluice_wip)]
-pub use wip::*;

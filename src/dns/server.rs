@@ -1,0 +1,152 @@
+//! The UDP and TCP front ends: bounded concurrency, per-query tasks owned
+//! by the server (aborting the server aborts them), answers sized for the
+//! transport.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::op::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::timeout;
+
+use super::{answer, DnsContext};
+
+/// UDP queries answered at once; more wait in the socket buffer.
+pub const MAX_UDP_IN_FLIGHT: usize = 256;
+/// TCP connections served at once; more wait in the accept queue.
+pub const MAX_TCP_CONNECTIONS: usize = 64;
+/// A TCP connection silent this long (or this slow to send a query) is closed.
+pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest UDP query read.
+const UDP_READ: usize = 4096;
+/// UDP answer size without EDNS (RFC 1035).
+const UDP_CLASSIC: usize = 512;
+/// Pause after a socket error, so a persistent one cannot spin.
+const ERROR_BACKOFF: Duration = Duration::from_millis(10);
+
+/// Answer queries on `socket` until the task is aborted.
+pub async fn serve_udp(socket: UdpSocket, ctx: Arc<DnsContext>) {
+    let socket = Arc::new(socket);
+    let permits = Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT));
+    let mut tasks = JoinSet::new();
+    let mut buf = vec![0u8; UDP_READ];
+    loop {
+        reap(&mut tasks);
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return; // the semaphore is never closed
+        };
+        let (n, client) = match socket.recv_from(&mut buf).await {
+            Ok(got) => got,
+            Err(err) => {
+                tracing::warn!(%err, "DNS: UDP receive failed");
+                tokio::time::sleep(ERROR_BACKOFF).await;
+                continue;
+            }
+        };
+        let query = buf[..n].to_vec();
+        let (socket, ctx) = (socket.clone(), ctx.clone());
+        tasks.spawn(async move {
+            let _permit = permit;
+            let Some(response) = answer(&query, &ctx, client).await else {
+                return;
+            };
+            let Some(response) = fit_udp(&query, response) else {
+                return;
+            };
+            if let Err(err) = socket.send_to(&response, client).await {
+                tracing::debug!(%client, %err, "DNS: UDP send failed");
+            }
+        });
+    }
+}
+
+/// Answer queries on connections accepted from `listener` until the task is
+/// aborted: 2-byte length framing, several queries per connection.
+pub async fn serve_tcp(listener: TcpListener, ctx: Arc<DnsContext>) {
+    let permits = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
+    let mut tasks = JoinSet::new();
+    loop {
+        reap(&mut tasks);
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, client) = match listener.accept().await {
+            Ok(got) => got,
+            Err(err) => {
+                tracing::warn!(%err, "DNS: TCP accept failed");
+                tokio::time::sleep(ERROR_BACKOFF).await;
+                continue;
+            }
+        };
+        let ctx = ctx.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            serve_connection(stream, client, &ctx).await;
+        });
+    }
+}
+
+async fn serve_connection(mut stream: TcpStream, client: SocketAddr, ctx: &DnsContext) {
+    let _ = stream.set_nodelay(true);
+    loop {
+        let len = match timeout(TCP_IDLE_TIMEOUT, stream.read_u16()).await {
+            Ok(Ok(len)) => usize::from(len),
+            _ => return, // closed, failed or idle
+        };
+        let mut query = vec![0u8; len];
+        if !matches!(
+            timeout(TCP_IDLE_TIMEOUT, stream.read_exact(&mut query)).await,
+            Ok(Ok(_))
+        ) {
+            return;
+        }
+        let Some(response) = answer(&query, ctx, client).await else {
+            return; // garbage: stop reading this stream
+        };
+        let Ok(rlen) = u16::try_from(response.len()) else {
+            return;
+        };
+        let mut framed = Vec::with_capacity(response.len() + 2);
+        framed.extend_from_slice(&rlen.to_be_bytes());
+        framed.extend_from_slice(&response);
+        if !matches!(
+            timeout(TCP_IDLE_TIMEOUT, stream.write_all(&framed)).await,
+            Ok(Ok(()))
+        ) {
+            return;
+        }
+    }
+}
+
+/// `response` as sent over UDP: unchanged if it fits what the client
+/// accepts (512 bytes, or its EDNS payload size up to 4096), else the
+/// header and question with TC set, so the client retries over TCP.
+fn fit_udp(query: &[u8], response: Vec<u8>) -> Option<Vec<u8>> {
+    if response.len() <= UDP_CLASSIC {
+        return Some(response);
+    }
+    let limit = Message::from_vec(query)
+        .ok()
+        .and_then(|q| q.edns.map(|e| usize::from(e.max_payload())))
+        .unwrap_or(UDP_CLASSIC)
+        .clamp(UDP_CLASSIC, UDP_READ);
+    if response.len() <= limit {
+        return Some(response);
+    }
+    Message::from_vec(&response).ok()?.truncate().to_vec().ok()
+}
+
+/// Collect finished per-query tasks, reporting any that panicked.
+fn reap(tasks: &mut JoinSet<()>) {
+    while let Some(done) = tasks.try_join_next() {
+        if let Err(err) = done {
+            if err.is_panic() {
+                tracing::error!(%err, "DNS: a query task panicked");
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The compiled matcher agrees with a plain reading of the rules, on
+//! randomly generated policies and destinations.
+
+use super::*;
+use crate::policy::{is_private, AnyResolution, Reason, Rule, Verdict};
+use std::fmt::Write;
+use std::net::Ipv6Addr;
+
+/// xorshift64*: deterministic, no extra crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const NAMES: &[&str] = &["a.test", "b.a.test", "c.b.a.test", "x.test", "y.x.test", "test"];
+
+fn matches_host(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => name.len() > suffix.len() + 1 && name.ends_with(&format!(".{suffix}")),
+        None => pattern == name,
+    }
+}
+
+/// A direct reading of the semantics in DESIGN.md.
+fn naive(rules: &[Rule], ip: IpAddr, port: u16, host: Option<&str>) -> (Verdict, Reason, Option<String>) {
+    let by_cidr = |r: &Rule| r.covers_port(port) && r.cidrs.iter().any(|c| c.contains(&ip));
+    let by_host = |r: &Rule| r.covers_port(port) && host.is_some_and(|h| r.hosts.iter().any(|p| matches_host(p, h)));
+    if let Some(r) = rules.iter().find(|r| r.action == Verdict::Deny && (by_cidr(r) || by_host(r))) {
+        return (Verdict::Deny, Reason::DenyRule, Some(r.name.clone()));
+    }
+    if let Some(r) = rules.iter().find(|r| r.action == Verdict::Allow && by_cidr(r)) {
+        return (Verdict::Allow, Reason::AllowRule, Some(r.name.clone()));
+    }
+    if let Some(r) = rules.iter().find(|r| r.action == Verdict::Allow && by_host(r)) {
+        if is_private(ip) {
+            return (Verdict::Deny, Reason::PrivateAddress, Some(r.name.clone()));
+        }
+        return (Verdict::Allow, Reason::AllowRule, Some(r.name.clone()));
+    }
+    (Verdict::Deny, Reason::NoRule, None)
+}
+
+fn random_v4(rng: &mut Rng) -> [u8; 4] {
+    // A small space so that networks overlap and nest often.
+    [[10, 198, 0, 255][rng.below(4) as usize], rng.below(3) as u8, rng.below(3) as u8, rng.below(4) as u8]
+}
+
+fn random_v6(rng: &mut Rng) -> Ipv6Addr {
+    let top = [0x2001u16, 0xfd00, 0xffff][rng.below(3) as usize];
+    Ipv6Addr::new(top, 0xdb8, 0, 0, 0, 0, rng.below(3) as u16, rng.below(4) as u16)
+}
+
+fn random_policy(rng: &mut Rng) -> String {
+    let mut doc = String::from("version: 1\nname: random\nrules:\n");
+    for i in 0..rng.below(12) + 1 {
+        let action = if rng.below(3) == 0 { "deny" } else { "allow" };
+        let mut cidrs = Vec::new();
+        for _ in 0..rng.below(3) {
+            if rng.below(2) == 0 {
+                let prefix = [0u8, 8, 16, 24, 30, 32][rng.below(6) as usize];
+                let net = ipnet::Ipv4Net::new(random_v4(rng).into(), prefix).unwrap().trunc();
+                cidrs.push(format!("\"{net}\""));
+            } else {
+                let prefix = [0u8, 16, 112, 126, 128][rng.below(5) as usize];
+                let net = ipnet::Ipv6Net::new(random_v6(rng), prefix).unwrap().trunc();
+                cidrs.push(format!("\"{net}\""));
+            }
+        }
+        let mut hosts = Vec::new();
+        for _ in 0..rng.below(3) {
+            let name = NAMES[rng.below(NAMES.len() as u64) as usize];
+            hosts.push(if rng.below(2) == 0 { format!("\"*.{name}\"") } else { format!("\"{name}\"") });
+        }
+        if cidrs.is_empty() && hosts.is_empty() {
+            cidrs.push("\"10.0.0.0/8\"".into());
+        }
+        let _ = write!(doc, "  - {{name: r{i}, action: {action}, cidrs: [{}], hosts: [{}]", cidrs.join(","), hosts.join(","));
+        if rng.below(2) == 0 {
+            let a = rng.below(4) + 1;
+            let b = a + rng.below(3);
+            let _ = write!(doc, ", ports: [{a}, \"{}-{}\"]", b, b + rng.below(2));
+        }
+        doc.push_str("}\n");
+    }
+    doc
+}
+
+#[test]
+fn compiled_matcher_agrees_with_plain_reading() {
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    for _ in 0..400 {
+        let yaml = random_policy(&mut rng);
+        let p = policy(&yaml);
+        for _ in 0..200 {
+            let ip: IpAddr = match rng.below(3) {
+                0 => IpAddr::from(random_v4(&mut rng)),
+                1 => IpAddr::from(random_v6(&mut rng)),
+                _ => IpAddr::from(std::net::Ipv4Addr::from(random_v4(&mut rng)).to_ipv6_mapped()),
+            };
+            let port = rng.below(8) as u16 + 1;
+            let host = match rng.below(4) {
+                0 => None,
+                _ => Some(NAMES[rng.below(NAMES.len() as u64) as usize]),
+            };
+            let got = p.decide(SocketAddr::new(ip, port), host, &AnyResolution);
+            let canon = match ip {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+                v4 => v4,
+            };
+            let want = naive(p.rules(), canon, port, host);
+            assert_eq!(
+                (got.verdict, got.reason, got.rule.map(str::to_string)),
+                want,
+                "{ip} port {port} host {host:?}\n{yaml}"
+            );
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Shared topology for the end-to-end tests: a throwaway "host" namespace with
+//! origin servers (sluice's own `demo::topology`), a temp dir for policies and
+//! audit logs, and helpers that run `sluice run` inside it.
+//!
+//! Privileged tests need root, `ip` and `nft`. Without them they skip loudly,
+//! or fail when SLUICE_REQUIRE_PRIVILEGED=1 (as in CI).
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use sluice::demo::topology::{pattern, OuterNetns};
+
+pub const ORIGIN_V4: &str = "198.18.0.1";
+pub const OTHER_V4: &str = "198.18.0.2";
+pub const ORIGIN_V6: &str = "2001:db8::1";
+
+pub fn sluice_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sluice")
+}
+
+/// True when this test may run; false (after saying so) when it must skip.
+pub fn privileged() -> bool {
+    let missing = if !nix::unistd::geteuid().is_root() {
+        Some("not root")
+    } else if !tool_exists("nft") {
+        Some("nft not installed (apt-get install nftables)")
+    } else if !tool_exists("ip") {
+        Some("ip not installed (apt-get install iproute2)")
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(why) if std::env::var("SLUICE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") => {
+            panic!("privileged test cannot run: {why} (SLUICE_REQUIRE_PRIVILEGED=1)")
+        }
+        Some(why) => {
+            eprintln!("SKIPPED: privileged test needs root, nft and ip: {why}");
+            false
+        }
+    }
+}
+
+fn tool_exists(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|p| p.join(tool).is_file())
+    })
+}
+
+/// One test's world: the outer namespace, its origins, a temp dir.
+pub struct World {
+    pub outer: OuterNetns,
+    pub dir: tempfile::TempDir,
+}
+
+impl World {
+    /// The outer namespace with 198.18.0.1, 198.18.0.2 and 2001:db8::1 on
+    /// its loopback; None when the test must skip.
+    pub fn new() -> Option<World> {
+        if !privileged() {
+            return None;
+        }
+        let addrs: Vec<IpAddr> = [ORIGIN_V4, OTHER_V4, ORIGIN_V6]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let outer = OuterNetns::create("sluice-test", &addrs).expect("create test namespace");
+        Some(World {
+            outer,
+            dir: tempfile::tempdir().expect("tempdir"),
+        })
+    }
+
+    pub fn http_origin(&self, addr: &str) -> Arc<std::sync::atomic::AtomicU64> {
+        self.outer.http_origin(addr.parse().unwrap()).expect("http origin")
+    }
+
+    pub fn udp_sink(&self, addr: &str) -> Arc<std::sync::atomic::AtomicU64> {
+        self.outer.udp_sink(addr.parse().unwrap()).expect("udp sink")
+    }
+
+    /// A TCP server that answers "echo:<what it read>" (a protocol with
+    /// neither SNI nor Host).
+    pub fn echo_origin(&self, addr: &str) {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let listener = self.outer.run_in(move || TcpListener::bind(addr)).unwrap().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { break };
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    let _ = stream.read_to_end(&mut got);
+                    let _ = stream.write_all(b"echo:");
+                    let _ = stream.write_all(&got);
+                });
+            }
+        });
+    }
+
+    /// A rustls HTTPS server for `names` on `addr`; returns the CA file to trust.
+    pub fn tls_origin(&self, addr: &str, names: &[&str]) -> PathBuf {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "sluice test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, &ca_key);
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let leaf_params = rcgen::CertificateParams::new(
+            names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+        let ca_path = self.dir.path().join("ca.pem");
+        std::fs::write(&ca_path, ca_cert.pem()).unwrap();
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        let config = Arc::new(config);
+        let addr: SocketAddr = addr.parse().unwrap();
+        let listener = self.outer.run_in(move || TcpListener::bind(addr)).unwrap().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { break };
+                let config = config.clone();
+                std::thread::spawn(move || {
+                    let conn = rustls::ServerConnection::new(config).unwrap();
+                    let mut tls = rustls::StreamOwned::new(conn, stream);
+                    let mut buf = [0u8; 4096];
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body = b"hello over tls\n";
+                    let _ = write!(
+                        tls,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = tls.write_all(body);
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                });
+            }
+        });
+        ca_path
+    }
+
+    /// Write a policy file into the temp dir.
+    pub fn policy(&self, yaml: &str) -> PathBuf {
+        let path = self.dir.path().join("policy.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
+
+    pub fn audit_path(&self) -> PathBuf {
+        self.dir.path().join("audit.jsonl")
+    }
+
+    /// The audit records written so far.
+    pub fn audit(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.audit_path())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
+            .collect()
+    }
+
+    /// `sluice -v run --policy P --audit A -- argv` in the outer namespace.
+    pub fn run_command(&self, policy: &Path, argv: &[&str]) -> Command {
+        let mut cmd = self.outer.command(sluice_bin());
+        cmd.arg("-v")
+            .arg("run")
+            .arg("--policy")
+            .arg(policy)
+            .arg("--audit")
+            .arg(self.audit_path())
+            .arg("--")
+            .args(argv);
+        cmd
+    }
+
+    /// Run to completion (bounded), returning the output.
+    pub fn run(&self, policy: &Path, argv: &[&str]) -> Output {
+        let child = self
+            .run_command(policy, argv)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sluice");
+        wait_bounded(child, Duration::from_secs(60))
+    }
+
+    /// `sluice probe ARGS` inside a sandbox under `policy`.
+    pub fn probe(&self, policy: &Path, args: &[&str]) -> Output {
+        let mut argv = vec![sluice_bin(), "probe"];
+        argv.extend_from_slice(args);
+        self.run(policy, &argv)
+    }
+}
+
+/// Wait for `child` at most `limit`, killing it (and failing) past that.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "command did not finish within {limit:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Poll `cond` until it holds or `limit` passes.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    cond()
+}
+
+/// The sandbox namespace inode sluice logged (`netns_inode=N`).
+pub fn logged_netns_inode(stderr: &str) -> Option<u64> {
+    stderr
+        .split("netns_inode=")
+        .nth(1)?
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Every pid whose network namespace has this inode.
+pub fn processes_in_netns(inode: u64) -> Vec<i32> {
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/ns/net")) {
+            use std::os::unix::fs::MetadataExt;
+            if meta.ino() == inode {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}

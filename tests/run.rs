@@ -1,0 +1,333 @@
+//! `sluice run` end to end: real namespaces, real nftables, real sockets.
+//! Each test builds its own outer namespace (tests/common) and removes it.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+
+/// Allows the origin on 8080 and 7000 (v4 and v6), names origin.test and
+/// tls.test, and denies 198.18.0.1:9090 explicitly.
+const POLICY: &str = r#"
+version: 1
+name: e2e
+rules:
+  - name: origin
+    action: allow
+    cidrs: ["198.18.0.1/32", "2001:db8::1/128"]
+    ports: [8080, 7000]
+  - name: names
+    action: allow
+    hosts: ["origin.test", "*.tls.test"]
+    ports: [8443, 7001, 8081]
+  - name: no-admin
+    action: deny
+    cidrs: ["198.18.0.0/24"]
+    ports: [9090]
+  - name: admin-looks-allowed
+    action: allow
+    cidrs: ["198.18.0.1/32"]
+    ports: [9090]
+dns:
+  upstream: []
+  hosts:
+    origin.test: ["198.18.0.1"]
+    api.tls.test: ["198.18.0.1"]
+    elsewhere.tls.test: ["198.18.0.2"]
+"#;
+
+#[test]
+fn allowed_request_returns_a_1_mib_body_intact() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let out = w.probe(&w.policy(POLICY), &["http", "http://198.18.0.1:8080/bytes/1048576"]);
+    let expected = hex_sha256(&pattern(1 << 20));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(text.contains("HTTP 200 1048576 bytes"), "{text}");
+    assert!(text.contains(&format!("sha256={expected}")), "{text}");
+}
+
+#[test]
+fn denied_port_gets_403_naming_rule_and_reason_and_is_audited() {
+    let Some(w) = World::new() else { return };
+    let hits = w.http_origin("198.18.0.1:8082");
+    let out = w.probe(&w.policy(POLICY), &["http", "--body", "http://198.18.0.1:8082/"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("HTTP 403"), "{text}");
+    assert!(text.contains("no-rule"), "{text}");
+    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let audit = w.audit();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(audit[0]["verdict"], "deny");
+    assert_eq!(audit[0]["reason"], "no-rule");
+    assert_eq!(audit[0]["dst"], "198.18.0.1:8082");
+    assert_eq!(audit[0]["path"], "host");
+}
+
+#[test]
+fn denied_address_is_reset_without_reaching_the_origin() {
+    let Some(w) = World::new() else { return };
+    w.echo_origin("198.18.0.2:7000");
+    let out = w.probe(&w.policy(POLICY), &["tcp", "198.18.0.2:7000", "--send", "hi"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(!text.contains("echo:"), "{text}");
+    assert_eq!(w.audit()[0]["reason"], "no-rule");
+}
+
+#[test]
+fn deny_rule_beats_a_matching_allow_rule() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:9090");
+    let out = w.probe(&w.policy(POLICY), &["http", "--body", "http://198.18.0.1:9090/"]);
+    let text = stdout(&out);
+    assert!(text.contains("HTTP 403"), "{text}");
+    assert!(text.contains("no-admin"), "{text}");
+    assert_eq!(w.audit()[0]["rule"], "no-admin");
+    assert_eq!(w.audit()[0]["reason"], "deny-rule");
+}
+
+#[test]
+fn ipv6_is_allowed_and_denied_like_ipv4() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("[2001:db8::1]:8080");
+    w.http_origin("[2001:db8::1]:8082");
+    let policy = w.policy(POLICY);
+    let allowed = w.probe(&policy, &["http", "http://[2001:db8::1]:8080/"]);
+    assert!(allowed.status.success(), "{}\n{}", stdout(&allowed), stderr(&allowed));
+    let denied = w.probe(&policy, &["http", "http://[2001:db8::1]:8082/"]);
+    assert!(stdout(&denied).contains("HTTP 403"), "{}", stdout(&denied));
+    assert_eq!(w.audit()[0]["dst"], "[2001:db8::1]:8082");
+}
+
+#[test]
+fn hostname_rule_allows_via_http_host() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8081");
+    let out = w.probe(&w.policy(POLICY), &["http", "http://origin.test:8081/"]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+}
+
+#[test]
+fn hostname_rule_allows_via_tls_sni() {
+    let Some(w) = World::new() else { return };
+    let ca = w.tls_origin("198.18.0.1:8443", &["api.tls.test"]);
+    let ca = ca.to_str().unwrap();
+    let out = w.probe(&w.policy(POLICY), &["tls", "api.tls.test:8443", "--ca", ca]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("200"), "{}", stdout(&out));
+}
+
+#[test]
+fn allowed_sni_sent_to_an_address_the_name_does_not_resolve_to_is_denied() {
+    let Some(w) = World::new() else { return };
+    // api.tls.test resolves to 198.18.0.1, but the client connects to .2.
+    let ca = w.tls_origin("198.18.0.2:8443", &["api.tls.test"]);
+    let ca = ca.to_str().unwrap();
+    let policy = w.policy(POLICY);
+    let warmup = w.probe(&policy, &["dns", "api.tls.test"]);
+    assert!(warmup.status.success(), "{}", stdout(&warmup));
+    let out = w.probe(&policy, &["tls", "198.18.0.2:8443", "--sni", "api.tls.test", "--ca", ca]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let audit = w.audit();
+    let last = audit.last().expect("an audit record");
+    assert_eq!(last["reason"], "host-address-mismatch");
+    assert_eq!(last["host"], "api.tls.test");
+}
+
+#[test]
+fn hostname_rule_allows_via_dns_for_a_protocol_without_sni_or_host() {
+    let Some(w) = World::new() else { return };
+    w.echo_origin("198.18.0.1:7001");
+    let script = format!(
+        "{bin} probe dns origin.test && {bin} probe tcp 198.18.0.1:7001 --send ping",
+        bin = sluice_bin()
+    );
+    let out = w.run(&w.policy(POLICY), &["sh", "-c", &script]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("echo:ping"), "{}", stdout(&out));
+}
+
+#[test]
+fn dns_refuses_a_name_no_rule_admits_and_audits_it() {
+    let Some(w) = World::new() else { return };
+    let out = w.probe(&w.policy(POLICY), &["dns", "example.com"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("Refused"), "{}", stdout(&out));
+    let audit = w.audit();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(audit[0]["proto"], "dns");
+    assert_eq!(audit[0]["host"], "example.com");
+}
+
+#[test]
+fn dns_answers_over_tcp_too() {
+    let Some(w) = World::new() else { return };
+    let out = w.probe(&w.policy(POLICY), &["dns", "origin.test", "--tcp"]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("198.18.0.1"), "{}", stdout(&out));
+}
+
+#[test]
+fn udp_to_a_non_dns_port_never_reaches_the_origin() {
+    let Some(w) = World::new() else { return };
+    let hits = w.udp_sink("198.18.0.1:5353");
+    let out = w.probe(&w.policy(POLICY), &["udp", "198.18.0.1:5353"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("Operation not permitted"), "{}", stdout(&out));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[test]
+fn icmp_over_a_raw_socket_never_leaves_the_sandbox() {
+    let Some(w) = World::new() else { return };
+    for target in ["198.18.0.1", "2001:db8::1"] {
+        let out = w.probe(&w.policy(POLICY), &["icmp", target]);
+        assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+        assert!(stdout(&out).contains("Operation not permitted"), "{}", stdout(&out));
+    }
+}
+
+#[test]
+fn a_connection_straight_to_the_listener_is_refused_and_audited() {
+    let Some(w) = World::new() else { return };
+    let out = w.probe(&w.policy(POLICY), &["tcp", "127.0.0.1:15001", "--send", "x"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let audit = w.audit();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(audit[0]["reason"], "no-original-destination");
+}
+
+#[test]
+fn exit_status_of_the_command_passes_through() {
+    let Some(w) = World::new() else { return };
+    let out = w.run(&w.policy(POLICY), &["sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    let out = w.run(&w.policy(POLICY), &["sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9));
+}
+
+#[test]
+fn a_bad_policy_is_refused_before_anything_runs() {
+    let Some(w) = World::new() else { return };
+    let marker = w.dir.path().join("ran");
+    let policy = w.policy("version: 1\nname: bad\nrules:\n  - name: x\n    action: allow\n    cidrs: [\"300.1.1.1/8\"]\n");
+    let touch = format!("touch {}", marker.display());
+    let out = w.run(&policy, &["sh", "-c", &touch]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("policy.yaml:6:"), "{}", stderr(&out));
+    assert!(!marker.exists());
+}
+
+/// Start `sh -c script` under sluice and wait until it printed "ready".
+fn start_ready(w: &World, script: &str) -> (std::process::Child, u64) {
+    let mut child = w
+        .run_command(&w.policy(POLICY), &["sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    use std::io::Read;
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "workload ended before it was ready");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // sluice logs the sandbox inode before it starts the workload.
+    let mut stderr = child.stderr.take().unwrap();
+    let mut log = Vec::new();
+    while logged_netns_inode(&String::from_utf8_lossy(&log)).is_none() {
+        let n = stderr.read(&mut buf).unwrap();
+        assert!(n > 0, "sluice did not log netns_inode");
+        log.extend_from_slice(&buf[..n]);
+    }
+    let inode = logged_netns_inode(&String::from_utf8_lossy(&log)).unwrap();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut stderr, &mut std::io::sink());
+    });
+    (child, inode)
+}
+
+fn assert_sandbox_gone(inode: u64) {
+    assert!(
+        eventually(Duration::from_secs(10), || processes_in_netns(inode).is_empty()),
+        "processes still in the sandbox namespace: {:?}",
+        processes_in_netns(inode)
+    );
+}
+
+#[test]
+fn nothing_is_left_after_sigterm() {
+    let Some(w) = World::new() else { return };
+    let (mut child, inode) = start_ready(&w, "sleep 30 & echo ready; wait");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15));
+    assert_sandbox_gone(inode);
+}
+
+#[test]
+fn nothing_is_left_after_the_command_is_killed() {
+    let Some(w) = World::new() else { return };
+    let (mut child, inode) = start_ready(&w, "echo ready; exec sleep 30");
+    let workload: Vec<i32> = processes_in_netns(inode);
+    assert!(!workload.is_empty());
+    for pid in workload {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 9));
+    assert_sandbox_gone(inode);
+}
+
+#[test]
+fn nothing_is_left_after_sluice_is_killed_with_sigkill() {
+    let Some(w) = World::new() else { return };
+    let (mut child, inode) = start_ready(&w, "echo ready; exec sleep 30");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_sandbox_gone(inode);
+}
+
+#[test]
+fn once_sluice_is_gone_the_workload_reaches_nothing() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let go = w.dir.path().join("go");
+    let result = w.dir.path().join("result");
+    // A background process outlives its parent shell (sluice kills only its
+    // direct child); it waits for the signal, then tries an allowed request.
+    let script = format!(
+        "( i=0; while [ ! -e {go} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; \
+           {bin} probe http http://198.18.0.1:8080/ > {result}.tmp 2>&1; mv {result}.tmp {result} ) & \
+         {bin} probe http http://198.18.0.1:8080/ && echo ready; wait",
+        go = go.display(),
+        result = result.display(),
+        bin = sluice_bin()
+    );
+    let (mut child, inode) = start_ready(&w, &script);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::write(&go, b"").unwrap();
+    assert!(eventually(Duration::from_secs(30), || result.exists()), "the background probe never finished");
+    let text = std::fs::read_to_string(&result).unwrap();
+    assert!(text.starts_with("FAIL"), "reached the origin after sluice died: {text}");
+    assert_sandbox_gone(inode);
+}
+
+fn hex_sha256(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
