@@ -20,7 +20,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Thread-safe resolution memory shared by the DNS responder (writer) and
 /// the proxy (reader, once per connection). Names are compared
-/// case-insensitively with any trailing dot ignored.
+/// case-insensitively with any trailing dot ignored; IPv4-mapped IPv6
+/// addresses are treated as the IPv4 address they carry.
 pub struct DnsCache {
     inner: RwLock<Inner>,
     capacity: usize,
@@ -75,6 +76,7 @@ impl DnsCache {
 
     /// The name most recently resolved to `ip`, if that answer is still valid.
     pub fn name_for(&self, ip: IpAddr) -> Option<String> {
+        let ip = ip.to_canonical();
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let (name, expiry) = inner.reverse.get(&ip)?;
         (*expiry > Instant::now()).then(|| name.clone())
@@ -116,7 +118,7 @@ impl DnsCache {
             }
             keep
         });
-        for &ip in ips {
+        for ip in ips.iter().map(IpAddr::to_canonical) {
             match entry.addrs.iter_mut().find(|(a, _)| *a == ip) {
                 Some(slot) => slot.1 = slot.1.max(expiry),
                 None => entry.addrs.push((ip, expiry)),
@@ -130,7 +132,7 @@ impl DnsCache {
             remove_reverse(&mut inner.reverse, ip, &key);
         }
         if reverse {
-            for &ip in ips {
+            for ip in ips.iter().map(IpAddr::to_canonical) {
                 if let Some(&(_, exp)) = entry.addrs.iter().find(|(a, _)| *a == ip) {
                     inner.reverse.insert(ip, (key.clone(), exp));
                 }
@@ -178,6 +180,7 @@ pub(crate) fn normalize(name: &str) -> String {
 
 impl ResolvedNames for DnsCache {
     fn resolved(&self, name: &str, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
         let name = name.strip_suffix('.').unwrap_or(name);
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         // Names are stored lowercased; avoid allocating when already so.
@@ -274,6 +277,15 @@ mod tests {
         let inner = cache.inner.read().unwrap();
         assert_eq!(inner.names["many.test"].addrs.len(), MAX_ADDRS_PER_NAME);
         assert!(inner.reverse.len() <= MAX_ADDRS_PER_NAME);
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_match_their_ipv4() {
+        let cache = DnsCache::new();
+        cache.remember("m.test", &[ip("::ffff:198.18.0.5")], MIN_TTL);
+        assert!(cache.resolved("m.test", ip("198.18.0.5")));
+        assert!(cache.resolved("m.test", ip("::ffff:198.18.0.5")));
+        assert_eq!(cache.name_for(ip("198.18.0.5")).as_deref(), Some("m.test"));
     }
 
     #[test]

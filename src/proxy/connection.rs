@@ -21,9 +21,11 @@ struct FirstBytes {
 }
 
 pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyContext) {
+    // Without a redirect there is no NAT entry; conntrack then reports the
+    // listener's own address (or nothing) as the original destination.
     let dst = match original_dst(&client) {
-        Ok(dst) => dst,
-        Err(_) => {
+        Ok(dst) if Some(dst) != client.local_addr().ok() => dst,
+        _ => {
             // Not redirected by our rules: someone connected straight to the
             // listener. There is no destination to decide on.
             deny_without_destination(client, peer, ctx).await;

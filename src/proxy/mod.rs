@@ -153,8 +153,3 @@ pub async fn serve(
         connections.shutdown().await;
     }
 }
-
-/// The address a listener must not be asked to proxy to (itself).
-pub fn is_listener_addr(dst: SocketAddr, listener_port: u16) -> bool {
-    dst.ip().is_loopback() && dst.port() == listener_port
-}

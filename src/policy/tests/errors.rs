@@ -176,10 +176,13 @@ fn all_violations_are_reported_at_once_in_file_order() {
     let e = rejected(
         "version: 3\nname: t\nextra: 1\nrules:\n  - name: a\n    action: allow\n    cidrs: [\"10.0.0.1/8\"]\n    ports: [0]\n  - name: a\n    action: deny\n    hosts: [\"*\"]\n",
     );
-    let at: Vec<&str> = e.lines().map(|l| l.splitn(4, ':').take(3).collect::<Vec<_>>().join(":")).map(|s| s.leak() as &str).collect();
+    let at: Vec<String> = e
+        .lines()
+        .map(|l| l.splitn(4, ':').take(3).collect::<Vec<_>>().join(":"))
+        .collect();
     assert_eq!(
         at,
-        ["test.yaml:1:10", "test.yaml:3:1", "test.yaml:7:13", "test.yaml:8:13", "test.yaml:9:11", "test.yaml:11:14"],
+        ["test.yaml:1:10", "test.yaml:3:1", "test.yaml:7:13", "test.yaml:8:13", "test.yaml:9:11", "test.yaml:11:13"],
         "{e}"
     );
 }
