@@ -17,16 +17,26 @@ fn big_policy() -> Policy {
         let _ = write!(doc, "  - {{name: r{i}, action: {action}, ");
         match i % 4 {
             0 => {
-                let _ = write!(doc, "cidrs: [\"10.{a}.{b}.0/24\"], ports: [443, \"8000-8100\"]");
+                let _ = write!(
+                    doc,
+                    "cidrs: [\"10.{a}.{b}.0/24\"], ports: [443, \"8000-8100\"]"
+                );
             }
             1 => {
                 let _ = write!(doc, "cidrs: [\"2001:db8:{a:x}:{b:x}::/64\"], ports: [443]");
             }
             2 => {
-                let _ = write!(doc, "hosts: [\"*.svc{i}.example.com\", \"api{i}.example.org\"], ports: [443]");
+                let _ = write!(
+                    doc,
+                    "hosts: [\"*.svc{i}.example.com\", \"api{i}.example.org\"], ports: [443]"
+                );
             }
             _ => {
-                let _ = write!(doc, "cidrs: [\"172.{}.{b}.0/24\"], hosts: [\"h{i}.example.net\"]", 16 + a % 16);
+                let _ = write!(
+                    doc,
+                    "cidrs: [\"172.{}.{b}.0/24\"], hosts: [\"h{i}.example.net\"]",
+                    16 + a % 16
+                );
             }
         }
         doc.push_str("}\n");
@@ -37,8 +47,20 @@ fn big_policy() -> Policy {
 fn bench(c: &mut Criterion) {
     let p = big_policy();
     let cases: [(&str, &str, Option<&str>, Verdict, Reason); 4] = [
-        ("allow_by_cidr", "10.20.16.7:443", None, Verdict::Allow, Reason::AllowRule),
-        ("deny_no_rule", "203.0.113.9:443", None, Verdict::Deny, Reason::NoRule),
+        (
+            "allow_by_cidr",
+            "10.20.16.7:443",
+            None,
+            Verdict::Allow,
+            Reason::AllowRule,
+        ),
+        (
+            "deny_no_rule",
+            "203.0.113.9:443",
+            None,
+            Verdict::Deny,
+            Reason::NoRule,
+        ),
         (
             "allow_by_wildcard_host",
             "198.18.0.1:443",
@@ -46,7 +68,13 @@ fn bench(c: &mut Criterion) {
             Verdict::Allow,
             Reason::AllowRule,
         ),
-        ("allow_v6", "[2001:db8:14:11::5]:443", None, Verdict::Allow, Reason::AllowRule),
+        (
+            "allow_v6",
+            "[2001:db8:14:11::5]:443",
+            None,
+            Verdict::Allow,
+            Reason::AllowRule,
+        ),
     ];
     for (name, dst, host, verdict, reason) in cases {
         let dst: SocketAddr = dst.parse().expect("address");

@@ -56,9 +56,11 @@ rule and reason; other denied TCP gets a reset; UDP other than DNS, ICMP and raw
         policy: PathBuf,
     },
     /// Show what a policy decides for one destination.
-    #[command(after_help = "Examples:\n  sluice explain --policy policies/dev.yaml 198.18.0.1:8080\n  \
+    #[command(
+        after_help = "Examples:\n  sluice explain --policy policies/dev.yaml 198.18.0.1:8080\n  \
 sluice explain --policy policies/dev.yaml 198.18.0.1:443 --host origin.test\n\n\
-With --host, the name is assumed to have been resolved by sluice's DNS to DEST.")]
+With --host, the name is assumed to have been resolved by sluice's DNS to DEST."
+    )]
     Explain {
         /// The policy YAML file.
         #[arg(long, value_name = "FILE")]
@@ -107,6 +109,13 @@ pub enum ProbeCommand {
         /// Print the body to stdout.
         #[arg(long)]
         body: bool,
+        /// Make N requests, each on a fresh connection, and print latency
+        /// statistics instead of one result.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        count: usize,
+        /// With --count: requests in flight at once.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        concurrency: usize,
     },
     /// TLS handshake with HOST:PORT (or ADDR:PORT with --sni), then HTTP GET /.
     Tls {
@@ -125,6 +134,9 @@ pub enum ProbeCommand {
         #[arg(long, default_value = "")]
         send: String,
     },
+    /// Serve HTTP on ADDR (`/` says hello, `/bytes/N` sends N bytes) until killed:
+    /// the origin side for trying sluice out and for timing comparisons.
+    Serve { addr: SocketAddr },
     /// Send one UDP datagram.
     Udp { target: SocketAddr },
     /// Send one ICMP echo request over a raw socket.
@@ -219,8 +231,12 @@ fn explain(path: &std::path::Path, dest: &str, host: Option<&str>) -> anyhow::Re
     println!("verdict:     {}", decision.verdict.as_str());
     println!("rule:        {}", decision.rule.unwrap_or("(none)"));
     println!("reason:      {}", decision.reason.as_str());
-    if policy.mode() == crate::policy::Mode::Audit && decision.verdict == crate::policy::Verdict::Deny {
-        println!("note:        the policy is in audit mode: this deny would be logged, not enforced");
+    if policy.mode() == crate::policy::Mode::Audit
+        && decision.verdict == crate::policy::Verdict::Deny
+    {
+        println!(
+            "note:        the policy is in audit mode: this deny would be logged, not enforced"
+        );
     }
     Ok(0)
 }

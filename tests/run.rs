@@ -42,7 +42,10 @@ dns:
 fn allowed_request_returns_a_1_mib_body_intact() {
     let Some(w) = World::new() else { return };
     w.http_origin("198.18.0.1:8080");
-    let out = w.probe(&w.policy(POLICY), &["http", "http://198.18.0.1:8080/bytes/1048576"]);
+    let out = w.probe(
+        &w.policy(POLICY),
+        &["http", "http://198.18.0.1:8080/bytes/1048576"],
+    );
     let expected = hex_sha256(&pattern(1 << 20));
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
@@ -54,7 +57,10 @@ fn allowed_request_returns_a_1_mib_body_intact() {
 fn denied_port_gets_403_naming_rule_and_reason_and_is_audited() {
     let Some(w) = World::new() else { return };
     let hits = w.http_origin("198.18.0.1:8082");
-    let out = w.probe(&w.policy(POLICY), &["http", "--body", "http://198.18.0.1:8082/"]);
+    let out = w.probe(
+        &w.policy(POLICY),
+        &["http", "--body", "http://198.18.0.1:8082/"],
+    );
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("HTTP 403"), "{text}");
@@ -72,7 +78,10 @@ fn denied_port_gets_403_naming_rule_and_reason_and_is_audited() {
 fn denied_address_is_reset_without_reaching_the_origin() {
     let Some(w) = World::new() else { return };
     w.echo_origin("198.18.0.2:7000");
-    let out = w.probe(&w.policy(POLICY), &["tcp", "198.18.0.2:7000", "--send", "hi"]);
+    let out = w.probe(
+        &w.policy(POLICY),
+        &["tcp", "198.18.0.2:7000", "--send", "hi"],
+    );
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(!text.contains("echo:"), "{text}");
@@ -83,7 +92,10 @@ fn denied_address_is_reset_without_reaching_the_origin() {
 fn deny_rule_beats_a_matching_allow_rule() {
     let Some(w) = World::new() else { return };
     w.http_origin("198.18.0.1:9090");
-    let out = w.probe(&w.policy(POLICY), &["http", "--body", "http://198.18.0.1:9090/"]);
+    let out = w.probe(
+        &w.policy(POLICY),
+        &["http", "--body", "http://198.18.0.1:9090/"],
+    );
     let text = stdout(&out);
     assert!(text.contains("HTTP 403"), "{text}");
     assert!(text.contains("no-admin"), "{text}");
@@ -98,7 +110,12 @@ fn ipv6_is_allowed_and_denied_like_ipv4() {
     w.http_origin("[2001:db8::1]:8082");
     let policy = w.policy(POLICY);
     let allowed = w.probe(&policy, &["http", "http://[2001:db8::1]:8080/"]);
-    assert!(allowed.status.success(), "{}\n{}", stdout(&allowed), stderr(&allowed));
+    assert!(
+        allowed.status.success(),
+        "{}\n{}",
+        stdout(&allowed),
+        stderr(&allowed)
+    );
     let denied = w.probe(&policy, &["http", "http://[2001:db8::1]:8082/"]);
     assert!(stdout(&denied).contains("HTTP 403"), "{}", stdout(&denied));
     assert_eq!(w.audit()[0]["dst"], "[2001:db8::1]:8082");
@@ -131,7 +148,17 @@ fn allowed_sni_sent_to_an_address_the_name_does_not_resolve_to_is_denied() {
     let policy = w.policy(POLICY);
     let warmup = w.probe(&policy, &["dns", "api.tls.test"]);
     assert!(warmup.status.success(), "{}", stdout(&warmup));
-    let out = w.probe(&policy, &["tls", "198.18.0.2:8443", "--sni", "api.tls.test", "--ca", ca]);
+    let out = w.probe(
+        &policy,
+        &[
+            "tls",
+            "198.18.0.2:8443",
+            "--sni",
+            "api.tls.test",
+            "--ca",
+            ca,
+        ],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     let audit = w.audit();
     let last = audit.last().expect("an audit record");
@@ -178,7 +205,11 @@ fn udp_to_a_non_dns_port_never_reaches_the_origin() {
     let hits = w.udp_sink("198.18.0.1:5353");
     let out = w.probe(&w.policy(POLICY), &["udp", "198.18.0.1:5353"]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
-    assert!(stdout(&out).contains("Operation not permitted"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("Operation not permitted"),
+        "{}",
+        stdout(&out)
+    );
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
@@ -189,14 +220,21 @@ fn icmp_over_a_raw_socket_never_leaves_the_sandbox() {
     for target in ["198.18.0.1", "2001:db8::1"] {
         let out = w.probe(&w.policy(POLICY), &["icmp", target]);
         assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
-        assert!(stdout(&out).contains("Operation not permitted"), "{}", stdout(&out));
+        assert!(
+            stdout(&out).contains("Operation not permitted"),
+            "{}",
+            stdout(&out)
+        );
     }
 }
 
 #[test]
 fn a_connection_straight_to_the_listener_is_refused_and_audited() {
     let Some(w) = World::new() else { return };
-    let out = w.probe(&w.policy(POLICY), &["tcp", "127.0.0.1:15001", "--send", "x"]);
+    let out = w.probe(
+        &w.policy(POLICY),
+        &["tcp", "127.0.0.1:15001", "--send", "x"],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     let audit = w.audit();
     assert_eq!(audit.len(), 1, "{audit:?}");
@@ -258,7 +296,8 @@ fn start_ready(w: &World, script: &str) -> (std::process::Child, u64) {
 
 fn assert_sandbox_gone(inode: u64) {
     assert!(
-        eventually(Duration::from_secs(10), || processes_in_netns(inode).is_empty()),
+        eventually(Duration::from_secs(10), || processes_in_netns(inode)
+            .is_empty()),
         "processes still in the sandbox namespace: {:?}",
         processes_in_netns(inode)
     );
@@ -285,7 +324,10 @@ fn nothing_is_left_after_the_command_is_killed() {
     let workload: Vec<i32> = processes_in_netns(inode);
     assert!(!workload.is_empty());
     for pid in workload {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(128 + 9));
@@ -321,13 +363,57 @@ fn once_sluice_is_gone_the_workload_reaches_nothing() {
     child.kill().unwrap();
     child.wait().unwrap();
     std::fs::write(&go, b"").unwrap();
-    assert!(eventually(Duration::from_secs(30), || result.exists()), "the background probe never finished");
+    assert!(
+        eventually(Duration::from_secs(30), || result.exists()),
+        "the background probe never finished"
+    );
     let text = std::fs::read_to_string(&result).unwrap();
-    assert!(text.starts_with("FAIL"), "reached the origin after sluice died: {text}");
+    assert!(
+        text.starts_with("FAIL"),
+        "reached the origin after sluice died: {text}"
+    );
     assert_sandbox_gone(inode);
 }
 
 fn hex_sha256(data: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(data))
+}
+
+#[test]
+fn a_half_close_is_passed_on_to_the_origin() {
+    let Some(w) = World::new() else { return };
+    // The echo origin answers only after it has read EOF from the client.
+    w.echo_origin("198.18.0.1:7000");
+    let out = w.probe(
+        &w.policy(POLICY),
+        &["tcp", "198.18.0.1:7000", "--send", "half"],
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("echo:half"), "{}", stdout(&out));
+}
+
+#[test]
+fn the_command_runs_as_the_given_user() {
+    let Some(w) = World::new() else { return };
+    let mut cmd = w.outer.command(sluice_bin());
+    cmd.args(["run", "--user", "nobody", "--policy"])
+        .arg(w.policy(POLICY))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "id -u; cat /proc/self/status | grep -i '^CapEff'",
+        ]);
+    let out = wait_bounded(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("65534\n"), "{text}");
+    assert!(text.contains("0000000000000000"), "{text}");
 }

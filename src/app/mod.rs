@@ -41,11 +41,7 @@ pub struct RunOptions {
 /// Run the workload under enforcement; returns its exit status (128 + N when
 /// a signal N ended it).
 pub async fn run(opts: RunOptions) -> Result<i32> {
-    let run_as = opts
-        .user
-        .as_deref()
-        .map(host::resolve_user)
-        .transpose()?;
+    let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let default_upstream = if opts.policy.dns().upstream.is_none() {
         host_nameservers()
     } else {

@@ -36,7 +36,11 @@ pub fn resolve_user(user: &str) -> Result<RunAs, AttachError> {
 /// Must be called from a thread that lives as long as sluice (the runtime's
 /// main thread): the child gets SIGKILL when the thread that forked it dies,
 /// so a killed sluice takes its workload with it.
-pub fn spawn(sandbox: &Sandbox, argv: &[OsString], user: Option<RunAs>) -> Result<Child, AttachError> {
+pub fn spawn(
+    sandbox: &Sandbox,
+    argv: &[OsString],
+    user: Option<RunAs>,
+) -> Result<Child, AttachError> {
     let program = argv[0].to_string_lossy().into_owned();
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);

@@ -62,7 +62,10 @@ pub fn prepare(netns: SandboxNetns) -> Result<Sandbox, AttachError> {
         enforce::verify(&spec_in)?;
         bind_sockets()
     })??;
-    tracing::info!(network_non_bypassable = true, "sandbox table applied and read back");
+    tracing::info!(
+        network_non_bypassable = true,
+        "sandbox table applied and read back"
+    );
     Ok(Sandbox {
         netns,
         spec,
@@ -92,11 +95,12 @@ fn bind_sockets() -> Result<SandboxSockets, AttachError> {
             addr,
             source,
         })?;
-        s.set_nonblocking(true).map_err(|source| AttachError::Bind {
-            what: "DNS (UDP)",
-            addr,
-            source,
-        })?;
+        s.set_nonblocking(true)
+            .map_err(|source| AttachError::Bind {
+                what: "DNS (UDP)",
+                addr,
+                source,
+            })?;
         Ok::<_, AttachError>(s)
     };
     Ok(SandboxSockets {

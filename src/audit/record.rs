@@ -13,6 +13,8 @@ pub enum Proto {
     Tcp,
     Udp,
     Dns,
+    /// A bundle load or reload (verdict `applied` or `refused`).
+    Bundle,
 }
 
 /// What a producer (proxy, DNS responder) reports; the writer adds `ts`,

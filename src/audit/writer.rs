@@ -2,18 +2,28 @@
 
 use std::path::{Path, PathBuf};
 
+use prometheus::IntCounter;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 
 use super::record::{line_hash, AuditEvent, AuditRecord, GENESIS};
+use super::rotate::{rotate_files, rotated_path, Rotation};
 
 /// Records queued before producers start waiting.
 const CHANNEL_CAPACITY: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
-    #[error("cannot open audit log {path}: {source}; check that its directory exists and is writable")]
+    #[error(
+        "cannot open audit log {path}: {source}; check that its directory exists and is writable"
+    )]
     Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot rotate audit log {path}: {source}; check that its directory is writable")]
+    Rotate {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -28,35 +38,86 @@ pub enum AuditError {
 #[derive(Clone)]
 pub struct AuditLog {
     tx: mpsc::Sender<AuditEvent>,
+    waits: Option<IntCounter>,
 }
 
 impl AuditLog {
-    /// Queue one record; waits (never drops) when the writer is behind.
+    /// Queue one record; waits (never drops) when the writer is behind, and
+    /// counts the wait (`sluice_audit_waits_total`).
     pub async fn record(&self, event: AuditEvent) {
+        let event = match self.tx.try_send(event) {
+            Ok(()) => return,
+            Err(TrySendError::Full(event)) => {
+                if let Some(waits) = &self.waits {
+                    waits.inc();
+                }
+                event
+            }
+            Err(TrySendError::Closed(_)) => {
+                writer_gone();
+                return;
+            }
+        };
         if self.tx.send(event).await.is_err() {
-            // The writer only stops at shutdown after all senders are gone,
-            // so this means it failed; it logged why.
-            tracing::error!("audit writer is gone; a record could not be written");
+            writer_gone();
         }
     }
+}
+
+fn writer_gone() {
+    // The writer only stops at shutdown after all senders are gone, so this
+    // means it failed; it logged why.
+    tracing::error!("audit writer is gone; a record could not be written");
+}
+
+/// How the writer keeps its file: rotation, and the wait counter.
+#[derive(Clone, Default)]
+pub struct AuditOptions {
+    /// Rotate when the file reaches this many bytes (`None`: never).
+    pub max_bytes: Option<u64>,
+    /// Rotated files kept (FILE.1 .. FILE.keep); 0 means the default, 10.
+    pub keep: usize,
+    /// Counts the times a producer found the queue full.
+    pub wait_counter: Option<IntCounter>,
+    /// Queue length before producers wait; 0 means the default, 4096.
+    pub capacity: usize,
 }
 
 /// The consumer side: run it as one task until every `AuditLog` is dropped.
 pub struct AuditWriter {
     rx: mpsc::Receiver<AuditEvent>,
     path: Option<PathBuf>,
+    rotation: Option<Rotation>,
 }
 
 impl AuditWriter {
     /// A log appending to `path` (or, with `None`, discarding records after
     /// counting them, for runs without `--audit`).
     pub fn new(path: Option<&Path>) -> (AuditLog, AuditWriter) {
-        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        AuditWriter::with_options(path, AuditOptions::default())
+    }
+
+    /// `new` with rotation by size and a wait counter.
+    pub fn with_options(path: Option<&Path>, options: AuditOptions) -> (AuditLog, AuditWriter) {
+        let capacity = if options.capacity == 0 {
+            CHANNEL_CAPACITY
+        } else {
+            options.capacity
+        };
+        let (tx, rx) = mpsc::channel(capacity);
+        let rotation = options.max_bytes.map(|max_bytes| Rotation {
+            max_bytes,
+            keep: if options.keep == 0 { 10 } else { options.keep },
+        });
         (
-            AuditLog { tx },
+            AuditLog {
+                tx,
+                waits: options.wait_counter,
+            },
             AuditWriter {
                 rx,
                 path: path.map(Path::to_path_buf),
+                rotation,
             },
         )
     }
@@ -72,15 +133,8 @@ impl AuditWriter {
             return Ok(n);
         };
         let (mut prev, mut seq) = chain_tail(&path).await;
-        let mut file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .await
-            .map_err(|source| AuditError::Open {
-                path: path.clone(),
-                source,
-            })?;
+        let mut file = open_append(&path).await?;
+        let mut size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
         let mut written = 0;
         let mut buf = Vec::with_capacity(64 * 1024);
         while let Some(event) = self.rx.recv().await {
@@ -89,6 +143,24 @@ impl AuditWriter {
             while let Some(event) = next.take() {
                 let record = AuditRecord::new(event, now_rfc3339(), seq, prev);
                 let line = serde_json::to_string(&record).expect("audit record serializes");
+                if let Some(rotation) = self.rotation {
+                    let pending = size + buf.len() as u64;
+                    if pending > 0 && pending + line.len() as u64 + 1 > rotation.max_bytes {
+                        // This line would overflow the file: finish it and
+                        // start the next one. `prev` and `seq` carry over, so
+                        // the new file's first line chains from this one's last.
+                        write_out(&mut file, &mut buf, &path).await?;
+                        file.sync_data().await.ok();
+                        rotate_files(&path, rotation.keep).map_err(|source| {
+                            AuditError::Rotate {
+                                path: path.clone(),
+                                source,
+                            }
+                        })?;
+                        file = open_append(&path).await?;
+                        size = 0;
+                    }
+                }
                 prev = line_hash(&line);
                 seq += 1;
                 written += 1;
@@ -98,33 +170,62 @@ impl AuditWriter {
                     next = self.rx.try_recv().ok();
                 }
             }
-            let io = async {
-                file.write_all(&buf).await?;
-                file.flush().await
-            };
-            io.await.map_err(|source| AuditError::Write {
-                path: path.clone(),
-                source,
-            })?;
-            buf.clear();
+            size += buf.len() as u64;
+            write_out(&mut file, &mut buf, &path).await?;
         }
         file.sync_data().await.ok();
         Ok(written)
     }
 }
 
-/// The hash and next seq to continue an existing log with.
+/// Write and flush `buf`, then clear it.
+async fn write_out(
+    file: &mut tokio::fs::File,
+    buf: &mut Vec<u8>,
+    path: &Path,
+) -> Result<(), AuditError> {
+    let io = async {
+        file.write_all(buf).await?;
+        file.flush().await
+    };
+    io.await.map_err(|source| AuditError::Write {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    buf.clear();
+    Ok(())
+}
+
+async fn open_append(path: &Path) -> Result<tokio::fs::File, AuditError> {
+    tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await
+        .map_err(|source| AuditError::Open {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// The hash and next seq to continue an existing log with: its last line,
+/// or, when FILE is empty or missing right after a rotation, FILE.1's.
 async fn chain_tail(path: &Path) -> (String, u64) {
-    let Ok(text) = tokio::fs::read_to_string(path).await else {
-        return (GENESIS.to_string(), 0);
-    };
-    let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) else {
-        return (GENESIS.to_string(), 0);
-    };
+    for candidate in [path.to_path_buf(), rotated_path(path, 1)] {
+        if let Some(tail) = last_line_chain(&candidate).await {
+            return tail;
+        }
+    }
+    (GENESIS.to_string(), 0)
+}
+
+async fn last_line_chain(path: &Path) -> Option<(String, u64)> {
+    let text = tokio::fs::read_to_string(path).await.ok()?;
+    let last = text.lines().rev().find(|l| !l.trim().is_empty())?;
     let seq = serde_json::from_str::<AuditRecord>(last)
         .map(|r| r.seq + 1)
         .unwrap_or(0);
-    (line_hash(last), seq)
+    Some((line_hash(last), seq))
 }
 
 pub(crate) fn now_rfc3339() -> String {

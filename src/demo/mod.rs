@@ -41,7 +41,10 @@ pub fn run() -> Result<i32> {
     println!("sluice demo");
     println!("  A throwaway namespace stands in for this host: origin servers on {ORIGIN}:8080 and :9090.");
     println!("  A client runs inside a sandbox under this policy (policies/demo.yaml):\n");
-    for line in DEMO_POLICY.lines().filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty()) {
+    for line in DEMO_POLICY
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
+    {
         println!("      {line}");
     }
     println!();
@@ -78,7 +81,10 @@ exit 0
         .status()
         .context("cannot start `sluice run` in the demo namespace")?;
 
-    println!("\n8. The audit log ({}), one JSON line per deny:", audit_path.display());
+    println!(
+        "\n8. The audit log ({}), one JSON line per deny:",
+        audit_path.display()
+    );
     let audit = std::fs::read_to_string(&audit_path).unwrap_or_default();
     for line in audit.lines() {
         println!("   {line}");
@@ -109,7 +115,6 @@ fn which(tool: &str) -> Option<std::path::PathBuf> {
 
 fn tempdir() -> Result<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("sluice-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(dir)
 }

@@ -88,13 +88,7 @@ impl OuterNetns {
         let listener = self.run_in(move || TcpListener::bind(addr))??;
         let hits = Arc::new(AtomicU64::new(0));
         let counter = hits.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { break };
-                counter.fetch_add(1, Ordering::Relaxed);
-                std::thread::spawn(move || serve_http(stream));
-            }
-        });
+        std::thread::spawn(move || serve_http_counting(listener, &counter));
         Ok(hits)
     }
 
@@ -116,7 +110,10 @@ impl OuterNetns {
 impl Drop for OuterNetns {
     fn drop(&mut self) {
         // Kill anything still running in the namespace, then remove it.
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 if let Ok(pid) = pid.parse::<i32>() {
                     let _ = nix::sys::signal::kill(
@@ -150,6 +147,19 @@ pub fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i * 31 + 7) % 251) as u8).collect()
 }
 
+/// Serve HTTP on `listener` until it fails, a thread per connection.
+pub fn serve_http_forever(listener: TcpListener) {
+    serve_http_counting(listener, &AtomicU64::new(0));
+}
+
+fn serve_http_counting(listener: TcpListener, counter: &AtomicU64) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { break };
+        counter.fetch_add(1, Ordering::Relaxed);
+        std::thread::spawn(move || serve_http(stream));
+    }
+}
+
 fn serve_http(mut stream: std::net::TcpStream) {
     let _ = stream.set_nodelay(true);
     let mut head = Vec::new();
@@ -165,7 +175,10 @@ fn serve_http(mut stream: std::net::TcpStream) {
     }
     let text = String::from_utf8_lossy(&head);
     let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let body = match path.strip_prefix("/bytes/").and_then(|n| n.parse::<usize>().ok()) {
+    let body = match path
+        .strip_prefix("/bytes/")
+        .and_then(|n| n.parse::<usize>().ok())
+    {
         Some(n) => pattern(n.min(64 << 20)),
         None => b"hello from origin\n".to_vec(),
     };

@@ -164,7 +164,14 @@ mod tests {
 
     #[test]
     fn bad_characters_are_refused() {
-        for bad in ["exa mple.com", "a..b", ".a.com", "-a.com", "https://a.com", "a:443"] {
+        for bad in [
+            "exa mple.com",
+            "a..b",
+            ".a.com",
+            "-a.com",
+            "https://a.com",
+            "a:443",
+        ] {
             assert!(parse_pattern(bad).is_err(), "{bad} accepted");
         }
     }
@@ -178,7 +185,10 @@ mod tests {
     #[test]
     fn normalize_lowercases_without_allocating() {
         let mut buf = [0u8; MAX_NAME];
-        assert_eq!(normalize("WWW.Example.COM.", &mut buf), Some("www.example.com"));
+        assert_eq!(
+            normalize("WWW.Example.COM.", &mut buf),
+            Some("www.example.com")
+        );
         assert_eq!(normalize("", &mut buf), None);
         assert_eq!(normalize(".a.com", &mut buf), None);
         assert_eq!(normalize("a..com", &mut buf), None);

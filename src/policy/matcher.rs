@@ -29,7 +29,11 @@ impl Hasher for Fnv {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
         for &b in bytes {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -164,7 +168,10 @@ impl Matcher {
     /// every port names it.
     pub(crate) fn admits_name(&self, name: &str) -> bool {
         self.allow.host_first(name, |_| true, None).is_some()
-            && self.deny.host_first(name, |r| self.any_port(r), None).is_none()
+            && self
+                .deny
+                .host_first(name, |r| self.any_port(r), None)
+                .is_none()
     }
 
     pub(crate) fn host_can_matter(&self, port: u16) -> bool {
@@ -190,11 +197,9 @@ impl Class {
                         u128::from(u32::from(n.broadcast())),
                         i,
                     )),
-                    IpNet::V6(n) => v6.push((
-                        u128::from(n.network()),
-                        u128::from(n.broadcast()),
-                        i,
-                    )),
+                    IpNet::V6(n) => {
+                        v6.push((u128::from(n.network()), u128::from(n.broadcast()), i))
+                    }
                 }
             }
             for host in &rule.hosts {
@@ -231,7 +236,12 @@ impl Class {
 
     /// `name` must be normalized (see `hostname::normalize`).
     #[inline]
-    fn host_first(&self, name: &str, ok: impl Fn(u32) -> bool, mut best: Option<u32>) -> Option<u32> {
+    fn host_first(
+        &self,
+        name: &str,
+        ok: impl Fn(u32) -> bool,
+        mut best: Option<u32>,
+    ) -> Option<u32> {
         if let Some(list) = self.exact.get(name) {
             best = first_ok(list, &ok, best);
         }
@@ -270,7 +280,9 @@ impl CidrTable {
         }
         // Distinct networks sorted outermost-first, each with its rules in
         // file order.
-        entries.sort_by(|a, b| (a.0, std::cmp::Reverse(a.1), a.2).cmp(&(b.0, std::cmp::Reverse(b.1), b.2)));
+        entries.sort_by(|a, b| {
+            (a.0, std::cmp::Reverse(a.1), a.2).cmp(&(b.0, std::cmp::Reverse(b.1), b.2))
+        });
         let mut bounds: Vec<(u128, u128)> = Vec::new();
         let mut rules: Vec<Vec<u32>> = Vec::new();
         for (lo, hi, r) in entries {

@@ -33,9 +33,11 @@ use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
-/// At most this many violations are located and reported; the rest are
-/// counted. Locating one costs a parse of the file.
+/// At most this many violations are reported; the rest are counted.
 const MAX_REPORTED: usize = 100;
+/// Violations not locatable in the one locating walk (empty lists and
+/// mappings) cost a parse each; at most this many are located that way.
+const MAX_EXTRA_PARSES: usize = 10;
 
 /// Answers "did sluice's own DNS return `ip` for `name`?". Implemented by the
 /// DNS cache. `name` is passed lowercased without a trailing dot, and `ip`
@@ -211,15 +213,22 @@ impl Policy {
 /// position.
 fn locate_all(text: &str, origin: &str, problems: Vec<validate::Problem>) -> Vec<Violation> {
     let total = problems.len();
+    let problems: Vec<validate::Problem> = problems.into_iter().take(MAX_REPORTED).collect();
+    let mut locs: Vec<yaml::Loc> = problems.iter().map(|p| p.at.clone()).collect();
+    locs.extend(problems.iter().filter_map(|p| p.first.clone()));
+    let found = yaml::locate_many(text, &locs, MAX_EXTRA_PARSES);
+    let mut firsts = found[problems.len()..].iter();
     let mut out: Vec<Violation> = problems
         .into_iter()
-        .take(MAX_REPORTED)
-        .map(|p| {
-            let (line, column) = yaml::locate(text, &p.at).unwrap_or((1, 1));
+        .zip(&found)
+        .map(|(p, at)| {
+            let (line, column) = at.unwrap_or((1, 1));
             let message = match &p.first {
-                Some(first) => {
-                    let place = yaml::locate(text, first)
-                        .map_or_else(|| "an earlier line".to_string(), |(l, _)| format!("line {l}"));
+                Some(_) => {
+                    let place = firsts.next().copied().flatten().map_or_else(
+                        || "an earlier line".to_string(),
+                        |(l, _)| format!("line {l}"),
+                    );
                     p.message.replace(validate::FIRST, &place)
                 }
                 None => p.message,

@@ -155,7 +155,10 @@ impl Checker {
         let f = self.fields(entries, &top, TOP_KEYS, "the policy");
 
         match f.get("version") {
-            None => self.err(top.clone(), "missing `version`; add `version: 1` at the top"),
+            None => self.err(
+                top.clone(),
+                "missing `version`; add `version: 1` at the top",
+            ),
             Some((_, Node::Int(1))) => {}
             Some((at, v)) => self.err(
                 at,
@@ -166,7 +169,10 @@ impl Checker {
             ),
         }
         match f.get("name") {
-            None => self.err(top.clone(), "missing `name`; add `name: <policy name>` at the top"),
+            None => self.err(
+                top.clone(),
+                "missing `name`; add `name: <policy name>` at the top",
+            ),
             Some((at, v)) => out.name = self.nonempty_string(at, v, "the policy `name`"),
         }
         if let Some((at, v)) = f.get("mode") {
@@ -229,7 +235,12 @@ impl Checker {
         if matches!(v, Node::Null) {
             return Vec::new();
         }
-        let items = self.list_of(at, v, "`rules`", "`rules: [{name: web, action: allow, cidrs: [\"198.18.0.1/32\"]}]`");
+        let items = self.list_of(
+            at,
+            v,
+            "`rules`",
+            "`rules: [{name: web, action: allow, cidrs: [\"198.18.0.1/32\"]}]`",
+        );
         let mut rules = Vec::with_capacity(items.len());
         let mut names: HashMap<String, Loc> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
@@ -318,7 +329,12 @@ impl Checker {
         let mut cidrs = Vec::new();
         let mut given = 0;
         if let Some((cat, v)) = f.get("cidrs") {
-            let items = self.list_of(&cat, v, &format!("{label}'s `cidrs`"), "`cidrs: [\"198.18.0.0/15\"]`");
+            let items = self.list_of(
+                &cat,
+                v,
+                &format!("{label}'s `cidrs`"),
+                "`cidrs: [\"198.18.0.0/15\"]`",
+            );
             given += items.len();
             for (i, item) in items.iter().enumerate() {
                 match item {
@@ -342,7 +358,12 @@ impl Checker {
         }
         let mut hosts = Vec::new();
         if let Some((hat, v)) = f.get("hosts") {
-            let items = self.list_of(&hat, v, &format!("{label}'s `hosts`"), "`hosts: [\"example.com\", \"*.example.com\"]`");
+            let items = self.list_of(
+                &hat,
+                v,
+                &format!("{label}'s `hosts`"),
+                "`hosts: [\"example.com\", \"*.example.com\"]`",
+            );
             given += items.len();
             for (i, item) in items.iter().enumerate() {
                 match item {
@@ -370,7 +391,12 @@ impl Checker {
         }
         let mut ports = Vec::new();
         if let Some((pat, v)) = f.get("ports") {
-            let items = self.list_of(&pat, v, &format!("{label}'s `ports`"), "`ports: [443, \"8000-8100\"]`");
+            let items = self.list_of(
+                &pat,
+                v,
+                &format!("{label}'s `ports`"),
+                "`ports: [443, \"8000-8100\"]`",
+            );
             if items.is_empty() {
                 self.err(
                     pat.clone(),
@@ -434,7 +460,12 @@ impl Checker {
         };
         let f = self.fields(entries, at, DNS_KEYS, "`dns`");
         if let Some((uat, v)) = f.get("upstream") {
-            let items = self.list_of(&uat, v, "`dns.upstream`", "`upstream: [\"198.18.0.53:53\"]` (or `[]` to answer only from `dns.hosts`)");
+            let items = self.list_of(
+                &uat,
+                v,
+                "`dns.upstream`",
+                "`upstream: [\"198.18.0.53:53\"]` (or `[]` to answer only from `dns.hosts`)",
+            );
             let mut ups = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
                 match item {

@@ -13,9 +13,21 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn run(probe: ProbeCommand) -> i32 {
     let result = match probe {
-        ProbeCommand::Http { url, body } => http(&url, body),
+        ProbeCommand::Http {
+            url,
+            body,
+            count,
+            concurrency,
+        } => {
+            if count > 1 {
+                http_many(&url, count, concurrency)
+            } else {
+                http(&url, body)
+            }
+        }
         ProbeCommand::Tls { target, sni, ca } => tls(&target, sni.as_deref(), &ca),
         ProbeCommand::Tcp { target, send } => tcp(&target, &send),
+        ProbeCommand::Serve { addr } => serve(addr),
         ProbeCommand::Udp { target } => udp(target),
         ProbeCommand::Icmp { target } => icmp(target),
         ProbeCommand::Dns { name, v6, tcp } => dns(&name, v6, tcp),
@@ -61,7 +73,9 @@ fn http(url: &str, print_body: bool) -> Outcome {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let target = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    let target = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
         && !authority.ends_with(']')
     {
         authority.to_string()
@@ -103,17 +117,73 @@ fn http(url: &str, print_body: bool) -> Outcome {
     }
 }
 
+/// `count` fresh-connection GETs, `concurrency` at a time: latency summary.
+fn http_many(url: &str, count: usize, concurrency: usize) -> Outcome {
+    let concurrency = concurrency.clamp(1, count);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let next = next.clone();
+            let url = url.to_string();
+            std::thread::spawn(move || {
+                let mut times = Vec::new();
+                let mut failures = 0usize;
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
+                    let start = std::time::Instant::now();
+                    match http(&url, false) {
+                        Ok(_) => times.push(start.elapsed().as_secs_f64() * 1e3),
+                        Err(_) => failures += 1,
+                    }
+                }
+                (times, failures)
+            })
+        })
+        .collect();
+    let mut times = Vec::with_capacity(count);
+    let mut failures = 0;
+    for worker in workers {
+        let (t, f) = worker
+            .join()
+            .map_err(|_| "FAIL worker panicked".to_string())?;
+        times.extend(t);
+        failures += f;
+    }
+    times.sort_by(f64::total_cmp);
+    let pick = |q: f64| {
+        times
+            .get(((times.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let line = format!(
+        "HTTP x{count} ({concurrency} at a time): median {:.3} ms, p95 {:.3} ms, min {:.3} ms, failures {failures}",
+        pick(0.5),
+        pick(0.95),
+        pick(0.0)
+    );
+    if failures == 0 {
+        Ok(line)
+    } else {
+        Err(format!("FAIL {line}"))
+    }
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
-    let name = sni
-        .map(str::to_string)
-        .unwrap_or_else(|| target.rsplit_once(':').map(|(h, _)| h).unwrap_or(target).to_string());
+    let name = sni.map(str::to_string).unwrap_or_else(|| {
+        target
+            .rsplit_once(':')
+            .map(|(h, _)| h)
+            .unwrap_or(target)
+            .to_string()
+    });
     let mut roots = rustls::RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(ca).map_err(|e| format!("FAIL read CA {}: {e}", ca.display()))?;
+    let certs = CertificateDer::pem_file_iter(ca)
+        .map_err(|e| format!("FAIL read CA {}: {e}", ca.display()))?;
     for cert in certs {
         let cert = cert.map_err(|e| format!("FAIL parse CA {}: {e}", ca.display()))?;
         roots.add(cert).map_err(|e| format!("FAIL CA: {e}"))?;
@@ -124,7 +194,8 @@ fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
         .map_err(|e| format!("FAIL tls config: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let server_name = ServerName::try_from(name.clone()).map_err(|e| format!("FAIL name {name}: {e}"))?;
+    let server_name =
+        ServerName::try_from(name.clone()).map_err(|e| format!("FAIL name {name}: {e}"))?;
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), server_name)
         .map_err(|e| format!("FAIL tls: {e}"))?;
     let stream = connect(target)?;
@@ -166,6 +237,14 @@ fn tcp(target: &str, send: &str) -> Outcome {
     }
 }
 
+fn serve(addr: SocketAddr) -> Outcome {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("FAIL bind {addr}: {e}"))?;
+    eprintln!("serving HTTP on {addr}");
+    crate::demo::topology::serve_http_forever(listener);
+    Ok(format!("stopped serving {addr}"))
+}
+
 fn udp(target: SocketAddr) -> Outcome {
     let bind: SocketAddr = if target.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
@@ -180,7 +259,9 @@ fn udp(target: SocketAddr) -> Outcome {
 }
 
 fn icmp(target: IpAddr) -> Outcome {
-    use nix::sys::socket::{sendto, socket, AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6};
+    use nix::sys::socket::{
+        sendto, socket, AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6,
+    };
     let (family, proto, kind) = match target {
         IpAddr::V4(_) => (AddressFamily::Inet, SockProtocol::Icmp, 8u8),
         IpAddr::V6(_) => (AddressFamily::Inet6, SockProtocol::IcmpV6, 128u8),
@@ -239,14 +320,21 @@ fn dns(name: &str, v6: bool, use_tcp: bool) -> Outcome {
         let mut s = connect(&server.to_string())?;
         let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
         framed.extend_from_slice(&bytes);
-        s.write_all(&framed).map_err(|e| format!("FAIL send: {e}"))?;
+        s.write_all(&framed)
+            .map_err(|e| format!("FAIL send: {e}"))?;
         let mut len = [0u8; 2];
-        s.read_exact(&mut len).map_err(|e| format!("FAIL read: {e}"))?;
+        s.read_exact(&mut len)
+            .map_err(|e| format!("FAIL read: {e}"))?;
         let mut body = vec![0u8; u16::from_be_bytes(len) as usize];
-        s.read_exact(&mut body).map_err(|e| format!("FAIL read: {e}"))?;
+        s.read_exact(&mut body)
+            .map_err(|e| format!("FAIL read: {e}"))?;
         body
     } else {
-        let bind = if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+        let bind = if server.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        };
         let socket = UdpSocket::bind(bind).map_err(|e| format!("FAIL bind: {e}"))?;
         let _ = socket.set_read_timeout(Some(TIMEOUT));
         socket

@@ -60,7 +60,14 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         Verdict::Deny => {
             let verdict = if enforce { "deny" } else { "would-deny" };
             ctx.audit
-                .record(event(ctx, verdict, &decision, peer, Some(dst), host.clone()))
+                .record(event(
+                    ctx,
+                    verdict,
+                    &decision,
+                    peer,
+                    Some(dst),
+                    host.clone(),
+                ))
                 .await;
             tracing::debug!(%peer, %dst, ?host, rule = ?decision.rule, reason = decision.reason.as_str(), "{verdict}");
             if enforce {
@@ -80,7 +87,14 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         Verdict::Allow => {
             if ctx.audit_allows {
                 ctx.audit
-                    .record(event(ctx, "allow", &decision, peer, Some(dst), host.clone()))
+                    .record(event(
+                        ctx,
+                        "allow",
+                        &decision,
+                        peer,
+                        Some(dst),
+                        host.clone(),
+                    ))
                     .await;
             }
         }
@@ -108,7 +122,7 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         return;
     }
     drop(first);
-    relay(&mut client, &mut upstream).await;
+    let _relayed = relay(&client, &upstream).await;
 }
 
 /// Read the client's first bytes until SNI / Host is known, the protocol is

@@ -12,8 +12,6 @@ mod original_dst;
 pub mod peek;
 mod relay;
 
-
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,7 +13,10 @@ pub fn original_dst(stream: &TcpStream) -> std::io::Result<SocketAddr> {
     if local.is_ipv4() {
         let sa = getsockopt(stream, sockopt::OriginalDst)?;
         let ip = Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr));
-        Ok(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sa.sin_port))))
+        Ok(SocketAddr::V4(SocketAddrV4::new(
+            ip,
+            u16::from_be(sa.sin_port),
+        )))
     } else {
         let sa = getsockopt(stream, sockopt::Ip6tOriginalDst)?;
         let ip = Ipv6Addr::from(sa.sin6_addr.s6_addr);

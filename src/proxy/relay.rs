@@ -1,16 +1,121 @@
 //! Moving bytes both ways once a connection is allowed.
+//!
+//! splice(2) through a pipe moves bytes socket -> pipe -> socket inside the
+//! kernel: no copy into user space and no per-byte work in sluice. Each
+//! direction ends on EOF by shutting down the write side of the other
+//! socket (half-close), and the relay ends when both directions have.
 
-use tokio::io::copy_bidirectional_with_sizes;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Instant;
+
+use nix::errno::Errno;
+use nix::fcntl::{splice, OFlag, SpliceFFlags};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Large buffers keep the per-byte cost to a few big reads and writes;
-/// `copy_bidirectional` forwards a half-close (EOF one way shuts down the
-/// write side of the other) and finishes when both directions have.
-const RELAY_BUFFER: usize = 64 * 1024;
+/// Bytes moved per splice call; also the pipe's capacity.
+const CHUNK: usize = 64 * 1024;
 
-/// Relay until both directions are closed; returns (bytes up, bytes down).
-pub async fn relay(client: &mut TcpStream, upstream: &mut TcpStream) -> (u64, u64) {
-    copy_bidirectional_with_sizes(client, upstream, RELAY_BUFFER, RELAY_BUFFER)
-        .await
-        .unwrap_or((0, 0))
+/// What the relay observed.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Relayed {
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// When the first upstream byte was handed to the client.
+    pub first_byte_down: Option<Instant>,
+}
+
+/// Relay until both directions are closed (or one fails).
+pub async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
+    let (Ok(up_pipe), Ok(down_pipe)) = (Pipe::new(), Pipe::new()) else {
+        tracing::warn!(
+            "cannot create a pipe for splice (file descriptor limit?); closing the connection"
+        );
+        return Relayed::default();
+    };
+    let up = pump(client, upstream, up_pipe);
+    let down = pump(upstream, client, down_pipe);
+    let (up, down) = tokio::join!(up, down);
+    Relayed {
+        bytes_up: up.bytes,
+        bytes_down: down.bytes,
+        first_byte_down: down.first_write,
+    }
+}
+
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl Pipe {
+    fn new() -> nix::Result<Pipe> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
+        Ok(Pipe { read, write })
+    }
+}
+
+struct Pumped {
+    bytes: u64,
+    first_write: Option<Instant>,
+}
+
+/// One direction: `from` -> pipe -> `to`, then half-close `to`.
+async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe) -> Pumped {
+    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
+    let mut pumped = Pumped {
+        bytes: 0,
+        first_write: None,
+    };
+    loop {
+        // Fill the pipe from the source.
+        let filled = loop {
+            match from
+                .async_io(Interest::READABLE, || {
+                    splice(from.as_fd(), None, pipe.write.as_fd(), None, CHUNK, flags)
+                        .map_err(std::io::Error::from)
+                })
+                .await
+            {
+                Ok(n) => break Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => break Err(e),
+            }
+        };
+        let mut pending = match filled {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Drain the pipe into the destination.
+        while pending > 0 {
+            let drained = to
+                .async_io(Interest::WRITABLE, || {
+                    splice(pipe.read.as_fd(), None, to.as_fd(), None, pending, flags)
+                        .map_err(std::io::Error::from)
+                })
+                .await;
+            match drained {
+                Ok(n) => {
+                    pending -= n;
+                    pumped.bytes += n as u64;
+                    pumped.first_write.get_or_insert_with(Instant::now);
+                }
+                Err(e) if e.raw_os_error() == Some(Errno::EINTR as i32) => {}
+                Err(_) => {
+                    // The destination is gone: stop reading the source too.
+                    let _ = nix::sys::socket::shutdown(
+                        std::os::fd::AsRawFd::as_raw_fd(from),
+                        nix::sys::socket::Shutdown::Read,
+                    );
+                    return pumped;
+                }
+            }
+        }
+    }
+    // EOF (or a read error) from the source: pass the half-close on.
+    let _ = nix::sys::socket::shutdown(
+        std::os::fd::AsRawFd::as_raw_fd(to),
+        nix::sys::socket::Shutdown::Write,
+    );
+    pumped
 }

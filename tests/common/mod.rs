@@ -48,9 +48,8 @@ pub fn privileged() -> bool {
 }
 
 fn tool_exists(tool: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|p| p.join(tool).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(tool).is_file()))
 }
 
 /// One test's world: the outer namespace, its origins, a temp dir.
@@ -78,18 +77,26 @@ impl World {
     }
 
     pub fn http_origin(&self, addr: &str) -> Arc<std::sync::atomic::AtomicU64> {
-        self.outer.http_origin(addr.parse().unwrap()).expect("http origin")
+        self.outer
+            .http_origin(addr.parse().unwrap())
+            .expect("http origin")
     }
 
     pub fn udp_sink(&self, addr: &str) -> Arc<std::sync::atomic::AtomicU64> {
-        self.outer.udp_sink(addr.parse().unwrap()).expect("udp sink")
+        self.outer
+            .udp_sink(addr.parse().unwrap())
+            .expect("udp sink")
     }
 
     /// A TCP server that answers "echo:<what it read>" (a protocol with
     /// neither SNI nor Host).
     pub fn echo_origin(&self, addr: &str) {
         let addr: SocketAddr = addr.parse().unwrap();
-        let listener = self.outer.run_in(move || TcpListener::bind(addr)).unwrap().unwrap();
+        let listener = self
+            .outer
+            .run_in(move || TcpListener::bind(addr))
+            .unwrap()
+            .unwrap();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { break };
@@ -114,10 +121,9 @@ impl World {
         let ca_cert = ca_params.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca_params, &ca_key);
         let leaf_key = rcgen::KeyPair::generate().unwrap();
-        let leaf_params = rcgen::CertificateParams::new(
-            names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
-        )
-        .unwrap();
+        let leaf_params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
         let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
         let ca_path = self.dir.path().join("ca.pem");
         std::fs::write(&ca_path, ca_cert.pem()).unwrap();
@@ -134,7 +140,11 @@ impl World {
             .unwrap();
         let config = Arc::new(config);
         let addr: SocketAddr = addr.parse().unwrap();
-        let listener = self.outer.run_in(move || TcpListener::bind(addr)).unwrap().unwrap();
+        let listener = self
+            .outer
+            .run_in(move || TcpListener::bind(addr))
+            .unwrap()
+            .unwrap();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { break };
@@ -275,7 +285,11 @@ pub fn processes_in_netns(inode: u64) -> Vec<i32> {
         return pids;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         if let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/ns/net")) {

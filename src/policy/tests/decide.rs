@@ -82,9 +82,18 @@ rules:
   - {name: wide-any, action: deny, cidrs: ["198.0.0.0/8"]}
 "#,
     );
-    assert_eq!(show(p.decide(sa("198.18.0.1:80"), None, &AnyResolution)), "deny/deny-rule/wide");
-    assert_eq!(show(p.decide(sa("198.18.0.1:81"), None, &AnyResolution)), "deny/deny-rule/narrow");
-    assert_eq!(show(p.decide(sa("198.18.0.2:81"), None, &AnyResolution)), "deny/deny-rule/wide-any");
+    assert_eq!(
+        show(p.decide(sa("198.18.0.1:80"), None, &AnyResolution)),
+        "deny/deny-rule/wide"
+    );
+    assert_eq!(
+        show(p.decide(sa("198.18.0.1:81"), None, &AnyResolution)),
+        "deny/deny-rule/narrow"
+    );
+    assert_eq!(
+        show(p.decide(sa("198.18.0.2:81"), None, &AnyResolution)),
+        "deny/deny-rule/wide-any"
+    );
 }
 
 #[test]
@@ -99,26 +108,47 @@ rules:
   - {name: inner-any, action: allow, cidrs: ["198.18.0.1/32"]}
 "#,
     );
-    assert_eq!(show(p.decide(sa("198.18.0.1:1"), None, &AnyResolution)), "allow/allow-rule/inner");
-    assert_eq!(show(p.decide(sa("198.18.0.1:2"), None, &AnyResolution)), "allow/allow-rule/outer");
+    assert_eq!(
+        show(p.decide(sa("198.18.0.1:1"), None, &AnyResolution)),
+        "allow/allow-rule/inner"
+    );
+    assert_eq!(
+        show(p.decide(sa("198.18.0.1:2"), None, &AnyResolution)),
+        "allow/allow-rule/outer"
+    );
 }
 
 #[test]
 fn metadata_deny_applies_on_every_port() {
-    assert_eq!(basic("169.254.169.254:80", None), "deny/deny-rule/no-metadata");
-    assert_eq!(basic("169.254.169.254:65535", None), "deny/deny-rule/no-metadata");
+    assert_eq!(
+        basic("169.254.169.254:80", None),
+        "deny/deny-rule/no-metadata"
+    );
+    assert_eq!(
+        basic("169.254.169.254:65535", None),
+        "deny/deny-rule/no-metadata"
+    );
 }
 
 #[test]
 fn ipv6_cidr_matches() {
-    assert_eq!(basic("[2001:db8::42]:8080", None), "allow/allow-rule/origin");
+    assert_eq!(
+        basic("[2001:db8::42]:8080", None),
+        "allow/allow-rule/origin"
+    );
     assert_eq!(basic("[2001:db8:0:1::42]:8080", None), "deny/no-rule/-");
 }
 
 #[test]
 fn ipv4_mapped_destination_matches_as_ipv4() {
-    assert_eq!(basic("[::ffff:198.18.0.7]:8080", None), "allow/allow-rule/origin");
-    assert_eq!(basic("[::ffff:198.18.0.1]:9050", None), "deny/deny-rule/no-admin");
+    assert_eq!(
+        basic("[::ffff:198.18.0.7]:8080", None),
+        "allow/allow-rule/origin"
+    );
+    assert_eq!(
+        basic("[::ffff:198.18.0.1]:9050", None),
+        "deny/deny-rule/no-admin"
+    );
 }
 
 #[test]
@@ -127,30 +157,54 @@ fn ipv4_mapped_cidr_in_policy_matches_ipv4_destination() {
         "version: 1\nname: t\nrules: [{name: m, action: allow, cidrs: [\"::ffff:198.18.0.0/120\"]}]\n",
     );
     assert_eq!(p.rules()[0].cidrs[0].to_string(), "198.18.0.0/24");
-    assert_eq!(show(p.decide(sa("198.18.0.9:1"), None, &AnyResolution)), "allow/allow-rule/m");
+    assert_eq!(
+        show(p.decide(sa("198.18.0.9:1"), None, &AnyResolution)),
+        "allow/allow-rule/m"
+    );
 }
 
 #[test]
 fn exact_host_matches_case_insensitively_and_ignores_trailing_dot() {
-    assert_eq!(basic("203.0.113.5:443", Some("PyPI.ORG.")), "allow/allow-rule/pypi");
+    assert_eq!(
+        basic("203.0.113.5:443", Some("PyPI.ORG.")),
+        "allow/allow-rule/pypi"
+    );
 }
 
 #[test]
 fn wildcard_matches_one_or_more_labels() {
-    assert_eq!(basic("203.0.113.5:443", Some("files.pythonhosted.org")), "allow/allow-rule/pypi");
-    assert_eq!(basic("203.0.113.5:443", Some("a.b.pythonhosted.org")), "allow/allow-rule/pypi");
+    assert_eq!(
+        basic("203.0.113.5:443", Some("files.pythonhosted.org")),
+        "allow/allow-rule/pypi"
+    );
+    assert_eq!(
+        basic("203.0.113.5:443", Some("a.b.pythonhosted.org")),
+        "allow/allow-rule/pypi"
+    );
 }
 
 #[test]
 fn wildcard_does_not_match_apex() {
-    assert_eq!(basic("203.0.113.5:443", Some("pythonhosted.org")), "deny/no-rule/-");
+    assert_eq!(
+        basic("203.0.113.5:443", Some("pythonhosted.org")),
+        "deny/no-rule/-"
+    );
 }
 
 #[test]
 fn exact_host_does_not_match_subdomains_or_lookalikes() {
-    assert_eq!(basic("203.0.113.5:443", Some("www.pypi.org")), "deny/no-rule/-");
-    assert_eq!(basic("203.0.113.5:443", Some("evilpypi.org")), "deny/no-rule/-");
-    assert_eq!(basic("203.0.113.5:443", Some("evilpythonhosted.org")), "deny/no-rule/-");
+    assert_eq!(
+        basic("203.0.113.5:443", Some("www.pypi.org")),
+        "deny/no-rule/-"
+    );
+    assert_eq!(
+        basic("203.0.113.5:443", Some("evilpypi.org")),
+        "deny/no-rule/-"
+    );
+    assert_eq!(
+        basic("203.0.113.5:443", Some("evilpythonhosted.org")),
+        "deny/no-rule/-"
+    );
 }
 
 #[test]
@@ -169,7 +223,10 @@ fn host_rule_refuses_unresolved_address() {
 fn host_rule_allows_resolved_address_only() {
     let p = policy(BASIC);
     let dns = Resolved(vec![("pypi.org", "203.0.113.5".parse().unwrap())]);
-    assert_eq!(show(p.decide(sa("203.0.113.5:443"), Some("PYPI.org"), &dns)), "allow/allow-rule/pypi");
+    assert_eq!(
+        show(p.decide(sa("203.0.113.5:443"), Some("PYPI.org"), &dns)),
+        "allow/allow-rule/pypi"
+    );
     assert_eq!(
         show(p.decide(sa("203.0.113.6:443"), Some("pypi.org"), &dns)),
         "deny/host-address-mismatch/pypi"
@@ -179,7 +236,13 @@ fn host_rule_allows_resolved_address_only() {
 #[test]
 fn host_rule_refuses_private_address() {
     let p = policy(BASIC);
-    for dst in ["127.0.0.1:443", "10.0.0.1:443", "[::1]:443", "[::ffff:192.168.1.1]:443", "[fd00::1]:443"] {
+    for dst in [
+        "127.0.0.1:443",
+        "10.0.0.1:443",
+        "[::1]:443",
+        "[::ffff:192.168.1.1]:443",
+        "[fd00::1]:443",
+    ] {
         let d = p.decide(sa(dst), Some("pypi.org"), &AnyResolution);
         assert_eq!(show(d), "deny/private-address/pypi", "{dst}");
     }
@@ -233,7 +296,10 @@ rules:
   - {name: both, action: allow, cidrs: ["198.18.0.1/32"], hosts: ["origin.test"]}
 "#,
     );
-    assert_eq!(show(p.decide(sa("198.18.0.1:1"), None, &NothingResolved)), "allow/allow-rule/both");
+    assert_eq!(
+        show(p.decide(sa("198.18.0.1:1"), None, &NothingResolved)),
+        "allow/allow-rule/both"
+    );
     assert_eq!(
         show(p.decide(sa("198.18.0.2:1"), Some("origin.test"), &AnyResolution)),
         "allow/allow-rule/both"
@@ -242,8 +308,14 @@ rules:
 
 #[test]
 fn invalid_hostname_from_the_wire_matches_no_host_rule() {
-    assert_eq!(basic("203.0.113.5:443", Some("*.pythonhosted.org")), "deny/no-rule/-");
-    assert_eq!(basic("203.0.113.5:443", Some(".pythonhosted.org")), "deny/no-rule/-");
+    assert_eq!(
+        basic("203.0.113.5:443", Some("*.pythonhosted.org")),
+        "deny/no-rule/-"
+    );
+    assert_eq!(
+        basic("203.0.113.5:443", Some(".pythonhosted.org")),
+        "deny/no-rule/-"
+    );
     assert_eq!(basic("203.0.113.5:443", Some("")), "deny/no-rule/-");
 }
 
@@ -252,8 +324,17 @@ fn whole_address_space_rules_match_extremes() {
     let p = policy(
         "version: 1\nname: t\nrules: [{name: all, action: allow, cidrs: [\"0.0.0.0/0\", \"::/0\"]}]\n",
     );
-    for dst in ["0.0.0.0:1", "255.255.255.255:1", "[::]:1", "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:1"] {
-        assert_eq!(show(p.decide(sa(dst), None, &AnyResolution)), "allow/allow-rule/all", "{dst}");
+    for dst in [
+        "0.0.0.0:1",
+        "255.255.255.255:1",
+        "[::]:1",
+        "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:1",
+    ] {
+        assert_eq!(
+            show(p.decide(sa(dst), None, &AnyResolution)),
+            "allow/allow-rule/all",
+            "{dst}"
+        );
     }
 }
 
@@ -262,7 +343,10 @@ fn audit_mode_is_reported_and_decides_the_same() {
     let p = policy(&BASIC.replace("name: basic", "name: basic\nmode: audit"));
     assert_eq!(p.mode(), Mode::Audit);
     assert_eq!(policy(BASIC).mode(), Mode::Enforce);
-    assert_eq!(show(p.decide(sa("198.18.0.1:9050"), None, &AnyResolution)), "deny/deny-rule/no-admin");
+    assert_eq!(
+        show(p.decide(sa("198.18.0.1:9050"), None, &AnyResolution)),
+        "deny/deny-rule/no-admin"
+    );
 }
 
 #[test]
@@ -270,9 +354,12 @@ fn host_can_matter_only_on_ports_of_host_rules() {
     let p = policy(BASIC);
     assert!(p.host_can_matter(443));
     assert!(!p.host_can_matter(8080));
-    let any = policy("version: 1\nname: t\nrules: [{name: d, action: deny, hosts: [\"x.test\"]}]\n");
+    let any =
+        policy("version: 1\nname: t\nrules: [{name: d, action: deny, hosts: [\"x.test\"]}]\n");
     assert!(any.host_can_matter(1) && any.host_can_matter(65535));
-    let none = policy("version: 1\nname: t\nrules: [{name: c, action: allow, cidrs: [\"198.18.0.0/15\"]}]\n");
+    let none = policy(
+        "version: 1\nname: t\nrules: [{name: c, action: allow, cidrs: [\"198.18.0.0/15\"]}]\n",
+    );
     assert!(!none.host_can_matter(443));
 }
 
@@ -292,10 +379,16 @@ dns:
     );
     assert!(p.admits_name("PyPI.org."));
     assert!(p.admits_name("files.pythonhosted.org"));
-    assert!(p.admits_name("web.pythonhosted.org"), "deny on one port only");
+    assert!(
+        p.admits_name("web.pythonhosted.org"),
+        "deny on one port only"
+    );
     assert!(!p.admits_name("bad.pypi.org"), "denied on every port");
     assert!(!p.admits_name("pythonhosted.org"));
-    assert!(!p.admits_name("static.test"), "dns.hosts alone does not admit");
+    assert!(
+        !p.admits_name("static.test"),
+        "dns.hosts alone does not admit"
+    );
     assert!(!p.admits_name("example.com"));
 }
 
@@ -318,8 +411,18 @@ dns:
     assert_eq!(r.hosts, ["a.test"]);
     let ports: Vec<String> = r.ports.iter().map(|p| p.to_string()).collect();
     assert_eq!(ports, ["80-81", "9000-9100"]);
-    let ups: Vec<String> = p.dns().upstream.as_ref().unwrap().iter().map(|a| a.to_string()).collect();
-    assert_eq!(ups, ["198.18.0.53:53", "[2001:db8::53]:5353", "198.18.0.54:53"]);
+    let ups: Vec<String> = p
+        .dns()
+        .upstream
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    assert_eq!(
+        ups,
+        ["198.18.0.53:53", "[2001:db8::53]:5353", "198.18.0.54:53"]
+    );
     assert_eq!(p.dns().hosts["origin.test"].len(), 2);
 }
 
@@ -334,7 +437,10 @@ fn dns_upstream_absent_is_none_and_empty_is_some() {
 #[test]
 fn policy_without_rules_denies_everything() {
     let p = policy("version: 1\nname: closed\nrules: []\n");
-    assert_eq!(show(p.decide(sa("198.18.0.1:80"), Some("a.test"), &AnyResolution)), "deny/no-rule/-");
+    assert_eq!(
+        show(p.decide(sa("198.18.0.1:80"), Some("a.test"), &AnyResolution)),
+        "deny/no-rule/-"
+    );
 }
 
 #[test]

@@ -20,13 +20,27 @@ const HEAD: &str = "version: 1\nname: t\nrules:\n";
 #[test]
 fn unknown_top_level_key_is_named_with_the_allowed_keys() {
     let e = rejected("version: 1\nname: t\nrulez: []\n");
-    has(&e, "3:1", &["unknown key `rulez`", "did you mean `rules`", "`version`, `name`, `mode`, `rules`, `dns`"]);
+    has(
+        &e,
+        "3:1",
+        &[
+            "unknown key `rulez`",
+            "did you mean `rules`",
+            "`version`, `name`, `mode`, `rules`, `dns`",
+        ],
+    );
 }
 
 #[test]
 fn unknown_rule_key_is_reported_at_the_key() {
-    let e = rejected(&format!("{HEAD}  - name: a\n    action: allow\n    cidr: [\"198.18.0.1/32\"]\n"));
-    has(&e, "6:5", &["unknown key `cidr`", "rule `a`", "did you mean `cidrs`"]);
+    let e = rejected(&format!(
+        "{HEAD}  - name: a\n    action: allow\n    cidr: [\"198.18.0.1/32\"]\n"
+    ));
+    has(
+        &e,
+        "6:5",
+        &["unknown key `cidr`", "rule `a`", "did you mean `cidrs`"],
+    );
     // The rule then has no cidrs or hosts: reported at the rule.
     has(&e, "4:5", &["neither `cidrs` nor `hosts`"]);
 }
@@ -34,19 +48,35 @@ fn unknown_rule_key_is_reported_at_the_key() {
 #[test]
 fn unknown_dns_key_is_reported() {
     let e = rejected("version: 1\nname: t\ndns:\n  upstreams: []\n");
-    has(&e, "4:3", &["unknown key `upstreams`", "`upstream`, `hosts`"]);
+    has(
+        &e,
+        "4:3",
+        &["unknown key `upstreams`", "`upstream`, `hosts`"],
+    );
 }
 
 #[test]
 fn bad_cidr_is_reported_at_the_value() {
-    let e = rejected(&format!("{HEAD}  - name: a\n    action: allow\n    cidrs: [\"198.18.0.1/32\", \"300.1.1.1/8\"]\n"));
-    has(&e, "6:30", &["`300.1.1.1/8` is not a CIDR", "198.18.0.0/15"]);
+    let e = rejected(&format!(
+        "{HEAD}  - name: a\n    action: allow\n    cidrs: [\"198.18.0.1/32\", \"300.1.1.1/8\"]\n"
+    ));
+    has(
+        &e,
+        "6:30",
+        &["`300.1.1.1/8` is not a CIDR", "198.18.0.0/15"],
+    );
 }
 
 #[test]
 fn cidr_with_host_bits_suggests_the_network() {
-    let e = rejected(&format!("{HEAD}  - name: a\n    action: allow\n    cidrs:\n      - 10.0.0.1/8\n"));
-    has(&e, "7:9", &["host bits set", "\"10.0.0.0/8\"", "\"10.0.0.1/32\""]);
+    let e = rejected(&format!(
+        "{HEAD}  - name: a\n    action: allow\n    cidrs:\n      - 10.0.0.1/8\n"
+    ));
+    has(
+        &e,
+        "7:9",
+        &["host bits set", "\"10.0.0.0/8\"", "\"10.0.0.1/32\""],
+    );
 }
 
 #[test]
@@ -73,7 +103,11 @@ fn malformed_port_range_is_reported() {
 #[test]
 fn empty_rule_is_reported_at_the_rule() {
     let e = rejected(&format!("{HEAD}  - name: empty\n    action: deny\n"));
-    has(&e, "4:5", &["rule `empty` has neither `cidrs` nor `hosts`", "0.0.0.0/0"]);
+    has(
+        &e,
+        "4:5",
+        &["rule `empty` has neither `cidrs` nor `hosts`", "0.0.0.0/0"],
+    );
 }
 
 #[test]
@@ -81,7 +115,11 @@ fn duplicate_rule_name_points_at_the_second_and_mentions_the_first() {
     let e = rejected(&format!(
         "{HEAD}  - name: web\n    action: allow\n    cidrs: [\"198.18.0.1/32\"]\n  - action: deny\n    name: web\n    cidrs: [\"198.18.0.2/32\"]\n"
     ));
-    has(&e, "8:11", &["duplicate rule name `web`", "first used at line 4"]);
+    has(
+        &e,
+        "8:11",
+        &["duplicate rule name `web`", "first used at line 4"],
+    );
 }
 
 #[test]
@@ -105,21 +143,36 @@ fn bad_hostname_characters_are_reported() {
 
 #[test]
 fn missing_rule_name_and_bad_action_are_reported() {
-    let e = rejected(&format!("{HEAD}  - action: permit\n    cidrs: [\"198.18.0.1/32\"]\n"));
+    let e = rejected(&format!(
+        "{HEAD}  - action: permit\n    cidrs: [\"198.18.0.1/32\"]\n"
+    ));
     has(&e, "4:5", &["rule #1 has no `name`"]);
-    has(&e, "4:13", &["`action` is the string \"permit\"", "`action: allow` or `action: deny`"]);
+    has(
+        &e,
+        "4:13",
+        &[
+            "`action` is the string \"permit\"",
+            "`action: allow` or `action: deny`",
+        ],
+    );
 }
 
 #[test]
 fn missing_action_is_reported_at_the_rule() {
-    let e = rejected(&format!("{HEAD}  - name: a\n    cidrs: [\"198.18.0.1/32\"]\n"));
+    let e = rejected(&format!(
+        "{HEAD}  - name: a\n    cidrs: [\"198.18.0.1/32\"]\n"
+    ));
     has(&e, "4:5", &["rule `a` has no `action`"]);
 }
 
 #[test]
 fn unsupported_version_is_reported_at_the_value() {
     let e = rejected("version: 2\nname: t\n");
-    has(&e, "1:10", &["unsupported policy version 2", "`version: 1`"]);
+    has(
+        &e,
+        "1:10",
+        &["unsupported policy version 2", "`version: 1`"],
+    );
 }
 
 #[test]
@@ -138,8 +191,17 @@ fn empty_name_and_bad_mode_are_reported() {
 
 #[test]
 fn bad_dns_upstream_is_reported() {
-    let e = rejected("version: 1\nname: t\ndns:\n  upstream: [\"dns.google:53\", \"198.18.0.53:0\", 53]\n");
-    has(&e, "4:14", &["`dns.google:53` is not a DNS server address", "[2001:db8::53]:53"]);
+    let e = rejected(
+        "version: 1\nname: t\ndns:\n  upstream: [\"dns.google:53\", \"198.18.0.53:0\", 53]\n",
+    );
+    has(
+        &e,
+        "4:14",
+        &[
+            "`dns.google:53` is not a DNS server address",
+            "[2001:db8::53]:53",
+        ],
+    );
     has(&e, "4:31", &["port 0"]);
     has(&e, "4:48", &["must be a string"]);
 }
@@ -166,7 +228,11 @@ fn duplicate_key_is_reported() {
 #[test]
 fn wrong_shapes_are_reported() {
     let e = rejected("version: 1\nname: t\nrules:\n  - name: a\n    action: allow\n    cidrs: \"198.18.0.1/32\"\n    ports: 443\n  - just-a-string\n");
-    has(&e, "6:12", &["`cidrs` must be a list", "[\"198.18.0.0/15\"]"]);
+    has(
+        &e,
+        "6:12",
+        &["`cidrs` must be a list", "[\"198.18.0.0/15\"]"],
+    );
     has(&e, "7:12", &["`ports` must be a list"]);
     has(&e, "8:5", &["rule #2 must be a mapping"]);
 }
@@ -182,14 +248,23 @@ fn all_violations_are_reported_at_once_in_file_order() {
         .collect();
     assert_eq!(
         at,
-        ["test.yaml:1:10", "test.yaml:3:1", "test.yaml:7:13", "test.yaml:8:13", "test.yaml:9:11", "test.yaml:11:13"],
+        [
+            "test.yaml:1:10",
+            "test.yaml:3:1",
+            "test.yaml:7:13",
+            "test.yaml:8:13",
+            "test.yaml:9:11",
+            "test.yaml:11:13"
+        ],
         "{e}"
     );
 }
 
 #[test]
 fn flow_style_positions_are_exact() {
-    let e = rejected("version: 1\nname: t\nrules: [{name: a, action: allow, cidrs: [\"1.2.3.4/33\"]}]\n");
+    let e = rejected(
+        "version: 1\nname: t\nrules: [{name: a, action: allow, cidrs: [\"1.2.3.4/33\"]}]\n",
+    );
     has(&e, "3:42", &["`1.2.3.4/33` is not a CIDR"]);
 }
 
@@ -234,7 +309,10 @@ fn errors_list_each_violation_once_per_line() {
 fn load_error_names_the_path() {
     let e = Policy::load(std::path::Path::new("/nonexistent/sluice-policy.yaml")).unwrap_err();
     let s = e.to_string();
-    assert!(s.starts_with("/nonexistent/sluice-policy.yaml: cannot read"), "{s}");
+    assert!(
+        s.starts_with("/nonexistent/sluice-policy.yaml: cannot read"),
+        "{s}"
+    );
 }
 
 #[test]
@@ -243,5 +321,8 @@ fn load_refuses_non_utf8_with_position() {
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, b"version: 1\nname: \xff\n").unwrap();
     let e = Policy::load(&path).unwrap_err().to_string();
-    assert!(e.ends_with("bad.yaml:2:7: the file is not UTF-8 text; save it as UTF-8"), "{e}");
+    assert!(
+        e.ends_with("bad.yaml:2:7: the file is not UTF-8 text; save it as UTF-8"),
+        "{e}"
+    );
 }

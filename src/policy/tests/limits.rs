@@ -6,7 +6,11 @@ use std::time::{Duration, Instant};
 fn quick<T>(f: impl FnOnce() -> T) -> T {
     let start = Instant::now();
     let out = f();
-    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
     out
 }
 
@@ -15,7 +19,11 @@ fn deep_nesting_is_refused() {
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
     let e = quick(|| rejected(&deep));
     assert!(e.contains("recursion limit"), "{e}");
-    let deep_map = format!("version: 1\nname: t\ndns: {}1{}\n", "{a: ".repeat(10_000), "}".repeat(10_000));
+    let deep_map = format!(
+        "version: 1\nname: t\ndns: {}1{}\n",
+        "{a: ".repeat(10_000),
+        "}".repeat(10_000)
+    );
     let e = quick(|| rejected(&deep_map));
     assert!(e.starts_with("test.yaml:"), "{e}");
 }
@@ -36,13 +44,19 @@ h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
 i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
 "#;
     let e = quick(|| rejected(bomb));
-    assert!(e.contains("repetition limit") || e.contains("more than"), "{e}");
+    assert!(
+        e.contains("repetition limit") || e.contains("more than"),
+        "{e}"
+    );
 }
 
 #[test]
 fn wide_alias_fanout_is_bounded_by_the_node_budget() {
     // Few events, but every alias expands 10k nodes: 200 of them is 2M.
-    let mut doc = format!("version: 1\nname: t\nx: &x [{}]\ny: [", vec!["1"; 10_000].join(","));
+    let mut doc = format!(
+        "version: 1\nname: t\nx: &x [{}]\ny: [",
+        vec!["1"; 10_000].join(",")
+    );
     doc.push_str(&vec!["*x"; 200].join(","));
     doc.push_str("]\n");
     let e = quick(|| rejected(&doc));
@@ -61,7 +75,9 @@ fn oversized_input_is_refused_before_parsing() {
 fn many_violations_are_capped() {
     let mut doc = String::from("version: 1\nname: t\nrules:\n");
     for i in 0..500 {
-        doc.push_str(&format!("  - {{name: r{i}, action: allow, cidrs: [\"10.0.0.1/8\"]}}\n"));
+        doc.push_str(&format!(
+            "  - {{name: r{i}, action: allow, cidrs: [\"10.0.0.1/8\"]}}\n"
+        ));
     }
     let e = quick(|| Policy::from_yaml(&doc, "test.yaml").unwrap_err());
     assert_eq!(e.violations().len(), 101);

@@ -22,7 +22,14 @@ impl Rng {
     }
 }
 
-const NAMES: &[&str] = &["a.test", "b.a.test", "c.b.a.test", "x.test", "y.x.test", "test"];
+const NAMES: &[&str] = &[
+    "a.test",
+    "b.a.test",
+    "c.b.a.test",
+    "x.test",
+    "y.x.test",
+    "test",
+];
 
 fn matches_host(pattern: &str, name: &str) -> bool {
     match pattern.strip_prefix("*.") {
@@ -32,16 +39,32 @@ fn matches_host(pattern: &str, name: &str) -> bool {
 }
 
 /// A direct reading of the semantics in DESIGN.md.
-fn naive(rules: &[Rule], ip: IpAddr, port: u16, host: Option<&str>) -> (Verdict, Reason, Option<String>) {
+fn naive(
+    rules: &[Rule],
+    ip: IpAddr,
+    port: u16,
+    host: Option<&str>,
+) -> (Verdict, Reason, Option<String>) {
     let by_cidr = |r: &Rule| r.covers_port(port) && r.cidrs.iter().any(|c| c.contains(&ip));
-    let by_host = |r: &Rule| r.covers_port(port) && host.is_some_and(|h| r.hosts.iter().any(|p| matches_host(p, h)));
-    if let Some(r) = rules.iter().find(|r| r.action == Verdict::Deny && (by_cidr(r) || by_host(r))) {
+    let by_host = |r: &Rule| {
+        r.covers_port(port) && host.is_some_and(|h| r.hosts.iter().any(|p| matches_host(p, h)))
+    };
+    if let Some(r) = rules
+        .iter()
+        .find(|r| r.action == Verdict::Deny && (by_cidr(r) || by_host(r)))
+    {
         return (Verdict::Deny, Reason::DenyRule, Some(r.name.clone()));
     }
-    if let Some(r) = rules.iter().find(|r| r.action == Verdict::Allow && by_cidr(r)) {
+    if let Some(r) = rules
+        .iter()
+        .find(|r| r.action == Verdict::Allow && by_cidr(r))
+    {
         return (Verdict::Allow, Reason::AllowRule, Some(r.name.clone()));
     }
-    if let Some(r) = rules.iter().find(|r| r.action == Verdict::Allow && by_host(r)) {
+    if let Some(r) = rules
+        .iter()
+        .find(|r| r.action == Verdict::Allow && by_host(r))
+    {
         if is_private(ip) {
             return (Verdict::Deny, Reason::PrivateAddress, Some(r.name.clone()));
         }
@@ -52,12 +75,26 @@ fn naive(rules: &[Rule], ip: IpAddr, port: u16, host: Option<&str>) -> (Verdict,
 
 fn random_v4(rng: &mut Rng) -> [u8; 4] {
     // A small space so that networks overlap and nest often.
-    [[10, 198, 0, 255][rng.below(4) as usize], rng.below(3) as u8, rng.below(3) as u8, rng.below(4) as u8]
+    [
+        [10, 198, 0, 255][rng.below(4) as usize],
+        rng.below(3) as u8,
+        rng.below(3) as u8,
+        rng.below(4) as u8,
+    ]
 }
 
 fn random_v6(rng: &mut Rng) -> Ipv6Addr {
     let top = [0x2001u16, 0xfd00, 0xffff][rng.below(3) as usize];
-    Ipv6Addr::new(top, 0xdb8, 0, 0, 0, 0, rng.below(3) as u16, rng.below(4) as u16)
+    Ipv6Addr::new(
+        top,
+        0xdb8,
+        0,
+        0,
+        0,
+        0,
+        rng.below(3) as u16,
+        rng.below(4) as u16,
+    )
 }
 
 fn random_policy(rng: &mut Rng) -> String {
@@ -68,7 +105,9 @@ fn random_policy(rng: &mut Rng) -> String {
         for _ in 0..rng.below(3) {
             if rng.below(2) == 0 {
                 let prefix = [0u8, 8, 16, 24, 30, 32][rng.below(6) as usize];
-                let net = ipnet::Ipv4Net::new(random_v4(rng).into(), prefix).unwrap().trunc();
+                let net = ipnet::Ipv4Net::new(random_v4(rng).into(), prefix)
+                    .unwrap()
+                    .trunc();
                 cidrs.push(format!("\"{net}\""));
             } else {
                 let prefix = [0u8, 16, 112, 126, 128][rng.below(5) as usize];
@@ -79,12 +118,21 @@ fn random_policy(rng: &mut Rng) -> String {
         let mut hosts = Vec::new();
         for _ in 0..rng.below(3) {
             let name = NAMES[rng.below(NAMES.len() as u64) as usize];
-            hosts.push(if rng.below(2) == 0 { format!("\"*.{name}\"") } else { format!("\"{name}\"") });
+            hosts.push(if rng.below(2) == 0 {
+                format!("\"*.{name}\"")
+            } else {
+                format!("\"{name}\"")
+            });
         }
         if cidrs.is_empty() && hosts.is_empty() {
             cidrs.push("\"10.0.0.0/8\"".into());
         }
-        let _ = write!(doc, "  - {{name: r{i}, action: {action}, cidrs: [{}], hosts: [{}]", cidrs.join(","), hosts.join(","));
+        let _ = write!(
+            doc,
+            "  - {{name: r{i}, action: {action}, cidrs: [{}], hosts: [{}]",
+            cidrs.join(","),
+            hosts.join(",")
+        );
         if rng.below(2) == 0 {
             let a = rng.below(4) + 1;
             let b = a + rng.below(3);

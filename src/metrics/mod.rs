@@ -1,0 +1,342 @@
+//! Prometheus metrics: the metric set of DESIGN.md ("Records"), registered in
+//! a registry the caller passes in (tests get their own), and the `/metrics`
+//! endpoint that serves it (`server`).
+//!
+//! Each metric's name and help text sit next to the field that updates it.
+//! Label values are bounded: paths (host|oci|vm), verdicts, rule names from
+//! the policy, bundle names, sandbox ids, reload results. This module never
+//! puts an address or a hostname in a label, never blocks, and never
+//! allocates on the per-connection path once a path's handles are resolved
+//! (`Metrics::path`).
+
+mod drops;
+mod server;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+pub use drops::DropSource;
+pub use server::{bind, render, serve, serve_listener, ServeError};
+
+/// Histogram buckets for a loopback proxy: 10 µs up to a minute.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The `rule` label of a decision that no rule made (default deny).
+pub const NO_RULE: &str = "none";
+
+/// Outcome of a bundle (re)load, the `result` label of
+/// `sluice_bundle_reloads_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadResult {
+    /// A new revision was verified and swapped in.
+    Applied,
+    /// The bundle on disk is the revision already running.
+    Unchanged,
+    /// The bundle was refused (signature, digest, expiry, rollback, policy).
+    Refused,
+}
+
+impl ReloadResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReloadResult::Applied => "applied",
+            ReloadResult::Unchanged => "unchanged",
+            ReloadResult::Refused => "refused",
+        }
+    }
+}
+
+/// sluice's metrics. Cheap to share behind an `Arc`; hand `PathMetrics` to
+/// the proxy of each path.
+pub struct Metrics {
+    /// sluice_connections_total{path,verdict,rule}
+    connections: IntCounterVec,
+    /// sluice_active_connections{path}
+    active: IntGaugeVec,
+    /// sluice_connect_seconds{path}
+    connect: HistogramVec,
+    /// sluice_first_byte_seconds{path}
+    first_byte: HistogramVec,
+    /// sluice_connection_seconds{path}
+    connection: HistogramVec,
+    /// sluice_bytes_total{path,direction}
+    bytes: IntCounterVec,
+    /// sluice_dns_queries_total{verdict}
+    dns_queries: IntCounterVec,
+    /// sluice_dropped_packets_total{sandbox}, read at scrape time.
+    drops: Arc<drops::DroppedPackets>,
+    /// sluice_bundle_revision{bundle}
+    bundle_revision: IntGaugeVec,
+    /// sluice_bundle_reloads_total{result}
+    bundle_reloads: IntCounterVec,
+    /// sluice_audit_waits_total
+    audit_waits: IntCounter,
+}
+
+impl Metrics {
+    /// Create every metric and register it (and `sluice_build_info`) in
+    /// `registry`. Fails only if `registry` already holds these names.
+    pub fn new(registry: &Registry) -> Result<Metrics, prometheus::Error> {
+        let connections = IntCounterVec::new(
+            Opts::new(
+                "sluice_connections_total",
+                "Connections decided, by path, verdict (allow, deny, would-deny) and the policy rule that decided (none for the default deny).",
+            ),
+            &["path", "verdict", "rule"],
+        )?;
+        let active = IntGaugeVec::new(
+            Opts::new(
+                "sluice_active_connections",
+                "Connections accepted and not yet closed, by path.",
+            ),
+            &["path"],
+        )?;
+        let connect = histogram(
+            "sluice_connect_seconds",
+            "Time from accepting a connection to its upstream connection being established.",
+        )?;
+        let first_byte = histogram(
+            "sluice_first_byte_seconds",
+            "Time from accepting a connection to relaying the first upstream byte to the client.",
+        )?;
+        let connection = histogram(
+            "sluice_connection_seconds",
+            "Time from accepting a connection to closing it, for every connection (denied ones too).",
+        )?;
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "sluice_bytes_total",
+                "Bytes relayed, by path and direction (up: client to upstream, down: upstream to client).",
+            ),
+            &["path", "direction"],
+        )?;
+        let dns_queries = IntCounterVec::new(
+            Opts::new(
+                "sluice_dns_queries_total",
+                "DNS queries answered by sluice's resolver, by verdict (allow, refused, ...).",
+            ),
+            &["verdict"],
+        )?;
+        let drops = Arc::new(drops::DroppedPackets::new()?);
+        let bundle_revision = IntGaugeVec::new(
+            Opts::new(
+                "sluice_bundle_revision",
+                "Revision of the policy bundle currently enforced, by bundle name.",
+            ),
+            &["bundle"],
+        )?;
+        let bundle_reloads = IntCounterVec::new(
+            Opts::new(
+                "sluice_bundle_reloads_total",
+                "Bundle load attempts, by result (applied, unchanged, refused).",
+            ),
+            &["result"],
+        )?;
+        let audit_waits = IntCounter::new(
+            "sluice_audit_waits_total",
+            "Times a connection or resolver waited because the audit log's queue was full (records are never dropped).",
+        )?;
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "sluice_build_info",
+                "Always 1; the version label says which sluice is running.",
+            ),
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(connect.clone()))?;
+        registry.register(Box::new(first_byte.clone()))?;
+        registry.register(Box::new(connection.clone()))?;
+        registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(dns_queries.clone()))?;
+        registry.register(Box::new(drops::Collector(drops.clone())))?;
+        registry.register(Box::new(bundle_revision.clone()))?;
+        registry.register(Box::new(bundle_reloads.clone()))?;
+        registry.register(Box::new(audit_waits.clone()))?;
+        registry.register(Box::new(build_info))?;
+
+        // Reload results are few and known: export them at 0 from the start
+        // so that rate() works from the first scrape.
+        for r in [
+            ReloadResult::Applied,
+            ReloadResult::Unchanged,
+            ReloadResult::Refused,
+        ] {
+            bundle_reloads.with_label_values(&[r.as_str()]);
+        }
+
+        Ok(Metrics {
+            connections,
+            active,
+            connect,
+            first_byte,
+            connection,
+            bytes,
+            dns_queries,
+            drops,
+            bundle_revision,
+            bundle_reloads,
+            audit_waits,
+        })
+    }
+
+    /// Pre-resolved handles for one path (host | oci | vm). Resolve once per
+    /// listener, not per connection.
+    pub fn path(&self, path: &'static str) -> PathMetrics {
+        PathMetrics {
+            path,
+            connections: self.connections.clone(),
+            active: self.active.with_label_values(&[path]),
+            connect: self.connect.with_label_values(&[path]),
+            first_byte: self.first_byte.with_label_values(&[path]),
+            connection: self.connection.with_label_values(&[path]),
+            bytes_up: self.bytes.with_label_values(&[path, "up"]),
+            bytes_down: self.bytes.with_label_values(&[path, "down"]),
+        }
+    }
+
+    /// Count one DNS query by its verdict (e.g. "allow", "refused").
+    pub fn dns_query(&self, verdict: &str) {
+        self.dns_queries.with_label_values(&[verdict]).inc();
+    }
+
+    /// The counter of one DNS verdict, to keep in the resolver and `inc()`.
+    pub fn dns_counter(&self, verdict: &str) -> IntCounter {
+        self.dns_queries.with_label_values(&[verdict])
+    }
+
+    /// Count one bundle load attempt.
+    pub fn bundle_reload(&self, result: ReloadResult) {
+        self.bundle_reloads
+            .with_label_values(&[result.as_str()])
+            .inc();
+    }
+
+    /// Record the revision of the bundle now enforced. A bundle loaded from a
+    /// plain policy file has no revision: pass 0.
+    pub fn set_bundle_revision(&self, bundle: &str, revision: u64) {
+        self.bundle_revision
+            .with_label_values(&[bundle])
+            .set(i64::try_from(revision).unwrap_or(i64::MAX));
+    }
+
+    /// Forget a bundle's revision series (when its sandbox goes away).
+    pub fn clear_bundle_revision(&self, bundle: &str) {
+        let _ = self.bundle_revision.remove_label_values(&[bundle]);
+    }
+
+    /// The counter to give the audit log (`AuditWriter::with_options`): it
+    /// counts the times a producer found the audit queue full.
+    pub fn audit_wait_counter(&self) -> IntCounter {
+        self.audit_waits.clone()
+    }
+
+    /// Read `sandbox`'s dropped-packet counter with `f` at every scrape
+    /// (`None` = could not be read this time: the series is left out).
+    /// Registering the same sandbox again replaces its source.
+    pub fn register_drop_source(&self, sandbox: String, f: DropSource) {
+        self.drops.register(sandbox, f);
+    }
+
+    /// Stop exporting `sandbox`'s dropped-packet counter.
+    pub fn unregister_drop_source(&self, sandbox: &str) {
+        self.drops.unregister(sandbox);
+    }
+}
+
+fn histogram(name: &str, help: &str) -> Result<HistogramVec, prometheus::Error> {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+        &["path"],
+    )
+}
+
+/// One path's metric handles: cloned into each listener's context.
+#[derive(Clone)]
+pub struct PathMetrics {
+    path: &'static str,
+    connections: IntCounterVec,
+    active: IntGauge,
+    connect: Histogram,
+    first_byte: Histogram,
+    connection: Histogram,
+    bytes_up: IntCounter,
+    bytes_down: IntCounter,
+}
+
+impl PathMetrics {
+    /// At accept: counts the connection as active until the returned guard
+    /// is dropped, which also observes `sluice_connection_seconds` (the
+    /// guard's age). Keep the guard in the connection's own outcome guard.
+    pub fn opened(&self) -> ConnectionMetrics {
+        self.active.inc();
+        ConnectionMetrics {
+            metrics: self.clone(),
+            accepted: std::time::Instant::now(),
+            decided: false,
+        }
+    }
+}
+
+/// The metrics side of one connection, from accept to close.
+pub struct ConnectionMetrics {
+    metrics: PathMetrics,
+    accepted: std::time::Instant,
+    decided: bool,
+}
+
+impl ConnectionMetrics {
+    /// After the decision: counts `sluice_connections_total{path,verdict,rule}`
+    /// once (later calls are ignored). `rule` is `None` for the default deny.
+    pub fn decided(&mut self, verdict: &str, rule: Option<&str>) {
+        if std::mem::replace(&mut self.decided, true) {
+            return;
+        }
+        self.metrics
+            .connections
+            .with_label_values(&[self.metrics.path, verdict, rule.unwrap_or(NO_RULE)])
+            .inc();
+    }
+
+    /// Upstream connected, `since_accept` after accept.
+    pub fn connected(&self, since_accept: Duration) {
+        self.metrics.connect.observe(since_accept.as_secs_f64());
+    }
+
+    /// First upstream byte relayed to the client, `since_accept` after accept.
+    pub fn first_byte(&self, since_accept: Duration) {
+        self.metrics.first_byte.observe(since_accept.as_secs_f64());
+    }
+
+    /// Bytes relayed (call once at close, or as they go).
+    pub fn bytes(&self, up: u64, down: u64) {
+        if up > 0 {
+            self.metrics.bytes_up.inc_by(up);
+        }
+        if down > 0 {
+            self.metrics.bytes_down.inc_by(down);
+        }
+    }
+}
+
+impl Drop for ConnectionMetrics {
+    fn drop(&mut self) {
+        self.metrics.active.dec();
+        self.metrics
+            .connection
+            .observe(self.accepted.elapsed().as_secs_f64());
+    }
+}
