@@ -72,11 +72,70 @@ With --host, the name is assumed to have been resolved by sluice's DNS to DEST."
         #[arg(long, value_name = "NAME")]
         host: Option<String>,
     },
+    /// Check or read an audit log.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+    /// Compare two timing files (or directories of batches), e.g. direct vs through sluice.
+    #[command(
+        after_help = "A directory is one batch per file (name order); a single file is cut into \
+batches of --batch-size records. Prints count, median and P95 of connect, first byte and total for \
+each input, the paired difference of medians by batch with a 95% bootstrap confidence interval \
+(5,000 resamples, fixed seed), the ratio of medians, and two clusters instead of one median where \
+a distribution has two.\n\nExample:\n  sluice compare direct.csv proxied.csv --plot compare.svg"
+    )]
+    Compare {
+        /// The baseline (e.g. direct) timing file or directory.
+        a: PathBuf,
+        /// The other (e.g. proxied) timing file or directory.
+        b: PathBuf,
+        /// Print the numbers as CSV instead of a table.
+        #[arg(long)]
+        csv: bool,
+        /// Also draw the two distributions side by side into FILE.svg.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// Records per batch when an input is a single file.
+        #[arg(long, default_value_t = 256, value_name = "N")]
+        batch_size: usize,
+    },
     /// Show sluice at work on a throwaway topology (needs root; touches nothing outside it).
     Demo,
     /// A small network client used by the demo and the tests to probe a sandbox from inside.
     #[command(subcommand)]
     Probe(ProbeCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Check the hash chain; exit 1 with the first bad line (FILE:LINE: what) if broken.
+    #[command(
+        after_help = "Rotated files (FILE.N .. FILE.1, FILE) are checked as one chain. A file whose \
+first line continues another file's chain needs --after PREV or --genesis HASH.\n\n\
+The chain cannot show an edit of the very last line or lines cut off the end: keep the printed \
+last hash elsewhere and compare it later."
+    )]
+    Verify {
+        file: PathBuf,
+        /// The hash the first line must chain from.
+        #[arg(long, value_name = "HASH", conflicts_with = "after")]
+        genesis: Option<String>,
+        /// The file this one continues (its last line's hash is the genesis).
+        #[arg(long, value_name = "PREV")]
+        after: Option<PathBuf>,
+    },
+    /// Print records readably, one per line.
+    Tail {
+        file: PathBuf,
+        /// Keep printing records as they are appended.
+        #[arg(long, short)]
+        follow: bool,
+        /// Only records with this verdict (deny, would-deny, allow, refused).
+        #[arg(long)]
+        verdict: Option<String>,
+        /// Print the raw JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -90,6 +149,17 @@ pub struct RunArgs {
     /// Audit allowed connections too, not only denies.
     #[arg(long)]
     pub audit_allows: bool,
+    /// Rotate the audit log when it reaches SIZE bytes (FILE.1, FILE.2, ...;
+    /// the hash chain continues across files).
+    #[arg(long, value_name = "SIZE")]
+    pub audit_max_bytes: Option<u64>,
+    /// Write one timing record per connection to FILE (.csv for CSV, else JSONL).
+    #[arg(long, value_name = "FILE")]
+    pub timings: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, from sluice's own
+    /// namespace (never reachable from inside the sandbox).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
     /// Run the command as USER (name or uid) instead of root.
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
@@ -159,6 +229,14 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run(args),
         Command::Check { policy } => check(&policy),
         Command::Explain { policy, dest, host } => explain(&policy, &dest, host.as_deref()),
+        Command::Audit(cmd) => audit(cmd),
+        Command::Compare {
+            a,
+            b,
+            csv,
+            plot,
+            batch_size,
+        } => compare(&a, &b, csv, plot.as_deref(), batch_size),
         Command::Demo => crate::demo::run(),
         Command::Probe(probe) => Ok(crate::probe::run(probe)),
     }
@@ -174,6 +252,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         policy_label: label,
         audit: args.audit,
         audit_allows: args.audit_allows,
+        audit_max_bytes: args.audit_max_bytes,
+        timings: args.timings,
+        metrics: args.metrics,
         user: args.user,
         command: args.command,
         limits: crate::proxy::Limits {
@@ -252,4 +333,85 @@ fn parse_dest(dest: &str) -> anyhow::Result<SocketAddr> {
     anyhow::bail!(
         "`{dest}` is not an address: give DEST as 198.18.0.1, 198.18.0.1:8080, 2001:db8::1 or [2001:db8::1]:443"
     )
+}
+
+fn audit(cmd: AuditCommand) -> anyhow::Result<i32> {
+    use crate::audit::{verify_rotated, Genesis, TailOptions};
+    match cmd {
+        AuditCommand::Verify {
+            file,
+            genesis,
+            after,
+        } => {
+            let genesis = match (genesis, after) {
+                (Some(hash), _) => Genesis::Hash(hash),
+                (None, Some(prev)) => Genesis::After(prev),
+                (None, None) => Genesis::Fresh,
+            };
+            match verify_rotated(&file, &genesis) {
+                Ok(summary) => {
+                    println!(
+                        "{}: chain intact: {} records in {} file(s), seq {}..{}; last hash {}",
+                        file.display(),
+                        summary.records,
+                        summary.files.len(),
+                        summary.first_seq.map_or("-".into(), |s| s.to_string()),
+                        summary.last_seq.map_or("-".into(), |s| s.to_string()),
+                        summary.last_hash
+                    );
+                    Ok(0)
+                }
+                Err(err) => {
+                    println!("{err}");
+                    Ok(1)
+                }
+            }
+        }
+        AuditCommand::Tail {
+            file,
+            follow,
+            verdict,
+            json,
+        } => {
+            let options = TailOptions {
+                follow,
+                verdict,
+                json,
+                ..TailOptions::default()
+            };
+            let mut out = std::io::stdout().lock();
+            match crate::audit::tail(&file, &options, &mut out) {
+                Ok(()) => Ok(0),
+                Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+                Err(err) => Err(anyhow::anyhow!("cannot read {}: {err}", file.display())),
+            }
+        }
+    }
+}
+
+fn compare(
+    a: &std::path::Path,
+    b: &std::path::Path,
+    csv: bool,
+    plot: Option<&std::path::Path>,
+    batch_size: usize,
+) -> anyhow::Result<i32> {
+    use anyhow::Context;
+    let batch_size = batch_size.max(1);
+    let left = crate::timing::load_input(a, batch_size)
+        .with_context(|| format!("cannot read timings from {}", a.display()))?;
+    let right = crate::timing::load_input(b, batch_size)
+        .with_context(|| format!("cannot read timings from {}", b.display()))?;
+    let comparison = crate::timing::compare(&left, &right);
+    if csv {
+        print!("{}", comparison.render_csv());
+    } else {
+        print!("{}", comparison.render_table());
+    }
+    if let Some(svg) = plot {
+        crate::timing::plot_svg(&left, &right, svg)
+            .with_context(|| format!("cannot draw {}", svg.display()))?;
+        eprintln!("wrote {}", svg.display());
+    }
+    Ok(0)
 }

@@ -59,6 +59,7 @@ async fn sandbox_resolves_allowed_names_and_the_proxy_sees_them() {
         sandbox: "it".to_string(),
         path: "host",
         default_upstream: Vec::new(),
+        metrics: None,
     });
     let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
     let server = socket.local_addr().unwrap();

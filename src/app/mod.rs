@@ -1,7 +1,10 @@
 //! The supervisor: owns the tasks of one `sluice run`, its signals, and the
-//! one shutdown path (stop accepting, drain with a deadline, flush audit).
+//! one shutdown path (stop accepting, drain with a deadline, flush audit and
+//! timings).
 //!
 //! Every long-lived task is started here and awaited here; none is detached.
+
+mod sandbox;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -12,18 +15,18 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
+
+pub use sandbox::{Identity, ServedSandbox, Shared, DRAIN_GRACE};
 
 use crate::attach::{self, host};
-use crate::audit::AuditWriter;
+use crate::audit::{AuditOptions, AuditWriter};
 use crate::bundle::PolicyHandle;
-use crate::dns::{DnsCache, DnsContext};
+use crate::metrics::Metrics;
 use crate::netns::SandboxNetns;
 use crate::policy::Policy;
-use crate::proxy::{Limits, ProxyContext};
+use crate::proxy::Limits;
+use crate::timing::{TimingLog, TimingWriter};
 
-/// How long connections get to finish once the workload is gone.
-const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// How long the workload gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -32,10 +35,105 @@ pub struct RunOptions {
     pub policy: Policy,
     pub policy_label: String,
     pub audit: Option<PathBuf>,
+    pub audit_max_bytes: Option<u64>,
     pub audit_allows: bool,
+    pub timings: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
     pub user: Option<String>,
     pub command: Vec<OsString>,
     pub limits: Limits,
+}
+
+/// The process-wide services: audit and timing writers, the metrics
+/// registry and endpoint. Started before any sandbox, finished after all.
+pub struct Services {
+    pub shared: Shared,
+    pub registry: prometheus::Registry,
+    stop: watch::Sender<bool>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+/// What the process-wide services are asked to do.
+pub struct ServiceOptions {
+    pub audit: Option<PathBuf>,
+    pub audit_max_bytes: Option<u64>,
+    pub audit_allows: bool,
+    pub timings: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
+    pub limits: Limits,
+    pub default_upstream: Vec<SocketAddr>,
+}
+
+impl Services {
+    pub fn start(opts: ServiceOptions) -> Result<Services> {
+        let registry = prometheus::Registry::new();
+        let metrics = Arc::new(Metrics::new(&registry).context("cannot register metrics")?);
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+
+        if let Some(addr) = opts.metrics {
+            // Bound here, in sluice's own namespace: the sandbox cannot reach it.
+            let listener = crate::metrics::bind(addr)
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            tracing::info!(%addr, "serving /metrics");
+            let registry = registry.clone();
+            let stop_rx = stop_rx.clone();
+            tasks.spawn(async move {
+                if let Err(err) = crate::metrics::serve_listener(listener, registry, stop_rx).await
+                {
+                    tracing::error!(%err, "metrics endpoint failed");
+                }
+            });
+        }
+
+        let (audit, audit_writer) = AuditWriter::with_options(
+            opts.audit.as_deref(),
+            AuditOptions {
+                max_bytes: opts.audit_max_bytes,
+                keep: 0,
+                wait_counter: Some(metrics.audit_wait_counter()),
+                capacity: 0,
+            },
+        );
+        tasks.spawn(async move {
+            if let Err(err) = audit_writer.run().await {
+                tracing::error!(%err, "audit log incomplete");
+            }
+        });
+        let timings = match opts.timings.as_deref() {
+            Some(path) => {
+                let (log, writer) = TimingWriter::new(path);
+                tasks.spawn(async move {
+                    if let Err(err) = writer.run().await {
+                        tracing::error!(%err, "timing records incomplete");
+                    }
+                });
+                log
+            }
+            None => TimingLog::disabled(),
+        };
+        Ok(Services {
+            shared: Shared {
+                audit,
+                audit_allows: opts.audit_allows,
+                metrics: Some(metrics),
+                timings,
+                limits: opts.limits,
+                internal: opts.metrics.into_iter().collect(),
+                default_upstream: opts.default_upstream,
+            },
+            registry,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Flush and stop: the writers finish once every producer is gone.
+    pub async fn finish(mut self) {
+        let _ = self.stop.send(true);
+        drop(self.shared);
+        while self.tasks.join_next().await.is_some() {}
+    }
 }
 
 /// Run the workload under enforcement; returns its exit status (128 + N when
@@ -47,80 +145,42 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     } else {
         Vec::new()
     };
+    let services = Services::start(ServiceOptions {
+        audit: opts.audit,
+        audit_max_bytes: opts.audit_max_bytes,
+        audit_allows: opts.audit_allows,
+        timings: opts.timings,
+        metrics: opts.metrics,
+        limits: opts.limits,
+        default_upstream,
+    })?;
 
     let netns = SandboxNetns::create().context("cannot create the sandbox network namespace")?;
     let sandbox = attach::prepare(netns).context("cannot enforce the sandbox")?;
-    let sandbox_id = format!("host-{}", std::process::id());
+    let identity = Identity {
+        id: format!("host-{}", std::process::id()),
+        path: "host",
+    };
     tracing::info!(
         netns_inode = sandbox.netns.inode(),
-        sandbox = %sandbox_id,
+        sandbox = %identity.id,
         "sandbox ready"
     );
-
     let policy = PolicyHandle::new(opts.policy, opts.policy_label);
-    let (audit, audit_writer) = AuditWriter::new(opts.audit.as_deref());
-    let audit_task = tokio::spawn(audit_writer.run());
-    let cache = Arc::new(DnsCache::new());
-
-    let mut proxy_ctx = ProxyContext::new(
-        policy.clone(),
-        cache.clone(),
-        audit.clone(),
-        sandbox_id.clone(),
-        "host",
-        opts.limits,
-    );
-    proxy_ctx.audit_allows = opts.audit_allows;
-    let proxy_ctx = Arc::new(proxy_ctx);
-    let dns_ctx = Arc::new(DnsContext {
-        policy: policy.clone(),
-        cache,
-        audit: audit.clone(),
-        sandbox: sandbox_id,
-        path: "host",
-        default_upstream,
-    });
-    drop(audit);
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut servers = JoinSet::new();
-    for listener in sandbox.sockets.proxy.iter() {
-        let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-        servers.spawn(crate::proxy::serve(
-            listener,
-            proxy_ctx.clone(),
-            stop_rx.clone(),
-            DRAIN_GRACE,
-        ));
-    }
-    let mut dns_servers = JoinSet::new();
-    for socket in sandbox.sockets.dns_udp.iter() {
-        let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
-        dns_servers.spawn(crate::dns::serve_udp(socket, dns_ctx.clone()));
-    }
-    for listener in sandbox.sockets.dns_tcp.iter() {
-        let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-        dns_servers.spawn(crate::dns::serve_tcp(listener, dns_ctx.clone()));
-    }
-    drop(proxy_ctx);
+    let served = ServedSandbox::start(sandbox, identity, policy, &services.shared)?;
 
     // Spawned from this (the runtime's main) thread: see host::spawn.
-    let mut child = host::spawn(&sandbox, &opts.command, run_as)?;
+    let mut child = host::spawn(&served.sandbox, &opts.command, run_as)?;
     let status = supervise(&mut child).await?;
 
     // The workload is gone: take anything it left running in the namespace
     // with it, then drain and flush.
-    sandbox.netns.kill_processes_inside();
-    let _ = stop_tx.send(true);
-    while servers.join_next().await.is_some() {}
-    dns_servers.shutdown().await;
-    drop(dns_ctx);
-    drop(sandbox);
-    match audit_task.await {
-        Ok(Ok(_)) => {}
-        Ok(Err(err)) => tracing::error!(%err, "audit log incomplete"),
-        Err(err) => tracing::error!(%err, "audit writer failed"),
+    served.sandbox.netns.kill_processes_inside();
+    if let Some(dropped) = served.dropped_packets() {
+        tracing::info!(dropped, "packets dropped by the sandbox's nftables rules");
     }
+    served.stop().await;
+    services.finish().await;
     Ok(status)
 }
 
@@ -136,7 +196,7 @@ async fn supervise(child: &mut tokio::process::Child) -> Result<i32> {
             _ = sigint.recv() => Some(nix::sys::signal::Signal::SIGINT),
             _ = sigterm.recv() => Some(nix::sys::signal::Signal::SIGTERM),
             _ = sighup.recv() => None,
-            _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
+            _ = sleep_until(deadline), if deadline.is_some() => {
                 tracing::warn!("the workload did not exit {STOP_GRACE:?} after being asked: killing it");
                 let _ = child.start_kill();
                 deadline = None;
@@ -151,6 +211,13 @@ async fn supervise(child: &mut tokio::process::Child) -> Result<i32> {
     }
 }
 
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status
@@ -161,7 +228,7 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 
 /// The nameservers of the host's resolv.conf, for policies that name no
 /// `dns.upstream`.
-fn host_nameservers() -> Vec<SocketAddr> {
+pub fn host_nameservers() -> Vec<SocketAddr> {
     let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
     text.lines()
         .filter_map(|line| line.trim().strip_prefix("nameserver"))

@@ -44,6 +44,8 @@ pub struct DnsContext {
     /// Upstreams used when the policy says nothing (`dns.upstream` absent):
     /// the host's resolv.conf nameservers, read once at startup.
     pub default_upstream: Vec<SocketAddr>,
+    /// Counts `sluice_dns_queries_total{verdict}` when metrics are on.
+    pub metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 /// Answer one DNS message (UDP payload or TCP frame without its length).
@@ -69,6 +71,9 @@ pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Optio
     let admitted = name
         .as_deref()
         .is_some_and(|n| dns.hosts.contains_key(n) || policy.admits_name(n));
+    if let Some(metrics) = ctx.metrics.as_ref() {
+        metrics.dns_query(if admitted { "allow" } else { "refused" });
+    }
     if !admitted {
         let enforce = policy.mode() == Mode::Enforce;
         let host = name.clone().unwrap_or_else(|| question.name().to_ascii());

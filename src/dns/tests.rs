@@ -62,6 +62,7 @@ impl Harness {
             sandbox: "sb-test".to_string(),
             path: "host",
             default_upstream: Vec::new(),
+            metrics: None,
         });
         Harness {
             ctx,

@@ -153,6 +153,20 @@ impl SandboxNetns {
         })
     }
 
+    /// A second handle on the same namespace (a duplicated descriptor), for
+    /// tasks that outlive the borrow, such as the drop-counter reader.
+    pub fn clone_handle(&self) -> Result<SandboxNetns, NetnsError> {
+        let fd = self.fd.try_clone().map_err(|source| NetnsError::Open {
+            path: "<sandbox namespace descriptor>".into(),
+            source,
+        })?;
+        Ok(SandboxNetns {
+            fd,
+            ino: self.ino,
+            dev: self.dev,
+        })
+    }
+
     /// Runs `f` on a fresh thread that has entered this namespace and waits
     /// for it. Sockets created in `f` belong to the namespace; commands
     /// spawned from `f` run in it.

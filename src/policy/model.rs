@@ -54,6 +54,10 @@ pub enum Reason {
     /// Only a hosts rule matched, and the address is loopback, private,
     /// link-local or otherwise internal.
     PrivateAddress,
+    /// The destination is sluice itself (its sandbox addresses or its own
+    /// endpoints such as /metrics); no policy can allow it. Decided by the
+    /// proxy, never by `Policy::decide`.
+    SluiceInternal,
 }
 
 impl Reason {
@@ -64,6 +68,7 @@ impl Reason {
             Reason::NoRule => "no-rule",
             Reason::HostAddressMismatch => "host-address-mismatch",
             Reason::PrivateAddress => "private-address",
+            Reason::SluiceInternal => "sluice-internal",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! One redirected connection, from accept to close.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use nix::sys::socket::{setsockopt, sockopt};
@@ -8,9 +9,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::peek::{inspect, Peeked};
-use super::{original_dst, relay::relay, ProxyContext};
+use super::relay::{relay, Relayed};
+use super::{original_dst, ProxyContext};
 use crate::audit::{AuditEvent, Proto};
+use crate::metrics::{ConnectionMetrics, PathMetrics};
 use crate::policy::{Decision, Mode, Reason, Verdict};
+use crate::timing::ConnectionClock;
 
 /// What the first bytes told us, kept only as long as the decision needs.
 #[derive(Default)]
@@ -20,18 +24,99 @@ struct FirstBytes {
     http: bool,
 }
 
+/// The one place a connection's outcome is recorded (metrics and timing),
+/// on drop, so connections that end early, fail or are cut at shutdown are
+/// counted exactly once too (ztunnel's `ConnectionResult`).
+struct Outcome<'c> {
+    ctx: &'c ProxyContext,
+    clock: ConnectionClock,
+    metrics: Option<ConnectionMetrics>,
+    dst: SocketAddr,
+    host: Option<String>,
+    verdict: &'static str,
+    relayed: Relayed,
+}
+
+impl<'c> Outcome<'c> {
+    fn start(ctx: &'c ProxyContext, dst: SocketAddr) -> Outcome<'c> {
+        Outcome {
+            ctx,
+            clock: ConnectionClock::start(),
+            metrics: ctx.metrics.as_ref().map(PathMetrics::opened),
+            dst,
+            host: None,
+            verdict: "deny",
+            relayed: Relayed::default(),
+        }
+    }
+
+    fn decided(&mut self, verdict: &'static str, rule: Option<&str>) {
+        self.verdict = verdict;
+        self.clock.decided();
+        if let Some(m) = self.metrics.as_mut() {
+            m.decided(verdict, rule);
+        }
+    }
+
+    fn connected(&mut self) {
+        let since = self.clock.connected();
+        if let Some(m) = self.metrics.as_ref() {
+            m.connected(since);
+        }
+    }
+
+    fn relayed(&mut self, relayed: Relayed) {
+        self.relayed = relayed;
+        if let Some(at) = relayed.first_byte_down {
+            let since = self.clock.first_byte_at(at);
+            if let Some(m) = self.metrics.as_ref() {
+                m.first_byte(since);
+            }
+        }
+    }
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        let (up, down) = (self.relayed.bytes_up, self.relayed.bytes_down);
+        if let Some(m) = self.metrics.as_ref() {
+            m.bytes(up, down);
+        }
+        if self.ctx.timings.is_enabled() {
+            let id = self.ctx.next_id.fetch_add(1, Ordering::Relaxed);
+            let mut record = self.clock.record(
+                id,
+                &self.ctx.sandbox,
+                self.ctx.path,
+                self.dst,
+                self.host.as_deref(),
+                self.verdict,
+            );
+            record.bytes_up = up;
+            record.bytes_down = down;
+            self.ctx.timings.submit(record);
+        }
+    }
+}
+
 pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyContext) {
     // Without a redirect there is no NAT entry; conntrack then reports the
     // listener's own address (or nothing) as the original destination.
+    let local = client
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let dst = match original_dst(&client) {
-        Ok(dst) if Some(dst) != client.local_addr().ok() => dst,
+        Ok(dst) if dst != local => dst,
         _ => {
+            let mut outcome = Outcome::start(ctx, local);
+            outcome.decided("deny", None);
             // Not redirected by our rules: someone connected straight to the
             // listener. There is no destination to decide on.
             deny_without_destination(client, peer, ctx).await;
             return;
         }
     };
+    let mut outcome = Outcome::start(ctx, dst);
     let policy = ctx.policy.current();
 
     let mut first = FirstBytes::default();
@@ -45,59 +130,42 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         .clone()
         .or_else(|| ctx.dns.name_for(dst.ip()).map(|n| n.to_string()));
 
-    let decision = if is_sandbox_internal(dst.ip()) {
+    let decision = if is_sluice_internal(dst, ctx) {
         Decision {
             verdict: Verdict::Deny,
             rule: None,
-            reason: Reason::PrivateAddress,
+            reason: Reason::SluiceInternal,
         }
     } else {
         policy.decide(dst, host.as_deref(), &*ctx.dns)
     };
     let enforce = policy.mode() == Mode::Enforce;
+    let verdict = match (decision.verdict, enforce) {
+        (Verdict::Allow, _) => "allow",
+        (Verdict::Deny, true) => "deny",
+        (Verdict::Deny, false) => "would-deny",
+    };
+    outcome.decided(verdict, decision.rule);
+    outcome.host = host.clone();
 
-    match decision.verdict {
-        Verdict::Deny => {
-            let verdict = if enforce { "deny" } else { "would-deny" };
-            ctx.audit
-                .record(event(
-                    ctx,
-                    verdict,
-                    &decision,
-                    peer,
-                    Some(dst),
-                    host.clone(),
-                ))
-                .await;
-            tracing::debug!(%peer, %dst, ?host, rule = ?decision.rule, reason = decision.reason.as_str(), "{verdict}");
-            if enforce {
-                // A denied plain-HTTP client deserves a readable answer; only
-                // denies pay for finding out whether it speaks HTTP.
-                if !peeked {
-                    first = peek(&mut client, ctx).await;
-                }
-                if first.http {
-                    reply_forbidden(client, &decision).await;
-                } else {
-                    reset(client);
-                }
-                return;
-            }
+    if decision.verdict == Verdict::Deny || ctx.audit_allows {
+        ctx.audit
+            .record(event(ctx, verdict, &decision, peer, Some(dst), host))
+            .await;
+    }
+    if verdict == "deny" {
+        tracing::debug!(%peer, %dst, rule = ?decision.rule, reason = decision.reason.as_str(), "deny");
+        // A denied plain-HTTP client deserves a readable answer; only denies
+        // pay for finding out whether it speaks HTTP.
+        if !peeked {
+            first = peek(&mut client, ctx).await;
         }
-        Verdict::Allow => {
-            if ctx.audit_allows {
-                ctx.audit
-                    .record(event(
-                        ctx,
-                        "allow",
-                        &decision,
-                        peer,
-                        Some(dst),
-                        host.clone(),
-                    ))
-                    .await;
-            }
+        if first.http {
+            reply_forbidden(client, &decision).await;
+        } else {
+            reset(client);
         }
+        return;
     }
     drop(policy);
 
@@ -115,14 +183,20 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
             return;
         }
     };
+    outcome.connected();
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
-    if !first.buf.is_empty() && upstream.write_all(&first.buf).await.is_err() {
-        reset(client);
-        return;
+    if !first.buf.is_empty() {
+        if upstream.write_all(&first.buf).await.is_err() {
+            reset(client);
+            return;
+        }
     }
+    let peeked_bytes = first.buf.len() as u64;
     drop(first);
-    let _relayed = relay(&client, &upstream).await;
+    let mut relayed = relay(&client, &upstream).await;
+    relayed.bytes_up += peeked_bytes;
+    outcome.relayed(relayed);
 }
 
 /// Read the client's first bytes until SNI / Host is known, the protocol is
@@ -249,7 +323,14 @@ fn reset(client: TcpStream) {
     drop(client);
 }
 
-/// sluice's own in-namespace addresses are never a destination.
-fn is_sandbox_internal(ip: std::net::IpAddr) -> bool {
-    ip == crate::netns::SANDBOX_V4 || ip == crate::netns::SANDBOX_V6
+/// sluice's own addresses (in the sandbox, and its endpoints such as
+/// /metrics) are never a destination, whatever the policy says.
+fn is_sluice_internal(dst: SocketAddr, ctx: &ProxyContext) -> bool {
+    let ip = dst.ip();
+    ip == crate::netns::SANDBOX_V4
+        || ip == crate::netns::SANDBOX_V6
+        || ctx
+            .internal
+            .iter()
+            .any(|a| a.port() == dst.port() && (a.ip() == ip || a.ip().is_unspecified()))
 }

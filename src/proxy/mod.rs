@@ -12,7 +12,7 @@ mod original_dst;
 pub mod peek;
 mod relay;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,8 @@ use tokio::task::JoinSet;
 use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
 use crate::dns::DnsCache;
+use crate::metrics::PathMetrics;
+use crate::timing::TimingLog;
 
 pub use original_dst::original_dst;
 
@@ -63,6 +65,14 @@ pub struct ProxyContext {
     /// host | oci | vm
     pub path: &'static str,
     pub limits: Limits,
+    /// This path's metric handles (`None` when metrics are off).
+    pub metrics: Option<PathMetrics>,
+    /// Per-connection timing records (disabled unless `--timings`).
+    pub timings: TimingLog,
+    /// sluice's own endpoints (e.g. the metrics address): refused as
+    /// destinations whatever the policy allows.
+    pub internal: Vec<std::net::SocketAddr>,
+    next_id: AtomicU64,
     slots: Arc<Semaphore>,
     limit_logged: AtomicBool,
 }
@@ -81,6 +91,10 @@ impl ProxyContext {
             dns,
             audit,
             audit_allows: false,
+            metrics: None,
+            timings: TimingLog::disabled(),
+            internal: Vec::new(),
+            next_id: AtomicU64::new(0),
             sandbox,
             path,
             slots: Arc::new(Semaphore::new(limits.max_connections)),

@@ -100,6 +100,14 @@ impl ConnectionClock {
         d
     }
 
+    /// The first upstream byte was relayed to the client at `at` (first
+    /// call wins); for relays that note the instant themselves.
+    pub fn first_byte_at(&mut self, at: Instant) -> Duration {
+        let d = at.saturating_duration_since(self.accepted);
+        self.first_byte_us.get_or_insert(d.as_micros() as u64);
+        d
+    }
+
     /// The finished record (total = now). Set `bytes_up`/`bytes_down` on it.
     pub fn record(
         &self,

@@ -301,3 +301,53 @@ pub fn processes_in_netns(inode: u64) -> Vec<i32> {
     }
     pids
 }
+
+impl World {
+    /// GET `path` from `addr` in the outer namespace (where sluice runs).
+    pub fn http_get_outer(&self, addr: &str, path: &str) -> Option<String> {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let path = path.to_string();
+        self.outer
+            .run_in(move || {
+                let mut s =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+                write!(
+                    s,
+                    "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                )
+                .ok()?;
+                let mut out = String::new();
+                s.read_to_string(&mut out).ok()?;
+                Some(out)
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// A marker file the workload waits for (see `wait_for_go`).
+    pub fn go_path(&self) -> PathBuf {
+        self.dir.path().join("go")
+    }
+
+    /// A shell fragment that waits (bounded, 20 s) for the test's go-ahead.
+    pub fn wait_for_go(&self) -> String {
+        format!(
+            "i=0; while [ ! -e {} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done",
+            self.go_path().display()
+        )
+    }
+}
+
+/// The value of one sample line `name{labels} value` in a Prometheus text
+/// exposition, matching all of `labels` (each `key="value"`).
+pub fn metric_value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
+        })
+        .find(|l| labels.iter().all(|kv| l.contains(kv)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}

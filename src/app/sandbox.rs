@@ -1,0 +1,150 @@
+//! Serving one enforced sandbox: its proxy and DNS tasks, started together
+//! and stopped together. `sluice run` serves one; the daemon serves many.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::attach::Sandbox;
+use crate::audit::AuditLog;
+use crate::bundle::PolicyHandle;
+use crate::dns::{DnsCache, DnsContext};
+use crate::metrics::Metrics;
+use crate::proxy::{Limits, ProxyContext};
+use crate::timing::TimingLog;
+
+/// How long connections get to finish once a sandbox is stopping.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// What every sandbox of one sluice process shares.
+#[derive(Clone)]
+pub struct Shared {
+    pub audit: AuditLog,
+    pub audit_allows: bool,
+    pub metrics: Option<Arc<Metrics>>,
+    pub timings: TimingLog,
+    pub limits: Limits,
+    /// sluice's own endpoints, never a destination.
+    pub internal: Vec<SocketAddr>,
+    /// Upstream resolvers for policies without `dns.upstream`.
+    pub default_upstream: Vec<SocketAddr>,
+}
+
+/// Who a sandbox is, for records and metrics.
+pub struct Identity {
+    /// The `sandbox` field of audit and timing records.
+    pub id: String,
+    /// host | oci | vm
+    pub path: &'static str,
+}
+
+/// A sandbox being served. Stop it with [`ServedSandbox::stop`].
+pub struct ServedSandbox {
+    pub sandbox: Sandbox,
+    pub identity: Identity,
+    pub policy: PolicyHandle,
+    stop: watch::Sender<bool>,
+    proxies: JoinSet<()>,
+    dns: JoinSet<()>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl ServedSandbox {
+    /// Start serving `sandbox`'s sockets under `policy`.
+    pub fn start(
+        sandbox: Sandbox,
+        identity: Identity,
+        policy: PolicyHandle,
+        shared: &Shared,
+    ) -> Result<ServedSandbox> {
+        let cache = Arc::new(DnsCache::new());
+        let mut proxy_ctx = ProxyContext::new(
+            policy.clone(),
+            cache.clone(),
+            shared.audit.clone(),
+            identity.id.clone(),
+            identity.path,
+            shared.limits.clone(),
+        );
+        proxy_ctx.audit_allows = shared.audit_allows;
+        proxy_ctx.metrics = shared.metrics.as_ref().map(|m| m.path(identity.path));
+        proxy_ctx.timings = shared.timings.clone();
+        proxy_ctx.internal = shared.internal.clone();
+        let proxy_ctx = Arc::new(proxy_ctx);
+        let dns_ctx = Arc::new(DnsContext {
+            policy: policy.clone(),
+            cache,
+            audit: shared.audit.clone(),
+            sandbox: identity.id.clone(),
+            path: identity.path,
+            default_upstream: shared.default_upstream.clone(),
+            metrics: shared.metrics.clone(),
+        });
+
+        let (stop, stop_rx) = watch::channel(false);
+        let mut proxies = JoinSet::new();
+        for listener in &sandbox.sockets.proxy {
+            let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
+            proxies.spawn(crate::proxy::serve(
+                listener,
+                proxy_ctx.clone(),
+                stop_rx.clone(),
+                DRAIN_GRACE,
+            ));
+        }
+        let mut dns = JoinSet::new();
+        for socket in &sandbox.sockets.dns_udp {
+            let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
+            dns.spawn(crate::dns::serve_udp(socket, dns_ctx.clone()));
+        }
+        for listener in &sandbox.sockets.dns_tcp {
+            let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
+            dns.spawn(crate::dns::serve_tcp(listener, dns_ctx.clone()));
+        }
+
+        if let Some(metrics) = shared.metrics.as_ref() {
+            let netns = sandbox.netns.clone_handle()?;
+            metrics.register_drop_source(
+                identity.id.clone(),
+                Box::new(move || {
+                    netns
+                        .run_in(|| crate::enforce::dropped_packets().ok())
+                        .ok()
+                        .flatten()
+                }),
+            );
+        }
+        Ok(ServedSandbox {
+            sandbox,
+            identity,
+            policy,
+            stop,
+            proxies,
+            dns,
+            metrics: shared.metrics.clone(),
+        })
+    }
+
+    /// The nft drop counter of this sandbox, if it can be read.
+    pub fn dropped_packets(&self) -> Option<u64> {
+        self.sandbox
+            .netns
+            .run_in(|| crate::enforce::dropped_packets().ok())
+            .ok()
+            .flatten()
+    }
+
+    /// Stop accepting, give connections in flight [`DRAIN_GRACE`], stop DNS.
+    pub async fn stop(mut self) {
+        if let Some(metrics) = self.metrics.as_ref() {
+            metrics.unregister_drop_source(&self.identity.id);
+        }
+        let _ = self.stop.send(true);
+        while self.proxies.join_next().await.is_some() {}
+        self.dns.shutdown().await;
+    }
+}

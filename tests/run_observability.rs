@@ -1,0 +1,299 @@
+//! Metrics, audit records and timings of a real `sluice run`, observed the
+//! way an operator would: scraping /metrics from sluice's namespace, reading
+//! the audit log and the timing file.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+
+const POLICY: &str = r#"
+version: 1
+name: observed
+rules:
+  - name: origin
+    action: allow
+    cidrs: ["198.18.0.0/24"]
+    ports: [8080, 9464]
+dns:
+  upstream: []
+  hosts:
+    origin.test: ["198.18.0.1"]
+"#;
+
+/// Start `script` under sluice with extra flags; returns the child once the
+/// workload printed "ready", with what it printed until then.
+fn start(w: &World, flags: &[&str], script: &str) -> (std::process::Child, String) {
+    let mut cmd = w.outer.command(sluice_bin());
+    cmd.arg("run")
+        .arg("--policy")
+        .arg(w.policy(POLICY))
+        .arg("--audit")
+        .arg(w.audit_path())
+        .args(flags)
+        .args(["--", "sh", "-c", script]);
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    use std::io::Read;
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        let n = out.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "workload ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    (child, String::from_utf8_lossy(&seen).into_owned())
+}
+
+fn finish(w: &World, child: std::process::Child) -> std::process::Output {
+    std::fs::write(w.go_path(), b"").unwrap();
+    wait_bounded(child, Duration::from_secs(30))
+}
+
+#[test]
+fn metrics_count_allowed_and_denied_connections_by_rule() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let bin = sluice_bin();
+    let script = format!(
+        "{bin} probe http http://198.18.0.1:8080/ >/dev/null; \
+         {bin} probe http http://origin.test:8080/bytes/1000 >/dev/null; \
+         {bin} probe http http://198.18.0.1:8081/ >/dev/null; \
+         {bin} probe dns nowhere.example >/dev/null; \
+         {bin} probe udp 198.18.0.1:9 >/dev/null; \
+         echo ready; {}",
+        w.wait_for_go()
+    );
+    let (child, _) = start(&w, &["--metrics", "127.0.0.1:19464"], &script);
+    let text = w
+        .http_get_outer("127.0.0.1:19464", "/metrics")
+        .expect("scrape");
+    let _ = finish(&w, child);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let v = |name: &str, labels: &[&str]| metric_value(&text, name, labels);
+    assert_eq!(
+        v(
+            "sluice_connections_total",
+            &[r#"verdict="allow""#, r#"rule="origin""#, r#"path="host""#]
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        v(
+            "sluice_connections_total",
+            &[r#"verdict="deny""#, r#"rule="none""#]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        v("sluice_dns_queries_total", &[r#"verdict="refused""#]),
+        Some(1.0),
+        "{text}"
+    );
+    // The resolver asks for A and AAAA.
+    assert!(
+        v("sluice_dns_queries_total", &[r#"verdict="allow""#]).unwrap() >= 1.0,
+        "{text}"
+    );
+    assert!(
+        v("sluice_bytes_total", &[r#"direction="down""#]).unwrap() >= 1000.0,
+        "{text}"
+    );
+    assert!(
+        v("sluice_dropped_packets_total", &[]).unwrap() >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        v("sluice_connect_seconds_count", &[r#"path="host""#]),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        v("sluice_first_byte_seconds_count", &[r#"path="host""#]),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        v("sluice_active_connections", &[r#"path="host""#]),
+        Some(0.0),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_metrics_endpoint_is_not_reachable_from_the_sandbox() {
+    let Some(w) = World::new() else { return };
+    // Listening on the origin's address, on a port the policy allows: the
+    // proxy still refuses it, and the sandbox's own loopback has nothing.
+    let bin = sluice_bin();
+    let script = format!(
+        "{bin} probe http http://198.18.0.1:9464/metrics; \
+         {bin} probe http http://127.0.0.1:9464/metrics; echo ready; {}",
+        w.wait_for_go()
+    );
+    let (child, text) = start(&w, &["--metrics", "198.18.0.1:9464"], &script);
+    let scraped = w
+        .http_get_outer("198.18.0.1:9464", "/metrics")
+        .expect("scrape from outside");
+    let _ = finish(&w, child);
+    assert!(scraped.contains("sluice_build_info"), "{scraped}");
+    assert!(!text.contains("HTTP 200"), "{text}");
+    assert!(text.contains("HTTP 403"), "{text}");
+    let audit = w.audit();
+    assert!(
+        audit.iter().any(|r| r["reason"] == "sluice-internal"),
+        "{audit:?}"
+    );
+}
+
+#[test]
+fn every_deny_is_audited_when_denies_come_as_fast_as_a_client_can_make_them() {
+    let Some(w) = World::new() else { return };
+    let out = w.probe(
+        &w.policy(POLICY),
+        &[
+            "http",
+            "--count",
+            "2000",
+            "--concurrency",
+            "16",
+            "http://198.18.0.1:8081/",
+        ],
+    );
+    assert!(stdout(&out).contains("failures 2000"), "{}", stdout(&out));
+    let audit = w.audit();
+    assert_eq!(audit.len(), 2000);
+    let verify = std::process::Command::new(sluice_bin())
+        .args(["audit", "verify"])
+        .arg(w.audit_path())
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", stdout(&verify));
+    assert!(
+        stdout(&verify).contains("2000 records"),
+        "{}",
+        stdout(&verify)
+    );
+}
+
+#[test]
+fn timings_have_one_record_per_connection_with_monotone_phases() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let timings = w.dir.path().join("timings.csv");
+    let policy = w.policy(POLICY);
+    let mut cmd = w.run_command(
+        &policy,
+        &[
+            sluice_bin(),
+            "probe",
+            "http",
+            "--count",
+            "50",
+            "--concurrency",
+            "4",
+            "http://198.18.0.1:8080/bytes/2048",
+        ],
+    );
+    // Flags after `run` and before `--`: rebuild with --timings.
+    let mut args: Vec<std::ffi::OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let run_at = args.iter().position(|a| a == "run").unwrap();
+    args.insert(run_at + 1, timings.clone().into());
+    args.insert(run_at + 1, "--timings".into());
+    cmd = std::process::Command::new(cmd.get_program());
+    cmd.args(args);
+    let out = wait_bounded(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let records = sluice::timing::read_file(&timings).expect("timing file");
+    assert_eq!(records.len(), 50);
+    for r in &records {
+        let decide = r.decide_us.expect("decided");
+        let connect = r.connect_us.expect("connected");
+        let first = r.first_byte_us.expect("first byte");
+        assert!(
+            decide <= connect && connect <= first && first <= r.total_us,
+            "{r:?}"
+        );
+        assert_eq!(r.verdict, "allow");
+        assert!(r.bytes_down > 2048, "{r:?}");
+        assert!(r.bytes_up > 0, "{r:?}");
+    }
+}
+
+#[test]
+fn a_real_prometheus_server_scrapes_sluice() {
+    let Some(w) = World::new() else { return };
+    let Some(prometheus) = tool_path("prometheus") else {
+        if std::env::var("SLUICE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+            panic!("prometheus is not installed (apt-get install prometheus)");
+        }
+        eprintln!("SKIPPED: prometheus is not installed (apt-get install prometheus)");
+        return;
+    };
+    w.http_origin("198.18.0.1:8080");
+    let script = format!(
+        "{} probe http http://198.18.0.1:8080/ >/dev/null; echo ready; {}",
+        sluice_bin(),
+        w.wait_for_go()
+    );
+    let (child, _) = start(&w, &["--metrics", "127.0.0.1:19465"], &script);
+
+    let config = w.dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: sluice\n    static_configs: [{targets: ['127.0.0.1:19465']}]\n",
+    )
+    .unwrap();
+    let mut server = w
+        .outer
+        .command(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            w.dir.path().join("tsdb").display()
+        ))
+        .arg("--web.listen-address=127.0.0.1:19090")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let query = "/api/v1/query?query=sluice_connections_total%7Bverdict%3D%22allow%22%7D";
+    let mut answer = String::new();
+    let scraped = eventually(Duration::from_secs(40), || {
+        answer = w
+            .http_get_outer("127.0.0.1:19090", query)
+            .unwrap_or_default();
+        answer.contains(r#""rule":"origin""#)
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = finish(&w, child);
+    assert!(scraped, "Prometheus never returned the counter: {answer}");
+    assert!(answer.contains(r#""1"]"#), "{answer}");
+}
+
+fn tool_path(tool: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(tool))
+            .find(|p| p.is_file())
+    })
+}
