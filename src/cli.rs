@@ -72,6 +72,9 @@ With --host, the name is assumed to have been resolved by sluice's DNS to DEST."
         #[arg(long, value_name = "NAME")]
         host: Option<String>,
     },
+    /// Signed policy bundles: keys, signing, verification.
+    #[command(subcommand)]
+    Bundle(BundleCommand),
     /// Check or read an audit log.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -140,9 +143,8 @@ last hash elsewhere and compare it later."
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The policy YAML file to enforce.
-    #[arg(long, value_name = "FILE")]
-    pub policy: PathBuf,
+    #[command(flatten)]
+    pub source: PolicySourceArgs,
     /// Append audit records (JSONL, hash-chained) to FILE.
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
@@ -169,6 +171,90 @@ pub struct RunArgs {
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// Where the policy comes from: a plain file, or a signed bundle.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false, id = "policy_source")]
+pub struct PolicySourceArgs {
+    /// A policy YAML file (unsigned; for development). SIGHUP re-reads it.
+    #[arg(long, value_name = "FILE", group = "policy_source")]
+    pub policy: Option<PathBuf>,
+    /// A signed bundle: a directory, a .tar.gz, or an https:// URL polled
+    /// with ETag. Verified before the command starts; a new bundle at the
+    /// same path (or SIGHUP) is verified, then swapped in.
+    #[arg(
+        long,
+        value_name = "PATH|URL",
+        group = "policy_source",
+        requires = "trust"
+    )]
+    pub bundle: Option<String>,
+    #[command(flatten)]
+    pub bundle_opts: BundleOpts,
+}
+
+/// Options of a signed bundle source.
+#[derive(Debug, Args)]
+pub struct BundleOpts {
+    /// The trust file listing the public keys bundles may be signed with.
+    #[arg(long, value_name = "FILE")]
+    pub trust: Option<PathBuf>,
+    /// Where the highest accepted revision per bundle (rollback protection)
+    /// and the last good fetched bundle are kept.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice")]
+    pub state_dir: PathBuf,
+    /// Accept a bundle whose revision is lower than one accepted before.
+    #[arg(long)]
+    pub allow_rollback: bool,
+    /// Extra CA certificate (PEM) to trust when fetching an https:// bundle.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// How often an https:// bundle is polled.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub poll_interval: std::time::Duration,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BundleCommand {
+    /// Create an Ed25519 signing key and add its public key to a trust file.
+    Keygen {
+        /// Where to write the private key (mode 0600; never overwritten).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// The trust file to add the public key to (created if missing).
+        #[arg(long, value_name = "FILE")]
+        trust: PathBuf,
+        /// The key id bundles will name.
+        #[arg(long, value_name = "NAME", default_value = "default")]
+        id: String,
+    },
+    /// Validate a policy and sign it into a bundle (a directory, or OUT.tar.gz).
+    Sign {
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        #[arg(long, value_name = "FILE")]
+        policy: PathBuf,
+        /// The bundle's revision; must grow with every release.
+        #[arg(long, value_name = "N")]
+        revision: u64,
+        /// Expiry as an RFC 3339 UTC time (2027-01-01T00:00:00Z).
+        #[arg(long, value_name = "RFC3339", conflicts_with = "ttl")]
+        expires: Option<String>,
+        /// Expiry as a duration from now (30d, 12h).
+        #[arg(long, value_name = "DURATION", default_value = "30d")]
+        ttl: String,
+        #[arg(long, value_name = "DIR|FILE.tar.gz")]
+        out: PathBuf,
+    },
+    /// Verify a bundle against a trust file; exit 0 if valid, else one line saying why.
+    Verify {
+        #[arg(long, value_name = "FILE")]
+        trust: PathBuf,
+        path: PathBuf,
+    },
+    /// Show a bundle's manifest and rules (no verification).
+    Inspect { path: PathBuf },
 }
 
 #[derive(Debug, Subcommand)]
@@ -230,6 +316,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::Check { policy } => check(&policy),
         Command::Explain { policy, dest, host } => explain(&policy, &dest, host.as_deref()),
         Command::Audit(cmd) => audit(cmd),
+        Command::Bundle(cmd) => bundle(cmd),
         Command::Compare {
             a,
             b,
@@ -244,12 +331,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
 
 fn run(args: RunArgs) -> anyhow::Result<i32> {
     use anyhow::Context;
-    let policy = crate::policy::Policy::load(&args.policy)?;
+    let policy = policy_source(&args.source, "host")?;
     require_root("sluice run")?;
-    let label = policy.name().to_string();
     let opts = crate::app::RunOptions {
         policy,
-        policy_label: label,
         audit: args.audit,
         audit_allows: args.audit_allows,
         audit_max_bytes: args.audit_max_bytes,
@@ -267,6 +352,109 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(crate::app::run(opts))
+}
+
+/// Turn `--policy` / `--bundle` into what the app loads. A plain policy is
+/// validated here, so a bad file fails before anything is created.
+pub fn policy_source(
+    args: &PolicySourceArgs,
+    path: &'static str,
+) -> anyhow::Result<crate::app::PolicySource> {
+    use crate::app::PolicySource;
+    if let Some(file) = &args.policy {
+        let policy = crate::policy::Policy::load(file)?;
+        return Ok(PolicySource::File {
+            path: file.clone(),
+            policy: Box::new(policy),
+        });
+    }
+    let bundle = args
+        .bundle
+        .as_deref()
+        .expect("clap requires --policy or --bundle");
+    let opts = &args.bundle_opts;
+    let trust_path = opts
+        .trust
+        .as_deref()
+        .expect("clap requires --trust with --bundle");
+    let trust = crate::bundle::TrustStore::load(trust_path)?;
+    let state = crate::bundle::RevisionState::open(&opts.state_dir)?;
+    Ok(PolicySource::Bundle(Box::new(
+        crate::reload::ReloadConfig {
+            source: crate::reload::BundleSource::parse(bundle),
+            trust,
+            state,
+            allow_rollback: opts.allow_rollback,
+            sandbox: format!("{path}-{}", std::process::id()),
+            path,
+            fetch: crate::reload::FetchConfig {
+                ca_file: opts.ca.clone(),
+                interval: opts.poll_interval,
+                ..Default::default()
+            },
+        },
+    )))
+}
+
+fn bundle(cmd: BundleCommand) -> anyhow::Result<i32> {
+    use crate::bundle;
+    match cmd {
+        BundleCommand::Keygen { key, trust, id } => {
+            bundle::keygen(&key, &trust, &id)?;
+            println!(
+                "wrote private key {} (keep it secret) and added key `{id}` to {}",
+                key.display(),
+                trust.display()
+            );
+            Ok(0)
+        }
+        BundleCommand::Sign {
+            key,
+            policy,
+            revision,
+            expires,
+            ttl,
+            out,
+        } => {
+            let expires = match expires {
+                Some(at) => bundle::parse_time(&at).map_err(|e| {
+                    anyhow::anyhow!("--expires {at}: {e}; write an RFC 3339 UTC time such as 2027-01-01T00:00:00Z")
+                })?,
+                None => {
+                    let d = humantime::parse_duration(&ttl).map_err(|e| {
+                        anyhow::anyhow!("--ttl {ttl}: {e}; write a duration such as 30d or 12h")
+                    })?;
+                    time::OffsetDateTime::now_utc() + d
+                }
+            };
+            bundle::sign(&key, &policy, revision, expires, &out)?;
+            println!(
+                "signed {} revision {revision} into {}",
+                policy.display(),
+                out.display()
+            );
+            Ok(0)
+        }
+        BundleCommand::Verify { trust, path } => {
+            let result = bundle::TrustStore::load(&trust).and_then(|trust| {
+                bundle::Bundle::load(&path, &trust, time::OffsetDateTime::now_utc())
+            });
+            match result {
+                Ok(verified) => {
+                    println!("{}: valid bundle {}", path.display(), verified.label());
+                    Ok(0)
+                }
+                Err(err) => {
+                    println!("{}: refused: {err}", path.display());
+                    Ok(exit::BAD_INPUT)
+                }
+            }
+        }
+        BundleCommand::Inspect { path } => {
+            print!("{}", bundle::inspect(&path)?);
+            Ok(0)
+        }
+    }
 }
 
 /// Fail early, with what to do, instead of a confusing EPERM later.

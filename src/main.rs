@@ -10,7 +10,9 @@ fn main() {
         Ok(code) => code,
         Err(err) => {
             eprintln!("sluice: error: {err:#}");
-            if err.chain().any(|e| e.is::<sluice::policy::PolicyError>()) {
+            if err.chain().any(|e| {
+                e.is::<sluice::policy::PolicyError>() || e.is::<sluice::bundle::BundleError>()
+            }) {
                 exit::BAD_INPUT
             } else {
                 exit::CANNOT_ENFORCE

@@ -559,7 +559,7 @@ async fn refused_reload_keeps_the_previous_policy_and_is_audited() {
     );
     assert_eq!(outcome.result(), "refused");
     assert!(Arc::ptr_eq(&before, &handle.current()));
-    assert_eq!(*handle.label(), "test-bundle@1");
+    assert_eq!(handle.label(), "test-bundle@1");
 
     drop(reloader);
     writer.await.unwrap().unwrap();
@@ -989,14 +989,14 @@ fn https_server_down_keeps_and_restarts_from_the_last_good_bundle() {
             ),
             "{outcome:?}"
         );
-        assert_eq!(*handle.label(), "test-bundle@5");
+        assert_eq!(handle.label(), "test-bundle@5");
 
         // Restarting offline: the last good copy under the state dir.
         drop(reloader);
         let restarted = Reloader::start(https_config(&k, &ca, &state), None)
             .await
             .unwrap();
-        assert_eq!(*restarted.handle().label(), "test-bundle@5");
+        assert_eq!(restarted.handle().label(), "test-bundle@5");
 
         // Without a last good copy there is nothing to run.
         let err = Reloader::start(https_config(&k, &ca, &k.path("empty-state")), None)

@@ -21,19 +21,28 @@ pub use sandbox::{Identity, ServedSandbox, Shared, DRAIN_GRACE};
 use crate::attach::{self, host};
 use crate::audit::{AuditOptions, AuditWriter};
 use crate::bundle::PolicyHandle;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReloadResult};
 use crate::netns::SandboxNetns;
 use crate::policy::Policy;
 use crate::proxy::Limits;
+use crate::reload::{ReloadConfig, ReloadOutcome, Reloader};
 use crate::timing::{TimingLog, TimingWriter};
 
 /// How long the workload gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
+/// Where the policy in force comes from.
+pub enum PolicySource {
+    /// A plain policy file (already validated); SIGHUP re-reads it.
+    File { path: PathBuf, policy: Box<Policy> },
+    /// A signed bundle, verified before the workload starts and reloaded
+    /// (verify, then swap) when it changes or on SIGHUP.
+    Bundle(Box<ReloadConfig>),
+}
+
 /// Everything `sluice run` was asked to do.
 pub struct RunOptions {
-    pub policy: Policy,
-    pub policy_label: String,
+    pub policy: PolicySource,
     pub audit: Option<PathBuf>,
     pub audit_max_bytes: Option<u64>,
     pub audit_allows: bool,
@@ -136,15 +145,120 @@ impl Services {
     }
 }
 
+/// The policy in force and how it is kept current.
+pub struct ActiveSource {
+    pub handle: PolicyHandle,
+    reload: Reload,
+    /// Where SIGHUP's request goes.
+    trigger: Option<crate::reload::ReloadTrigger>,
+}
+
+enum Reload {
+    File(PathBuf),
+    Bundle(Box<Reloader>),
+}
+
+impl ActiveSource {
+    /// Load the first policy (for a bundle: verify it, check rollback). The
+    /// workload must not start unless this succeeds.
+    pub async fn load(source: PolicySource, shared: &Shared) -> Result<ActiveSource> {
+        match source {
+            PolicySource::File { path, policy } => {
+                let label = policy.name().to_string();
+                Ok(ActiveSource {
+                    handle: PolicyHandle::new(*policy, label),
+                    reload: Reload::File(path),
+                    trigger: None,
+                })
+            }
+            PolicySource::Bundle(config) => {
+                let mut reloader = Reloader::start(*config, Some(shared.audit.clone())).await?;
+                let handle = reloader.handle();
+                if let Some(metrics) = shared.metrics.clone() {
+                    let label = handle.label();
+                    set_revision(&metrics, &label);
+                    let for_label = handle.clone();
+                    reloader.on_outcome(move |outcome: &ReloadOutcome| {
+                        metrics.bundle_reload(match outcome {
+                            ReloadOutcome::Applied { .. } => ReloadResult::Applied,
+                            ReloadOutcome::Unchanged => ReloadResult::Unchanged,
+                            ReloadOutcome::Refused { .. } => ReloadResult::Refused,
+                        });
+                        if let ReloadOutcome::Applied { .. } = outcome {
+                            set_revision(&metrics, &for_label.label());
+                        }
+                    });
+                }
+                let trigger = Some(reloader.trigger());
+                Ok(ActiveSource {
+                    handle,
+                    reload: Reload::Bundle(Box::new(reloader)),
+                    trigger,
+                })
+            }
+        }
+    }
+
+    /// Keep the policy current until `stop`: a bundle's watcher/poller.
+    fn spawn(self, tasks: &mut tokio::task::JoinSet<()>, stop: watch::Receiver<bool>) -> Reloading {
+        match self.reload {
+            Reload::Bundle(reloader) => {
+                tasks.spawn(reloader.run(stop));
+                Reloading {
+                    handle: self.handle,
+                    file: None,
+                    trigger: self.trigger,
+                }
+            }
+            Reload::File(path) => Reloading {
+                handle: self.handle,
+                file: Some(path),
+                trigger: None,
+            },
+        }
+    }
+}
+
+/// What SIGHUP does while the workload runs.
+struct Reloading {
+    handle: PolicyHandle,
+    file: Option<PathBuf>,
+    trigger: Option<crate::reload::ReloadTrigger>,
+}
+
+impl Reloading {
+    fn reload_now(&self) {
+        if let Some(trigger) = &self.trigger {
+            trigger.reload_now();
+        }
+        if let Some(path) = &self.file {
+            match Policy::load(path) {
+                Ok(policy) => {
+                    let label = policy.name().to_string();
+                    self.handle.swap(policy, label);
+                    tracing::info!(path = %path.display(), "policy re-read and swapped in");
+                }
+                Err(err) => tracing::warn!(
+                    "policy reload refused, the previous policy stays in force:\n{err}"
+                ),
+            }
+        }
+    }
+}
+
+/// `name@revision` -> sluice_bundle_revision{bundle="name"} = revision.
+fn set_revision(metrics: &Metrics, label: &str) {
+    if let Some((name, rev)) = label.rsplit_once('@') {
+        if let Ok(rev) = rev.parse() {
+            metrics.set_bundle_revision(name, rev);
+        }
+    }
+}
+
 /// Run the workload under enforcement; returns its exit status (128 + N when
 /// a signal N ended it).
 pub async fn run(opts: RunOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
-    let default_upstream = if opts.policy.dns().upstream.is_none() {
-        host_nameservers()
-    } else {
-        Vec::new()
-    };
     let services = Services::start(ServiceOptions {
         audit: opts.audit,
         audit_max_bytes: opts.audit_max_bytes,
@@ -152,8 +266,15 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         timings: opts.timings,
         metrics: opts.metrics,
         limits: opts.limits,
-        default_upstream,
+        default_upstream: host_nameservers(),
     })?;
+    let source = match ActiveSource::load(opts.policy, &services.shared).await {
+        Ok(source) => source,
+        Err(err) => {
+            services.finish().await;
+            return Err(err.context("the workload was not started"));
+        }
+    };
 
     let netns = SandboxNetns::create().context("cannot create the sandbox network namespace")?;
     let sandbox = attach::prepare(netns).context("cannot enforce the sandbox")?;
@@ -166,12 +287,14 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         sandbox = %identity.id,
         "sandbox ready"
     );
-    let policy = PolicyHandle::new(opts.policy, opts.policy_label);
-    let served = ServedSandbox::start(sandbox, identity, policy, &services.shared)?;
+    let served = ServedSandbox::start(sandbox, identity, source.handle.clone(), &services.shared)?;
+    let (stop_reload, stop_reload_rx) = watch::channel(false);
+    let mut reload_tasks = tokio::task::JoinSet::new();
+    let reloading = source.spawn(&mut reload_tasks, stop_reload_rx);
 
     // Spawned from this (the runtime's main) thread: see host::spawn.
     let mut child = host::spawn(&served.sandbox, &opts.command, run_as)?;
-    let status = supervise(&mut child).await?;
+    let status = supervise(&mut child, &reloading).await?;
 
     // The workload is gone: take anything it left running in the namespace
     // with it, then drain and flush.
@@ -179,13 +302,15 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     if let Some(dropped) = served.dropped_packets() {
         tracing::info!(dropped, "packets dropped by the sandbox's nftables rules");
     }
+    let _ = stop_reload.send(true);
+    while reload_tasks.join_next().await.is_some() {}
     served.stop().await;
     services.finish().await;
     Ok(status)
 }
 
 /// Wait for the child, forwarding SIGINT/SIGTERM to it; SIGKILL after a grace.
-async fn supervise(child: &mut tokio::process::Child) -> Result<i32> {
+async fn supervise(child: &mut tokio::process::Child, reloading: &Reloading) -> Result<i32> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -195,7 +320,11 @@ async fn supervise(child: &mut tokio::process::Child) -> Result<i32> {
             status = child.wait() => return Ok(exit_code(status?)),
             _ = sigint.recv() => Some(nix::sys::signal::Signal::SIGINT),
             _ = sigterm.recv() => Some(nix::sys::signal::Signal::SIGTERM),
-            _ = sighup.recv() => None,
+            _ = sighup.recv() => {
+                tracing::info!("SIGHUP received: reloading the policy");
+                reloading.reload_now();
+                None
+            }
             _ = sleep_until(deadline), if deadline.is_some() => {
                 tracing::warn!("the workload did not exit {STOP_GRACE:?} after being asked: killing it");
                 let _ = child.start_kill();

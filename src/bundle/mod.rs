@@ -27,7 +27,7 @@ mod tests;
 
 pub use archive::{BundleFiles, MAX_ARCHIVE_BYTES, MAX_ENTRIES, MAX_FILE_BYTES};
 pub use error::BundleError;
-pub use handle::PolicyHandle;
+pub use handle::{ActivePolicy, PolicyHandle};
 pub use inspect::inspect;
 pub use keys::{keygen, SigningKey, TrustStore};
 pub use manifest::{parse_time, BundleName, Files, Manifest, Timestamp, MAX_MANIFEST_BYTES};

@@ -90,7 +90,7 @@ pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Optio
                 src: Some(client),
                 dst: None,
                 host: Some(host),
-                bundle: ctx.policy.label().to_string(),
+                bundle: policy.label().to_string(),
             })
             .await;
         if enforce {

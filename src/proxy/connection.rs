@@ -150,7 +150,15 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
 
     if decision.verdict == Verdict::Deny || ctx.audit_allows {
         ctx.audit
-            .record(event(ctx, verdict, &decision, peer, Some(dst), host))
+            .record(event(
+                ctx,
+                verdict,
+                &decision,
+                peer,
+                Some(dst),
+                host,
+                policy.label(),
+            ))
             .await;
     }
     if verdict == "deny" {
@@ -186,11 +194,9 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
     outcome.connected();
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
-    if !first.buf.is_empty() {
-        if upstream.write_all(&first.buf).await.is_err() {
-            reset(client);
-            return;
-        }
+    if !first.buf.is_empty() && upstream.write_all(&first.buf).await.is_err() {
+        reset(client);
+        return;
     }
     let peeked_bytes = first.buf.len() as u64;
     drop(first);
@@ -253,6 +259,7 @@ fn event(
     peer: SocketAddr,
     dst: Option<SocketAddr>,
     host: Option<String>,
+    bundle: &str,
 ) -> AuditEvent {
     AuditEvent {
         sandbox: ctx.sandbox.clone(),
@@ -264,7 +271,7 @@ fn event(
         src: Some(peer),
         dst,
         host,
-        bundle: ctx.policy.label().to_string(),
+        bundle: bundle.to_string(),
     }
 }
 

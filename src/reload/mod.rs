@@ -122,6 +122,7 @@ pub struct Reloader {
     trigger_tx: mpsc::Sender<()>,
     trigger_rx: mpsc::Receiver<()>,
     observer: Option<Observer>,
+    watcher: Option<BundleWatcher>,
 }
 
 impl Reloader {
@@ -134,6 +135,18 @@ impl Reloader {
         audit: Option<AuditLog>,
     ) -> Result<Reloader, BundleError> {
         let trust = Arc::new(config.trust.clone());
+        // Watch before the first load, so a bundle replaced between that load
+        // and `run` is not missed.
+        let watcher = match &config.source {
+            BundleSource::Path(path) => match BundleWatcher::new(path) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "cannot watch the bundle ({e}); reloads only on SIGHUP");
+                    None
+                }
+            },
+            BundleSource::Url(_) => None,
+        };
         let mut fetcher = match &config.source {
             BundleSource::Url(url) => Some(Fetcher::new(url, &config.fetch)?),
             BundleSource::Path(_) => None,
@@ -168,6 +181,7 @@ impl Reloader {
             trigger_tx,
             trigger_rx,
             observer: None,
+            watcher,
         })
     }
 
@@ -281,16 +295,7 @@ impl Reloader {
     /// Reloads on every trigger, file change (path sources) or poll (URL
     /// sources) until `shutdown` turns true or its sender is dropped.
     pub async fn run(mut self, mut shutdown: tokio_watch::Receiver<bool>) {
-        let mut watcher = match &self.config.source {
-            BundleSource::Path(path) => match BundleWatcher::new(path) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), "cannot watch the bundle ({e}); reloads only on SIGHUP");
-                    None
-                }
-            },
-            BundleSource::Url(_) => None,
-        };
+        let mut watcher = self.watcher.take();
         let polling = self.fetcher.is_some();
         let interval = self.config.fetch.interval;
         let mut delay = interval;

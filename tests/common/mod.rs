@@ -5,7 +5,7 @@
 //! Privileged tests need root, `ip` and `nft`. Without them they skip loudly,
 //! or fail when SLUICE_REQUIRE_PRIVILEGED=1 (as in CI).
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};

@@ -1,0 +1,279 @@
+//! `sluice run --bundle`: the workload starts only on a verified bundle, and a
+//! bundle swapped under live traffic changes policy without failing a
+//! connection both policies allow or passing one the active policy denies.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// Policy `which` (0 or 1): both allow 198.18.0.1:8080; 0 also allows 8081,
+/// 1 also allows 8082.
+fn policy(which: u64) -> String {
+    let extra = if which == 0 { 8081 } else { 8082 };
+    format!(
+        "version: 1\nname: swap\nrules:\n  - name: both\n    action: allow\n    cidrs: [\"198.18.0.1/32\"]\n    ports: [8080]\n  - name: only-{which}\n    action: allow\n    cidrs: [\"198.18.0.1/32\"]\n    ports: [{extra}]\ndns:\n  upstream: []\n"
+    )
+}
+
+struct Signer {
+    key: PathBuf,
+    trust: PathBuf,
+    dir: PathBuf,
+}
+
+impl Signer {
+    fn new(w: &World) -> Signer {
+        let dir = w.dir.path().to_path_buf();
+        let key = dir.join("key");
+        let trust = dir.join("trust.yaml");
+        sluice::bundle::keygen(&key, &trust, "test").unwrap();
+        Signer { key, trust, dir }
+    }
+
+    /// Sign `policy` as `revision` into a fresh .tar.gz; returns its path.
+    fn sign(&self, policy: &str, revision: u64) -> PathBuf {
+        let src = self.dir.join(format!("policy-{revision}.yaml"));
+        std::fs::write(&src, policy).unwrap();
+        let out = self.dir.join(format!("bundle-{revision}.tar.gz"));
+        let expires = time::OffsetDateTime::now_utc() + time::Duration::days(1);
+        sluice::bundle::sign(&self.key, &src, revision, expires, &out).unwrap();
+        out
+    }
+}
+
+fn run_bundle(w: &World, signer: &Signer, bundle: &Path, argv: &[&str]) -> Command {
+    let mut cmd = w.outer.command(sluice_bin());
+    cmd.arg("-v")
+        .arg("run")
+        .arg("--bundle")
+        .arg(bundle)
+        .arg("--trust")
+        .arg(&signer.trust)
+        .arg("--state-dir")
+        .arg(signer.dir.join("state"))
+        .arg("--audit")
+        .arg(w.audit_path())
+        .arg("--audit-allows")
+        .arg("--")
+        .args(argv);
+    cmd
+}
+
+fn output(cmd: &mut Command) -> std::process::Output {
+    wait_bounded(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn a_verified_bundle_runs_the_command() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let signer = Signer::new(&w);
+    let bundle = signer.sign(&policy(0), 1);
+    let out = output(&mut run_bundle(
+        &w,
+        &signer,
+        &bundle,
+        &[sluice_bin(), "probe", "http", "http://198.18.0.1:8080/"],
+    ));
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert_eq!(w.audit().last().unwrap()["bundle"], "swap@1");
+}
+
+#[test]
+fn a_tampered_bundle_never_runs_the_command() {
+    let Some(w) = World::new() else { return };
+    let signer = Signer::new(&w);
+    let good = signer.sign(&policy(0), 1);
+    // Unpack, loosen the policy, keep the old manifest and signature.
+    let dir = signer.dir.join("tampered");
+    std::fs::create_dir_all(&dir).unwrap();
+    let unpacked = Command::new("tar")
+        .arg("-xzf")
+        .arg(&good)
+        .arg("-C")
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(unpacked.success());
+    let policy_file = dir.join("policy.yaml");
+    let loosened = std::fs::read_to_string(&policy_file)
+        .unwrap()
+        .replace("198.18.0.1/32", "0.0.0.0/0");
+    std::fs::write(&policy_file, loosened).unwrap();
+    let marker = signer.dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let out = output(&mut run_bundle(&w, &signer, &dir, &["sh", "-c", &touch]));
+    assert!(out.status.code().unwrap() >= 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("policy.yaml"), "{}", stderr(&out));
+    assert!(!marker.exists(), "the workload ran on a tampered bundle");
+}
+
+#[test]
+fn an_older_revision_is_refused_as_a_rollback() {
+    let Some(w) = World::new() else { return };
+    let signer = Signer::new(&w);
+    let newer = signer.sign(&policy(0), 5);
+    let older = signer.sign(&policy(1), 4);
+    let first = output(&mut run_bundle(&w, &signer, &newer, &["true"]));
+    assert!(first.status.success(), "{}", stderr(&first));
+    let second = output(&mut run_bundle(&w, &signer, &older, &["true"]));
+    assert!(second.status.code().unwrap() >= 2);
+    assert!(
+        stderr(&second).contains("rollback") || stderr(&second).contains("revision"),
+        "{}",
+        stderr(&second)
+    );
+}
+
+#[test]
+fn bundles_swapped_20_times_under_load_never_break_an_allowed_connection() {
+    let Some(w) = World::new() else { return };
+    for port in [8080, 8081, 8082] {
+        w.http_origin(&format!("198.18.0.1:{port}"));
+    }
+    let signer = Signer::new(&w);
+    let live = signer.dir.join("live.tar.gz");
+    std::fs::copy(signer.sign(&policy(0), 1), &live).unwrap();
+    let bin = sluice_bin();
+    // Connections on all three ports, continuously, until the test says stop.
+    let script = format!(
+        "echo ready; while [ ! -e {go} ]; do \
+           {bin} probe http --count 20 --concurrency 2 http://198.18.0.1:8080/; \
+           {bin} probe http http://198.18.0.1:8081/ >/dev/null; \
+           {bin} probe http http://198.18.0.1:8082/ >/dev/null; \
+         done",
+        go = w.go_path().display()
+    );
+    let log = signer.dir.join("sluice.log");
+    let mut child = run_bundle(&w, &signer, &live, &["sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        use std::io::Read;
+        let _ = out.read_to_string(&mut text);
+        text
+    });
+    assert!(eventually(Duration::from_secs(20), || w
+        .audit()
+        .iter()
+        .any(|r| r["bundle"] == "swap@1")));
+    for revision in 2..=21u64 {
+        let next = signer.sign(&policy(revision % 2), revision);
+        let staged = signer.dir.join("staged.tar.gz");
+        std::fs::copy(&next, &staged).unwrap();
+        std::fs::rename(&staged, &live).unwrap();
+        let label = format!("swap@{revision}");
+        assert!(
+            eventually(Duration::from_secs(20), || w
+                .audit()
+                .iter()
+                .any(|r| r["verdict"] == "applied" && r["bundle"] == label)),
+            "reload to {label} never applied; sluice said:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    std::fs::write(w.go_path(), b"").unwrap();
+    let status = child.wait().unwrap();
+    let text = reader.join().unwrap();
+    assert!(status.success());
+
+    // Port 8080 is allowed by every revision: no request to it ever failed.
+    let batches: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("HTTP x20") || l.contains("FAIL"))
+        .collect();
+    assert!(batches.len() >= 20, "too little traffic: {text}");
+    assert!(
+        batches
+            .iter()
+            .all(|l| l.contains("failures 0") && !l.starts_with("FAIL")),
+        "{text}"
+    );
+
+    // Every decision agrees with the revision it was made under.
+    let mut checked = 0;
+    for r in w.audit().iter().filter(|r| r["proto"] == "tcp") {
+        let revision: u64 = r["bundle"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("swap@")
+            .parse()
+            .unwrap();
+        let port: u16 = r["dst"]
+            .as_str()
+            .unwrap()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        // Revision 1 is policy(0); revision r > 1 is policy(r % 2).
+        let which = if revision == 1 { 0 } else { revision % 2 };
+        let allowed = port == 8080 || port == if which == 0 { 8081 } else { 8082 };
+        let expected = if allowed { "allow" } else { "deny" };
+        assert_eq!(r["verdict"], expected, "{r}");
+        checked += 1;
+    }
+    assert!(checked > 100, "only {checked} decisions audited");
+}
+
+#[test]
+fn a_refused_reload_keeps_the_previous_policy_in_force() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8081");
+    let signer = Signer::new(&w);
+    let live = signer.dir.join("live.tar.gz");
+    std::fs::copy(signer.sign(&policy(0), 1), &live).unwrap();
+    let script = format!(
+        "echo ready; {wait}; {bin} probe http http://198.18.0.1:8081/",
+        wait = w.wait_for_go(),
+        bin = sluice_bin()
+    );
+    let mut child = run_bundle(&w, &signer, &live, &["sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(20), || w
+        .audit()
+        .iter()
+        .any(|r| r["bundle"] == "swap@1")));
+    // A truncated archive arrives at the watched path.
+    let next = std::fs::read(signer.sign(&policy(1), 2)).unwrap();
+    std::fs::write(signer.dir.join("staged"), &next[..next.len() / 2]).unwrap();
+    std::fs::rename(signer.dir.join("staged"), &live).unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || w
+            .audit()
+            .iter()
+            .any(|r| r["verdict"] == "refused")),
+        "the truncated bundle was not refused"
+    );
+    std::fs::write(w.go_path(), b"").unwrap();
+    let mut out = String::new();
+    use std::io::Read;
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{out}");
+    // 8081 is allowed only by the previous policy, which is still in force.
+    assert!(out.contains("HTTP 200"), "{out}");
+}
