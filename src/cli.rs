@@ -272,6 +272,13 @@ pub enum ProbeCommand {
         /// With --count: requests in flight at once.
         #[arg(long, default_value_t = 1, value_name = "N")]
         concurrency: usize,
+        /// With --count: write the client-side timing of each request to FILE
+        /// (.csv or JSONL, the record format of `sluice run --timings`).
+        #[arg(long, value_name = "FILE")]
+        timings: Option<PathBuf>,
+        /// The `path` field of those records (e.g. direct, host).
+        #[arg(long, default_value = "client", value_name = "NAME")]
+        label: String,
     },
     /// TLS handshake with HOST:PORT (or ADDR:PORT with --sni), then HTTP GET /.
     Tls {

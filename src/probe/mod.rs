@@ -18,9 +18,11 @@ pub fn run(probe: ProbeCommand) -> i32 {
             body,
             count,
             concurrency,
+            timings,
+            label,
         } => {
             if count > 1 {
-                http_many(&url, count, concurrency)
+                http_many(&url, count, concurrency, timings.as_deref(), &label)
             } else {
                 http(&url, body)
             }
@@ -65,7 +67,19 @@ fn connect(target: &str) -> Result<TcpStream, String> {
     Err(last)
 }
 
-fn http(url: &str, print_body: bool) -> Outcome {
+/// One GET on a fresh connection, with its phases measured by the client.
+struct Fetched {
+    status: u16,
+    body: Vec<u8>,
+    dst: SocketAddr,
+    start_us: u64,
+    connect_us: u64,
+    first_byte_us: u64,
+    total_us: u64,
+    bytes_up: u64,
+}
+
+fn fetch(url: &str) -> Result<Fetched, String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("FAIL {url}: only http:// URLs"))?;
@@ -83,24 +97,63 @@ fn http(url: &str, print_body: bool) -> Outcome {
         format!("{authority}:80")
     };
     let host = authority;
+    let start_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let started = std::time::Instant::now();
+    let us = |since: std::time::Instant| since.elapsed().as_micros() as u64;
     let mut stream = connect(&target)?;
+    let connect_us = us(started);
+    let _ = stream.set_nodelay(true);
+    let dst = stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: sluice-probe\r\nConnection: close\r\n\r\n");
     stream
         .write_all(request.as_bytes())
         .map_err(|e| format!("FAIL send: {e}"))?;
     let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .map_err(|e| format!("FAIL read: {e}"))?;
+    let mut buf = [0u8; 64 * 1024];
+    let mut first_byte_us = 0;
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if response.is_empty() {
+                    first_byte_us = us(started);
+                }
+                response.extend_from_slice(&buf[..n]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("FAIL read: {e}")),
+        }
+    }
+    let total_us = us(started);
     let head_end = find(&response, b"\r\n\r\n").ok_or("FAIL no HTTP response".to_string())?;
     let head = String::from_utf8_lossy(&response[..head_end]).to_string();
-    let body = &response[head_end + 4..];
-    let status_line = head.lines().next().unwrap_or("").to_string();
-    let status: u16 = status_line
-        .split_whitespace()
-        .nth(1)
+    let status: u16 = head
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
+    response.drain(..head_end + 4);
+    Ok(Fetched {
+        status,
+        body: response,
+        dst,
+        start_us,
+        connect_us,
+        first_byte_us,
+        total_us,
+        bytes_up: request.len() as u64,
+    })
+}
+
+fn http(url: &str, print_body: bool) -> Outcome {
+    let fetched = fetch(url)?;
+    let (status, body) = (fetched.status, fetched.body.as_slice());
     if print_body {
         let _ = std::io::stdout().write_all(body);
     }
@@ -118,7 +171,13 @@ fn http(url: &str, print_body: bool) -> Outcome {
 }
 
 /// `count` fresh-connection GETs, `concurrency` at a time: latency summary.
-fn http_many(url: &str, count: usize, concurrency: usize) -> Outcome {
+fn http_many(
+    url: &str,
+    count: usize,
+    concurrency: usize,
+    timings: Option<&std::path::Path>,
+    label: &str,
+) -> Outcome {
     let concurrency = concurrency.clamp(1, count);
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let workers: Vec<_> = (0..concurrency)
@@ -127,26 +186,35 @@ fn http_many(url: &str, count: usize, concurrency: usize) -> Outcome {
             let url = url.to_string();
             std::thread::spawn(move || {
                 let mut times = Vec::new();
+                let mut records = Vec::new();
                 let mut failures = 0usize;
                 while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
-                    let start = std::time::Instant::now();
-                    match http(&url, false) {
-                        Ok(_) => times.push(start.elapsed().as_secs_f64() * 1e3),
-                        Err(_) => failures += 1,
+                    match fetch(&url) {
+                        Ok(f) if (200..300).contains(&f.status) => {
+                            times.push(f.total_us as f64 / 1e3);
+                            records.push(f);
+                        }
+                        _ => failures += 1,
                     }
                 }
-                (times, failures)
+                (times, records, failures)
             })
         })
         .collect();
     let mut times = Vec::with_capacity(count);
+    let mut fetched = Vec::with_capacity(count);
     let mut failures = 0;
     for worker in workers {
-        let (t, f) = worker
+        let (t, r, f) = worker
             .join()
             .map_err(|_| "FAIL worker panicked".to_string())?;
         times.extend(t);
+        fetched.extend(r);
         failures += f;
+    }
+    if let Some(path) = timings {
+        write_timings(path, label, &fetched)
+            .map_err(|e| format!("FAIL write {}: {e}", path.display()))?;
     }
     times.sort_by(f64::total_cmp);
     let pick = |q: f64| {
@@ -166,6 +234,46 @@ fn http_many(url: &str, count: usize, concurrency: usize) -> Outcome {
     } else {
         Err(format!("FAIL {line}"))
     }
+}
+
+/// Client-side timing records, in the same format sluice's proxy writes, so
+/// `sluice compare` can set a direct run beside a proxied one.
+fn write_timings(path: &std::path::Path, label: &str, fetched: &[Fetched]) -> std::io::Result<()> {
+    let mut records: Vec<crate::timing::TimingRecord> = fetched
+        .iter()
+        .enumerate()
+        .map(|(i, f)| crate::timing::TimingRecord {
+            id: i as u64,
+            sandbox: "probe".to_string(),
+            path: label.to_string(),
+            dst: f.dst.to_string(),
+            host: None,
+            verdict: "allow".to_string(),
+            start: f.start_us,
+            decide_us: None,
+            connect_us: Some(f.connect_us),
+            first_byte_us: Some(f.first_byte_us),
+            total_us: f.total_us,
+            bytes_up: f.bytes_up,
+            bytes_down: f.body.len() as u64,
+        })
+        .collect();
+    records.sort_by_key(|r| r.start);
+    let mut text = String::new();
+    let csv = path.extension().is_some_and(|e| e == "csv");
+    if csv {
+        text.push_str(crate::timing::CSV_HEADER);
+        text.push('\n');
+    }
+    for r in &records {
+        if csv {
+            crate::timing::push_csv(&mut text, r);
+        } else {
+            text.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
+            text.push('\n');
+        }
+    }
+    std::fs::write(path, text)
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
