@@ -141,6 +141,55 @@ impl SandboxNetns {
         Ok(ns)
     }
 
+    /// Adopts a namespace descriptor handed over by another process (the OCI
+    /// hook passes the container's namespace over a Unix socket), checking
+    /// that it is a network namespace this process may enter.
+    pub fn from_owned_fd(fd: OwnedFd) -> Result<SandboxNetns, NetnsError> {
+        let path = Path::new("<received namespace descriptor>");
+        let ns = SandboxNetns::from_fd(fd, path)?;
+        ns.run_in(|| ()).map_err(|e| match e {
+            NetnsError::Enter {
+                source: Errno::EINVAL,
+                ..
+            } => NetnsError::NotANetns {
+                path: path.to_owned(),
+            },
+            e => e,
+        })?;
+        Ok(ns)
+    }
+
+    /// Names of the links in this namespace other than `lo`.
+    pub fn links(&self) -> Result<Vec<String>, NetnsError> {
+        let out = self
+            .run_in(|| Command::new("ip").args(["-o", "link", "show"]).output())?
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => NetnsError::IpNotFound,
+                _ => NetnsError::IpSpawn(e),
+            })?;
+        if !out.status.success() {
+            return Err(NetnsError::IpFailed {
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        // "2: eth0@if7: <...> ..." -> "eth0"
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| line.split(": ").nth(1))
+            .map(|name| name.split('@').next().unwrap_or(name).to_string())
+            .filter(|name| name != "lo")
+            .collect())
+    }
+
+    /// Gives a namespace someone else created (a container's, holding only
+    /// `lo`) the same plumbing as [`SandboxNetns::create`]: `lo` up, the
+    /// in-namespace veth pair, and default routes, so that connect() reaches
+    /// netfilter. Refuse namespaces with other links before calling this.
+    pub fn plumb(&self) -> Result<(), NetnsError> {
+        self.run_in(configure_links)?
+    }
+
     fn from_fd(fd: OwnedFd, path: &Path) -> Result<SandboxNetns, NetnsError> {
         let st = nix::sys::stat::fstat(&fd).map_err(|e| NetnsError::Open {
             path: path.to_owned(),
@@ -287,20 +336,37 @@ fn setup_script() -> String {
          link set {link} up\n\
          link set {peer} up\n\
          address add {v4}/{v4p} dev {link}\n\
-         address add {v6}/{v6p} dev {link} nodad\n\
+         address add {v6}/128 dev lo nodad\n\
          route add 0.0.0.0/0 dev {link}\n\
-         route add ::/0 dev {link}\n",
+         route add ::/0 dev {link} src {v6}\n",
         link = SANDBOX_LINK,
         peer = SANDBOX_PEER,
         v4 = SANDBOX_V4,
         v4p = SANDBOX_V4_PREFIX,
         v6 = SANDBOX_V6,
-        v6p = SANDBOX_V6_PREFIX,
     )
+}
+
+/// Quiet the kernel's own IPv6 chatter (router solicitations, duplicate
+/// address detection) on links created from now on in this thread's
+/// namespace, so the drop counter counts what the workload tried, not noise.
+/// Best effort: a kernel without these knobs still enforces the same.
+fn quiet_ipv6_defaults() {
+    for (knob, value) in [
+        ("accept_ra", "0"),
+        ("router_solicitations", "0"),
+        ("accept_dad", "0"),
+        ("dad_transmits", "0"),
+        // No link-local addresses: nothing here talks to a neighbour.
+        ("addr_gen_mode", "1"),
+    ] {
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/default/{knob}"), value);
+    }
 }
 
 /// Runs ONE `ip -batch -` in the calling thread's namespace.
 fn configure_links() -> Result<(), NetnsError> {
+    quiet_ipv6_defaults();
     let mut child = Command::new("ip")
         .args(["-batch", "-"])
         .stdin(Stdio::piped())
@@ -342,8 +408,9 @@ mod tests {
         assert!(s.contains("link add sbx0 type veth peer name sbx1\n"));
         assert!(!s.contains("netns"), "no link may leave the namespace");
         assert!(s.contains("address add 198.19.255.2/30 dev sbx0\n"));
-        assert!(s.contains("address add 2001:db8:5c:ffff::2/64 dev sbx0 nodad\n"));
+        // The v6 address sits on lo, which sends no MLD reports.
+        assert!(s.contains("address add 2001:db8:5c:ffff::2/128 dev lo nodad\n"));
         assert!(s.contains("route add 0.0.0.0/0 dev sbx0\n"));
-        assert!(s.contains("route add ::/0 dev sbx0\n"));
+        assert!(s.contains("route add ::/0 dev sbx0 src 2001:db8:5c:ffff::2\n"));
     }
 }
