@@ -2,7 +2,9 @@
 //!
 //! `prepare` does the part every path shares: install and read back the
 //! `inet sluice` table in a namespace and bind the proxy and DNS sockets
-//! inside it. `host` runs a command in a fresh namespace (`sluice run`).
+//! inside it. `host` runs a command in a fresh namespace (`sluice run`);
+//! `oci` puts a podman container in one (`sluice oci`) or hands a container's
+//! namespace to the daemon (`sluice oci-hook`).
 
 pub mod host;
 
@@ -87,6 +89,14 @@ fn bind_sockets() -> Result<SandboxSockets, AttachError> {
         })?;
         l.set_nonblocking(true)
             .map_err(|source| AttachError::Bind { what, addr, source })?;
+        // Accepted sockets inherit TCP_NODELAY: one system call less per
+        // connection than setting it on each.
+        nix::sys::socket::setsockopt(&l, nix::sys::socket::sockopt::TcpNoDelay, &true)
+            .map_err(|e| AttachError::Bind {
+                what,
+                addr,
+                source: e.into(),
+            })?;
         Ok::<_, AttachError>(l)
     };
     let udp = |addr| {

@@ -105,7 +105,7 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
     let local = client
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let dst = match original_dst(&client) {
+    let dst = match original_dst(&client, local) {
         Ok(dst) if dst != local => dst,
         _ => {
             let mut outcome = Outcome::start(ctx, local);
@@ -192,7 +192,7 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         }
     };
     outcome.connected();
-    let _ = client.set_nodelay(true);
+    // The client socket inherited TCP_NODELAY from the listener.
     let _ = upstream.set_nodelay(true);
     if !first.buf.is_empty() && upstream.write_all(&first.buf).await.is_err() {
         reset(client);

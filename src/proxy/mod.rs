@@ -73,6 +73,8 @@ pub struct ProxyContext {
     /// destinations whatever the policy allows.
     pub internal: Vec<std::net::SocketAddr>,
     next_id: AtomicU64,
+    /// Connections accepted so far (all listeners of this sandbox).
+    pub accepted: AtomicU64,
     slots: Arc<Semaphore>,
     limit_logged: AtomicBool,
 }
@@ -95,6 +97,7 @@ impl ProxyContext {
             timings: TimingLog::disabled(),
             internal: Vec::new(),
             next_id: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
             sandbox,
             path,
             slots: Arc::new(Semaphore::new(limits.max_connections)),
@@ -146,6 +149,7 @@ pub async fn serve(
                 continue;
             }
         };
+        ctx.accepted.fetch_add(1, Ordering::Relaxed);
         let ctx = ctx.clone();
         connections.spawn(async move {
             connection::handle(stream, peer, &ctx).await;

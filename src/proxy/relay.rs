@@ -27,10 +27,8 @@ pub struct Relayed {
 
 /// Relay until both directions are closed (or one fails).
 pub async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
-    let (Ok(up_pipe), Ok(down_pipe)) = (Pipe::new(), Pipe::new()) else {
-        tracing::warn!(
-            "cannot create a pipe for splice (file descriptor limit?); closing the connection"
-        );
+    let (Ok(up_pipe), Ok(down_pipe)) = (Pipe::take(), Pipe::take()) else {
+        tracing::warn!("cannot create a pipe for splice (file descriptor limit?); closing the connection");
         return Relayed::default();
     };
     let up = pump(client, upstream, up_pipe);
@@ -43,15 +41,37 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
     }
 }
 
+/// Pipes kept per thread for reuse: creating and closing two pipes per
+/// connection would be six system calls out of about thirty.
+const PIPES_KEPT: usize = 64;
+
+thread_local! {
+    static SPARE_PIPES: std::cell::RefCell<Vec<Pipe>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
 }
 
 impl Pipe {
-    fn new() -> nix::Result<Pipe> {
+    fn take() -> nix::Result<Pipe> {
+        if let Some(pipe) = SPARE_PIPES.with(|spare| spare.borrow_mut().pop()) {
+            return Ok(pipe);
+        }
         let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
         Ok(Pipe { read, write })
+    }
+
+    /// Keep an EMPTY pipe for the next connection (a pipe with bytes left in
+    /// it is dropped instead: they belong to a finished connection).
+    fn give_back(self) {
+        SPARE_PIPES.with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < PIPES_KEPT {
+                spare.push(self);
+            }
+        });
     }
 }
 
@@ -112,10 +132,12 @@ async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe) -> Pumped {
             }
         }
     }
-    // EOF (or a read error) from the source: pass the half-close on.
+    // EOF (or a read error) from the source: pass the half-close on. The
+    // pipe was drained completely, so it can serve another connection.
     let _ = nix::sys::socket::shutdown(
         std::os::fd::AsRawFd::as_raw_fd(to),
         nix::sys::socket::Shutdown::Write,
     );
+    pipe.give_back();
     pumped
 }
