@@ -417,3 +417,16 @@ fn the_command_runs_as_the_given_user() {
     assert!(text.starts_with("65534\n"), "{text}");
     assert!(text.contains("0000000000000000"), "{text}");
 }
+
+#[test]
+fn audit_mode_lets_a_denied_connection_through_and_records_would_deny() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8082");
+    let policy = w.policy(&POLICY.replace("name: e2e", "name: e2e\nmode: audit"));
+    let out = w.probe(&policy, &["http", "http://198.18.0.1:8082/"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    let audit = w.audit();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(audit[0]["verdict"], "would-deny");
+    assert_eq!(audit[0]["reason"], "no-rule");
+}
