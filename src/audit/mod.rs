@@ -16,6 +16,6 @@ mod writer;
 
 pub use record::{line_hash, AuditEvent, AuditRecord, Proto, GENESIS};
 pub use rotate::{rotated_path, rotated_set};
-pub use tail::{tail, TailOptions, Tailer};
+pub use tail::{format_record, tail, TailOptions, Tailer};
 pub use verify::{verify, verify_rotated, verify_with, Genesis, VerifyError, VerifySummary};
 pub use writer::{AuditError, AuditLog, AuditOptions, AuditWriter};

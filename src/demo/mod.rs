@@ -82,12 +82,17 @@ exit 0
         .context("cannot start `sluice run` in the demo namespace")?;
 
     println!(
-        "\n8. The audit log ({}), one JSON line per deny:",
-        audit_path.display()
+        "\n8. The audit log: one hash-chained JSON line per deny, shown as `sluice audit tail` prints it:"
     );
     let audit = std::fs::read_to_string(&audit_path).unwrap_or_default();
     for line in audit.lines() {
-        println!("   {line}");
+        match serde_json::from_str::<crate::audit::AuditRecord>(line) {
+            Ok(record) => println!("   {}", crate::audit::format_record(&record)),
+            Err(_) => println!("   {line}"),
+        }
+    }
+    if let Some(first) = audit.lines().next() {
+        println!("   The first one as written:\n   {first}");
     }
     println!(
         "\nWhat the origin saw: {} request(s) on :8080, {} on :9090, {} UDP datagram(s) on :5353.",
