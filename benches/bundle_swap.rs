@@ -43,8 +43,9 @@ fn bench(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(5));
     group.bench_function("verify_then_swap_10000_rules", |b| {
         b.iter(|| {
-            let verified = Bundle::load(black_box(&bundle), &trust, time::OffsetDateTime::now_utc())
-                .expect("bundle verifies");
+            let verified =
+                Bundle::load(black_box(&bundle), &trust, time::OffsetDateTime::now_utc())
+                    .expect("bundle verifies");
             let label = verified.label();
             handle.swap(verified.policy, label);
         })

@@ -28,7 +28,9 @@ pub struct Relayed {
 /// Relay until both directions are closed (or one fails).
 pub async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
     let (Ok(up_pipe), Ok(down_pipe)) = (Pipe::take(), Pipe::take()) else {
-        tracing::warn!("cannot create a pipe for splice (file descriptor limit?); closing the connection");
+        tracing::warn!(
+            "cannot create a pipe for splice (file descriptor limit?); closing the connection"
+        );
         return Relayed::default();
     };
     let up = pump(client, upstream, up_pipe);
