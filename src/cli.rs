@@ -101,6 +101,55 @@ a distribution has two.\n\nExample:\n  sluice compare direct.csv proxied.csv --p
         #[arg(long, default_value_t = 256, value_name = "N")]
         batch_size: usize,
     },
+    /// Run a podman container whose only network path is sluice.
+    #[command(
+        after_help = "Example:\n  sluice oci --policy policies/dev.yaml -- podman run --rm IMAGE wget -qO- http://origin.test:8080/\n\n\
+sluice creates the sandbox namespace as `sluice run` does and adds `--network ns:<it>` to podman's \
+options; a --network, --net, --pod or --privileged of your own is refused, since the container would \
+no longer be confined to that namespace. Exits with podman's status (the container's). With \
+`podman run -d`, sluice stays until the container stops (`podman stop ID` ends both). Audit, timing \
+and metrics records carry path \"oci\" and the container id. Needs root; podman must use runc \
+here (see containers/containers.conf and docs/oci.md)."
+    )]
+    Oci(OciArgs),
+    /// Serve many sandboxes from one process, attached through a control socket (OCI hook).
+    #[command(
+        after_help = "The config (YAML) names the control socket (default /run/sluice/daemon.sock, \
+mode 0600), the metrics address, audit and timing files, and defaults for attached sandboxes; \
+see docs/oci.md. SIGHUP re-reads every sandbox's policy; SIGINT/SIGTERM stop the daemon (the \
+sandboxes' tables stay, so their connections are refused until they are attached again)."
+    )]
+    Daemon {
+        /// The daemon's YAML config file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// OCI createRuntime hook: asks the daemon to enforce a starting container (state JSON on stdin).
+    #[command(
+        after_help = "Install containers/hooks.d/sluice.json in podman's hooks dir. The hook runs for \
+containers annotated io.sluice.policy=FILE or io.sluice.bundle=PATH (+ io.sluice.trust=FILE), sends \
+the container's network namespace to the daemon and exits 0 only once the daemon enforces it; any \
+failure exits non-zero, which aborts the container's start. The socket is the annotation \
+io.sluice.socket, else --socket, else $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock. At the \
+poststop stage it tells the daemon to release the sandbox (a hint; failures are ignored)."
+    )]
+    OciHook {
+        /// The daemon's control socket.
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+    },
+    /// List the sandboxes the daemon serves: path, id, policy, connections, drops.
+    Status {
+        /// The daemon's control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Show full container ids.
+        #[arg(long)]
+        no_trunc: bool,
+    },
     /// Show sluice at work on a throwaway topology (needs root; touches nothing outside it).
     Demo,
     /// A small network client used by the demo and the tests to probe a sandbox from inside.
@@ -145,6 +194,20 @@ last hash elsewhere and compare it later."
 pub struct RunArgs {
     #[command(flatten)]
     pub source: PolicySourceArgs,
+    #[command(flatten)]
+    pub records: RecordArgs,
+    /// Run the command as USER (name or uid) instead of root.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// What a sandboxed run records and exports, and its connection limit
+/// (shared by `sluice run` and `sluice oci`).
+#[derive(Debug, Args)]
+pub struct RecordArgs {
     /// Append audit records (JSONL, hash-chained) to FILE.
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
@@ -162,15 +225,30 @@ pub struct RunArgs {
     /// namespace (never reachable from inside the sandbox).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
-    /// Run the command as USER (name or uid) instead of root.
-    #[arg(long, value_name = "USER")]
-    pub user: Option<String>,
     /// Connections relayed at once; more wait for a free slot.
     #[arg(long, default_value_t = 4096, value_name = "N")]
     pub max_connections: usize,
-    /// The command to run, after `--`.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
+}
+
+impl RecordArgs {
+    fn limits(&self) -> crate::proxy::Limits {
+        crate::proxy::Limits {
+            max_connections: self.max_connections.max(1),
+            ..Default::default()
+        }
+    }
+}
+
+/// `sluice oci`.
+#[derive(Debug, Args)]
+pub struct OciArgs {
+    #[command(flatten)]
+    pub source: PolicySourceArgs,
+    #[command(flatten)]
+    pub records: RecordArgs,
+    /// The podman command, after `--`: `podman run [OPTIONS] IMAGE [COMMAND]`.
+    #[arg(last = true, required = true, value_name = "PODMAN RUN")]
+    pub podman: Vec<OsString>,
 }
 
 /// Where the policy comes from: a plain file, or a signed bundle.
@@ -331,34 +409,192 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
             plot,
             batch_size,
         } => compare(&a, &b, csv, plot.as_deref(), batch_size),
+        Command::Oci(args) => oci(args),
+        Command::Daemon { config } => daemon(&config),
+        Command::OciHook { socket } => oci_hook(socket.as_deref()),
+        Command::Status {
+            socket,
+            json,
+            no_trunc,
+        } => status(socket.as_deref(), json, no_trunc),
         Command::Demo => crate::demo::run(),
         Command::Probe(probe) => Ok(crate::probe::run(probe)),
     }
 }
 
 fn run(args: RunArgs) -> anyhow::Result<i32> {
-    use anyhow::Context;
     let policy = policy_source(&args.source, "host")?;
     require_root("sluice run")?;
     let opts = crate::app::RunOptions {
         policy,
-        audit: args.audit,
-        audit_allows: args.audit_allows,
-        audit_max_bytes: args.audit_max_bytes,
-        timings: args.timings,
-        metrics: args.metrics,
+        limits: args.records.limits(),
+        audit: args.records.audit,
+        audit_allows: args.records.audit_allows,
+        audit_max_bytes: args.records.audit_max_bytes,
+        timings: args.records.timings,
+        metrics: args.records.metrics,
         user: args.user,
         command: args.command,
-        limits: crate::proxy::Limits {
-            max_connections: args.max_connections.max(1),
-            ..Default::default()
-        },
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    runtime()?.block_on(crate::app::run(opts))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context;
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(crate::app::run(opts))
+        .context("cannot start the async runtime")
+}
+
+fn oci(args: OciArgs) -> anyhow::Result<i32> {
+    let podman = crate::attach::oci::PodmanRun::parse(&args.podman).map_err(BadInput::from)?;
+    let policy = policy_source(&args.source, "oci")?;
+    require_root("sluice oci")?;
+    let opts = crate::app::oci::OciOptions {
+        policy,
+        limits: args.records.limits(),
+        audit: args.records.audit,
+        audit_allows: args.records.audit_allows,
+        audit_max_bytes: args.records.audit_max_bytes,
+        timings: args.records.timings,
+        metrics: args.records.metrics,
+        podman,
+    };
+    runtime()?.block_on(crate::app::oci::run(opts))
+}
+
+fn daemon(config: &std::path::Path) -> anyhow::Result<i32> {
+    let config = crate::daemon::DaemonConfig::load(config).map_err(BadInput::from)?;
+    require_root("sluice daemon")?;
+    runtime()?.block_on(crate::daemon::run(config))
+}
+
+/// An error that is the user's input (exit status 2).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct BadInput(#[from] anyhow::Error);
+
+impl From<crate::daemon::config::ConfigError> for BadInput {
+    fn from(e: crate::daemon::config::ConfigError) -> BadInput {
+        BadInput(e.into())
+    }
+}
+
+impl From<crate::attach::oci::OciError> for BadInput {
+    fn from(e: crate::attach::oci::OciError) -> BadInput {
+        BadInput(e.into())
+    }
+}
+
+fn oci_hook(socket: Option<&std::path::Path>) -> anyhow::Result<i32> {
+    use crate::attach::oci::{self, HookPlan, OciState, ANNOTATION_SOCKET};
+    use anyhow::Context;
+    use std::io::Read;
+    use std::os::fd::AsFd;
+
+    let mut input = Vec::new();
+    std::io::stdin()
+        .take(1 << 20)
+        .read_to_end(&mut input)
+        .context("cannot read the container state from stdin")?;
+    let state = OciState::parse(&input).map_err(BadInput::from)?;
+    let annotated = state
+        .annotations
+        .get(ANNOTATION_SOCKET)
+        .map(std::path::Path::new);
+    let client = crate::daemon::Client::new(crate::daemon::socket_path(annotated.or(socket)));
+
+    if state.is_stopped() {
+        // poststop: a hint that lets the daemon release early; the daemon
+        // notices the container's end by itself anyway.
+        match client.detach(&state.id) {
+            Ok(Some(_)) => tracing::info!(container = %state.id, "sandbox released"),
+            Ok(None) => {}
+            Err(err) => tracing::info!(%err, "poststop: could not tell the daemon"),
+        }
+        return Ok(0);
+    }
+    let pid = state.pid.filter(|p| *p > 0).ok_or(oci::OciError::NoPid)?;
+    match HookPlan::from_annotations(&state.annotations).map_err(BadInput::from)? {
+        HookPlan::CheckWrapped { inode } => {
+            oci::check_wrapped(pid, &inode)?;
+            Ok(0)
+        }
+        HookPlan::Attach {
+            policy,
+            bundle,
+            trust,
+        } => {
+            for (what, path) in [("io.sluice.policy", &policy), ("io.sluice.trust", &trust)] {
+                if let Some(path) = path.as_ref().filter(|p| !p.is_absolute()) {
+                    return Err(BadInput(anyhow::anyhow!(
+                        "{what}={}: give an absolute path (the daemon reads it on the host)",
+                        path.display()
+                    ))
+                    .into());
+                }
+            }
+            let path = oci::container_netns_path(pid);
+            let netns = std::fs::File::open(&path).map_err(|source| oci::OciError::Netns {
+                path,
+                cause: source,
+            })?;
+            let request = crate::daemon::api::AttachRequest {
+                id: state.id.clone(),
+                pid: Some(pid),
+                policy,
+                bundle,
+                trust,
+            };
+            let info = client
+                .attach(&request, netns.as_fd())
+                .with_context(|| format!("container {} was not started", state.id))?;
+            tracing::info!(
+                container = %info.id,
+                policy = %info.policy,
+                netns_inode = info.netns_inode,
+                "container attached to the sluice daemon"
+            );
+            Ok(0)
+        }
+    }
+}
+
+fn status(socket: Option<&std::path::Path>, json: bool, no_trunc: bool) -> anyhow::Result<i32> {
+    let client = crate::daemon::Client::new(crate::daemon::socket_path(socket));
+    let sandboxes = client.list()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&sandboxes)?);
+        return Ok(0);
+    }
+    if sandboxes.is_empty() {
+        println!("no sandboxes attached");
+        return Ok(0);
+    }
+    println!(
+        "{:<5} {:<12} {:<24} {:>8} {:>8} {:>10} {:>7} {:>8}",
+        "PATH", "ID", "POLICY", "ALLOWED", "DENIED", "WOULD-DENY", "ACTIVE", "DROPPED"
+    );
+    for s in &sandboxes {
+        let id = if no_trunc || s.id.len() <= 12 {
+            s.id.as_str()
+        } else {
+            &s.id[..12]
+        };
+        println!(
+            "{:<5} {:<12} {:<24} {:>8} {:>8} {:>10} {:>7} {:>8}",
+            s.path,
+            id,
+            s.policy,
+            s.connections.allowed,
+            s.connections.denied,
+            s.connections.would_deny,
+            s.connections.active,
+            s.dropped_packets.map_or("-".to_string(), |d| d.to_string()),
+        );
+    }
+    Ok(0)
 }
 
 /// Turn `--policy` / `--bundle` into what the app loads. A plain policy is

@@ -11,7 +11,9 @@ fn main() {
         Err(err) => {
             eprintln!("sluice: error: {err:#}");
             if err.chain().any(|e| {
-                e.is::<sluice::policy::PolicyError>() || e.is::<sluice::bundle::BundleError>()
+                e.is::<sluice::policy::PolicyError>()
+                    || e.is::<sluice::bundle::BundleError>()
+                    || e.is::<sluice::cli::BadInput>()
             }) {
                 exit::BAD_INPUT
             } else {

@@ -4,6 +4,7 @@
 //!
 //! Every long-lived task is started here and awaited here; none is detached.
 
+pub mod oci;
 mod sandbox;
 
 use std::ffi::OsString;
@@ -29,7 +30,7 @@ use crate::reload::{ReloadConfig, ReloadOutcome, Reloader};
 use crate::timing::{TimingLog, TimingWriter};
 
 /// How long the workload gets between SIGTERM and SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Where the policy in force comes from.
 pub enum PolicySource {
@@ -200,7 +201,11 @@ impl ActiveSource {
     }
 
     /// Keep the policy current until `stop`: a bundle's watcher/poller.
-    fn spawn(self, tasks: &mut tokio::task::JoinSet<()>, stop: watch::Receiver<bool>) -> Reloading {
+    pub(crate) fn spawn(
+        self,
+        tasks: &mut tokio::task::JoinSet<()>,
+        stop: watch::Receiver<bool>,
+    ) -> Reloading {
         match self.reload {
             Reload::Bundle(reloader) => {
                 tasks.spawn(reloader.run(stop));
@@ -220,14 +225,19 @@ impl ActiveSource {
 }
 
 /// What SIGHUP does while the workload runs.
-struct Reloading {
+pub(crate) struct Reloading {
     handle: PolicyHandle,
     file: Option<PathBuf>,
     trigger: Option<crate::reload::ReloadTrigger>,
 }
 
 impl Reloading {
-    fn reload_now(&self) {
+    /// The policy in force.
+    pub(crate) fn handle(&self) -> &PolicyHandle {
+        &self.handle
+    }
+
+    pub(crate) fn reload_now(&self) {
         if let Some(trigger) = &self.trigger {
             trigger.reload_now();
         }
@@ -255,62 +265,141 @@ fn set_revision(metrics: &Metrics, label: &str) {
     }
 }
 
+/// What every enforced workload of one process shares: the services, the
+/// policy in force, and the tasks that keep it current. `sluice run` and
+/// `sluice oci` each open one, serve one sandbox, and finish it.
+pub(crate) struct Session {
+    pub services: Services,
+    reloading: Reloading,
+    stop_reload: watch::Sender<bool>,
+    reload_tasks: tokio::task::JoinSet<()>,
+}
+
+impl Session {
+    /// Start the services and load the first policy. Nothing may run in the
+    /// sandbox unless this succeeds.
+    pub(crate) async fn start(options: ServiceOptions, policy: PolicySource) -> Result<Session> {
+        let services = Services::start(options)?;
+        let source = match ActiveSource::load(policy, &services.shared).await {
+            Ok(source) => source,
+            Err(err) => {
+                services.finish().await;
+                return Err(err.context("the workload was not started"));
+            }
+        };
+        let (stop_reload, stop_reload_rx) = watch::channel(false);
+        let mut reload_tasks = tokio::task::JoinSet::new();
+        let reloading = source.spawn(&mut reload_tasks, stop_reload_rx);
+        Ok(Session {
+            services,
+            reloading,
+            stop_reload,
+            reload_tasks,
+        })
+    }
+
+    /// A fresh sandbox namespace, enforced (table applied and read back,
+    /// listeners bound).
+    pub(crate) fn fresh_sandbox(&self) -> Result<attach::Sandbox> {
+        let netns =
+            SandboxNetns::create().context("cannot create the sandbox network namespace")?;
+        attach::prepare(netns).context("cannot enforce the sandbox")
+    }
+
+    /// Serve `sandbox` as `identity` under this session's policy.
+    pub(crate) fn serve(
+        &self,
+        sandbox: attach::Sandbox,
+        identity: Identity,
+    ) -> Result<ServedSandbox> {
+        tracing::info!(
+            netns_inode = sandbox.netns.inode(),
+            sandbox = %identity.id,
+            "sandbox ready"
+        );
+        ServedSandbox::start(
+            sandbox,
+            identity,
+            self.reloading.handle.clone(),
+            &self.services.shared,
+        )
+    }
+
+    /// The workload is gone: take anything it left running in the namespace
+    /// with it, then drain and flush.
+    pub(crate) async fn finish(mut self, served: Option<ServedSandbox>) {
+        if let Some(served) = &served {
+            served.sandbox.netns.kill_processes_inside();
+            if let Some(dropped) = served.dropped_packets() {
+                tracing::info!(dropped, "packets dropped by the sandbox's nftables rules");
+            }
+        }
+        let _ = self.stop_reload.send(true);
+        while self.reload_tasks.join_next().await.is_some() {}
+        if let Some(served) = served {
+            served.stop().await;
+        }
+        self.services.finish().await;
+    }
+}
+
 /// Run the workload under enforcement; returns its exit status (128 + N when
 /// a signal N ended it).
 pub async fn run(opts: RunOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
-    let services = Services::start(ServiceOptions {
-        audit: opts.audit,
-        audit_max_bytes: opts.audit_max_bytes,
-        audit_allows: opts.audit_allows,
-        timings: opts.timings,
-        metrics: opts.metrics,
-        limits: opts.limits,
-        default_upstream: host_nameservers(),
-    })?;
-    let source = match ActiveSource::load(opts.policy, &services.shared).await {
-        Ok(source) => source,
+    let session = Session::start(
+        ServiceOptions {
+            audit: opts.audit,
+            audit_max_bytes: opts.audit_max_bytes,
+            audit_allows: opts.audit_allows,
+            timings: opts.timings,
+            metrics: opts.metrics,
+            limits: opts.limits,
+            default_upstream: host_nameservers(),
+        },
+        opts.policy,
+    )
+    .await?;
+    let sandbox = match session.fresh_sandbox() {
+        Ok(sandbox) => sandbox,
         Err(err) => {
-            services.finish().await;
-            return Err(err.context("the workload was not started"));
+            session.finish(None).await;
+            return Err(err);
         }
     };
-
-    let netns = SandboxNetns::create().context("cannot create the sandbox network namespace")?;
-    let sandbox = attach::prepare(netns).context("cannot enforce the sandbox")?;
     let identity = Identity {
         id: format!("host-{}", std::process::id()),
         path: "host",
     };
-    tracing::info!(
-        netns_inode = sandbox.netns.inode(),
-        sandbox = %identity.id,
-        "sandbox ready"
-    );
-    let served = ServedSandbox::start(sandbox, identity, source.handle.clone(), &services.shared)?;
-    let (stop_reload, stop_reload_rx) = watch::channel(false);
-    let mut reload_tasks = tokio::task::JoinSet::new();
-    let reloading = source.spawn(&mut reload_tasks, stop_reload_rx);
+    let served = session.serve(sandbox, identity)?;
 
     // Spawned from this (the runtime's main) thread: see host::spawn.
-    let mut child = host::spawn(&served.sandbox, &opts.command, run_as)?;
-    let status = supervise(&mut child, &reloading).await?;
-
-    // The workload is gone: take anything it left running in the namespace
-    // with it, then drain and flush.
-    served.sandbox.netns.kill_processes_inside();
-    if let Some(dropped) = served.dropped_packets() {
-        tracing::info!(dropped, "packets dropped by the sandbox's nftables rules");
-    }
-    let _ = stop_reload.send(true);
-    while reload_tasks.join_next().await.is_some() {}
-    served.stop().await;
-    services.finish().await;
-    Ok(status)
+    let mut child = match host::spawn(&served.sandbox, &opts.command, run_as) {
+        Ok(child) => child,
+        Err(err) => {
+            session.finish(Some(served)).await;
+            return Err(err.into());
+        }
+    };
+    let pid = child.id();
+    let status = supervise(&mut child, &session.reloading, |sig| {
+        if let Some(pid) = pid {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+        }
+    })
+    .await;
+    session.finish(Some(served)).await;
+    status
 }
 
-/// Wait for the child, forwarding SIGINT/SIGTERM to it; SIGKILL after a grace.
-async fn supervise(child: &mut tokio::process::Child, reloading: &Reloading) -> Result<i32> {
+/// Wait for the child; on SIGINT/SIGTERM call `stop` (the first time, and
+/// again for a second signal), then SIGKILL the child [`STOP_GRACE`] later;
+/// SIGHUP reloads the policy.
+pub(crate) async fn supervise(
+    child: &mut tokio::process::Child,
+    reloading: &Reloading,
+    mut stop: impl FnMut(nix::sys::signal::Signal),
+) -> Result<i32> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -332,9 +421,9 @@ async fn supervise(child: &mut tokio::process::Child, reloading: &Reloading) -> 
                 None
             }
         };
-        if let (Some(sig), Some(pid)) = (forward, child.id()) {
+        if let Some(sig) = forward {
             tracing::info!("{sig} received: stopping the workload");
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+            stop(sig);
             deadline.get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
         }
     }
@@ -347,7 +436,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn exit_code(status: std::process::ExitStatus) -> i32 {
+pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status
         .code()

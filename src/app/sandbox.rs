@@ -13,7 +13,7 @@ use crate::attach::Sandbox;
 use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
 use crate::dns::{DnsCache, DnsContext};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SandboxTally};
 use crate::proxy::{Limits, ProxyContext};
 use crate::timing::TimingLog;
 
@@ -47,10 +47,13 @@ pub struct ServedSandbox {
     pub sandbox: Sandbox,
     pub identity: Identity,
     pub policy: PolicyHandle,
+    /// This sandbox's own connection counts (`sluice status`).
+    pub tally: Arc<SandboxTally>,
     stop: watch::Sender<bool>,
     proxies: JoinSet<()>,
     dns: JoinSet<()>,
     metrics: Option<Arc<Metrics>>,
+    proxy: Arc<ProxyContext>,
 }
 
 impl ServedSandbox {
@@ -71,7 +74,11 @@ impl ServedSandbox {
             shared.limits.clone(),
         );
         proxy_ctx.audit_allows = shared.audit_allows;
-        proxy_ctx.metrics = shared.metrics.as_ref().map(|m| m.path(identity.path));
+        let tally = Arc::new(SandboxTally::default());
+        proxy_ctx.metrics = shared
+            .metrics
+            .as_ref()
+            .map(|m| m.path(identity.path).with_tally(tally.clone()));
         proxy_ctx.timings = shared.timings.clone();
         proxy_ctx.internal = shared.internal.clone();
         let proxy_ctx = Arc::new(proxy_ctx);
@@ -122,11 +129,20 @@ impl ServedSandbox {
             sandbox,
             identity,
             policy,
+            tally,
             stop,
             proxies,
             dns,
             metrics: shared.metrics.clone(),
+            proxy: proxy_ctx,
         })
+    }
+
+    /// Connections accepted from this sandbox so far.
+    pub fn connections_accepted(&self) -> u64 {
+        self.proxy
+            .accepted
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The nft drop counter of this sandbox, if it can be read.

@@ -7,6 +7,7 @@
 //! namespace to the daemon (`sluice oci-hook`).
 
 pub mod host;
+pub mod oci;
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -91,12 +92,13 @@ fn bind_sockets() -> Result<SandboxSockets, AttachError> {
             .map_err(|source| AttachError::Bind { what, addr, source })?;
         // Accepted sockets inherit TCP_NODELAY: one system call less per
         // connection than setting it on each.
-        nix::sys::socket::setsockopt(&l, nix::sys::socket::sockopt::TcpNoDelay, &true)
-            .map_err(|e| AttachError::Bind {
+        nix::sys::socket::setsockopt(&l, nix::sys::socket::sockopt::TcpNoDelay, &true).map_err(
+            |e| AttachError::Bind {
                 what,
                 addr,
                 source: e.into(),
-            })?;
+            },
+        )?;
         Ok::<_, AttachError>(l)
     };
     let udp = |addr| {

@@ -197,6 +197,7 @@ impl Metrics {
     /// listener, not per connection.
     pub fn path(&self, path: &'static str) -> PathMetrics {
         PathMetrics {
+            tally: None,
             path,
             connections: self.connections.clone(),
             active: self.active.with_label_values(&[path]),
@@ -264,9 +265,52 @@ fn histogram(name: &str, help: &str) -> Result<HistogramVec, prometheus::Error> 
     )
 }
 
+/// One sandbox's own connection counts (for `sluice status`; not exported
+/// as Prometheus series, since sandbox ids are unbounded over time).
+#[derive(Debug, Default)]
+pub struct SandboxTally {
+    allowed: std::sync::atomic::AtomicU64,
+    denied: std::sync::atomic::AtomicU64,
+    would_deny: std::sync::atomic::AtomicU64,
+    active: std::sync::atomic::AtomicI64,
+}
+
+/// A snapshot of a [`SandboxTally`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TallySnapshot {
+    pub allowed: u64,
+    pub denied: u64,
+    pub would_deny: u64,
+    pub active: i64,
+}
+
+impl SandboxTally {
+    pub fn snapshot(&self) -> TallySnapshot {
+        use std::sync::atomic::Ordering::Relaxed;
+        TallySnapshot {
+            allowed: self.allowed.load(Relaxed),
+            denied: self.denied.load(Relaxed),
+            would_deny: self.would_deny.load(Relaxed),
+            active: self.active.load(Relaxed),
+        }
+    }
+
+    fn decided(&self, verdict: &str) {
+        use std::sync::atomic::Ordering::Relaxed;
+        match verdict {
+            "allow" => &self.allowed,
+            "would-deny" => &self.would_deny,
+            _ => &self.denied,
+        }
+        .fetch_add(1, Relaxed);
+    }
+}
+
 /// One path's metric handles: cloned into each listener's context.
 #[derive(Clone)]
 pub struct PathMetrics {
+    /// Also count into one sandbox's own tally (see [`PathMetrics::with_tally`]).
+    tally: Option<Arc<SandboxTally>>,
     path: &'static str,
     connections: IntCounterVec,
     active: IntGauge,
@@ -278,11 +322,23 @@ pub struct PathMetrics {
 }
 
 impl PathMetrics {
+    /// The same handles, also counting every connection into `tally` (one
+    /// sandbox's own numbers, as `sluice status` shows them).
+    pub fn with_tally(mut self, tally: Arc<SandboxTally>) -> PathMetrics {
+        self.tally = Some(tally);
+        self
+    }
+
     /// At accept: counts the connection as active until the returned guard
     /// is dropped, which also observes `sluice_connection_seconds` (the
     /// guard's age). Keep the guard in the connection's own outcome guard.
     pub fn opened(&self) -> ConnectionMetrics {
         self.active.inc();
+        if let Some(tally) = &self.tally {
+            tally
+                .active
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         ConnectionMetrics {
             metrics: self.clone(),
             accepted: std::time::Instant::now(),
@@ -304,6 +360,9 @@ impl ConnectionMetrics {
     pub fn decided(&mut self, verdict: &str, rule: Option<&str>) {
         if std::mem::replace(&mut self.decided, true) {
             return;
+        }
+        if let Some(tally) = &self.metrics.tally {
+            tally.decided(verdict);
         }
         self.metrics
             .connections
@@ -335,6 +394,11 @@ impl ConnectionMetrics {
 impl Drop for ConnectionMetrics {
     fn drop(&mut self) {
         self.metrics.active.dec();
+        if let Some(tally) = &self.metrics.tally {
+            tally
+                .active
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.metrics
             .connection
             .observe(self.accepted.elapsed().as_secs_f64());

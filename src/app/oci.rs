@@ -1,0 +1,308 @@
+//! `sluice oci -- podman run ...`: the `sluice run` flow with podman as the
+//! workload. The sandbox namespace is made and enforced exactly as for
+//! `sluice run`; podman is started in sluice's own namespace with
+//! `--network ns:<that namespace>` (see `attach::oci` for how the namespace
+//! is named); the sandbox is served as soon as podman names the container
+//! (its id is the `sandbox` of every record); and everything is torn down
+//! when the container ends: at podman's exit, or for `podman run -d` when
+//! `podman wait` returns.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+use super::{host_nameservers, supervise, Identity, PolicySource, ServedSandbox, ServiceOptions};
+use super::{Session, STOP_GRACE};
+use crate::attach::oci::{self as podman, PodmanRun};
+use crate::attach::Sandbox;
+use crate::proxy::Limits;
+
+/// Everything `sluice oci` was asked to do.
+pub struct OciOptions {
+    pub policy: PolicySource,
+    pub audit: Option<PathBuf>,
+    pub audit_max_bytes: Option<u64>,
+    pub audit_allows: bool,
+    pub timings: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
+    pub limits: Limits,
+    pub podman: PodmanRun,
+}
+
+/// How often the container id file is looked for while podman creates the
+/// container.
+const CIDFILE_POLL: Duration = Duration::from_millis(5);
+
+/// Run the container under enforcement; returns its exit status (podman's
+/// own status when podman fails before the container runs).
+pub async fn run(opts: OciOptions) -> Result<i32> {
+    let session = Session::start(
+        ServiceOptions {
+            audit: opts.audit,
+            audit_max_bytes: opts.audit_max_bytes,
+            audit_allows: opts.audit_allows,
+            timings: opts.timings,
+            metrics: opts.metrics,
+            limits: opts.limits,
+            default_upstream: host_nameservers(),
+        },
+        opts.policy,
+    )
+    .await?;
+    let prepared = session
+        .fresh_sandbox()
+        .and_then(|sandbox| Ok((PrivateDir::create()?, sandbox)));
+    let (workdir, sandbox) = match prepared {
+        Ok(prepared) => prepared,
+        Err(err) => {
+            session.finish(None).await;
+            return Err(err);
+        }
+    };
+    let status = contain(&session, sandbox, &opts.podman, &workdir).await;
+    let (status, served) = match status {
+        Ok((status, served)) => (Ok(status), served),
+        Err((err, served)) => (Err(err), served),
+    };
+    session.finish(served).await;
+    drop(workdir);
+    status
+}
+
+type Contained =
+    std::result::Result<(i32, Option<ServedSandbox>), (anyhow::Error, Option<ServedSandbox>)>;
+
+/// Start podman, serve the sandbox once the container is named, wait for the
+/// container to end. Returns the served sandbox for the caller to finish.
+async fn contain(
+    session: &Session,
+    sandbox: Sandbox,
+    run: &PodmanRun,
+    workdir: &PrivateDir,
+) -> Contained {
+    // Kept to clear out the namespace if the sandbox is never served.
+    let netns = match sandbox.netns.clone_handle() {
+        Ok(netns) => netns,
+        Err(err) => return Err((err.into(), None)),
+    };
+    let ours = workdir.cidfile();
+    let cidfile = run.cidfile_or(&ours).to_path_buf();
+    let netns_path = PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        sandbox.netns.as_fd().as_raw_fd()
+    ));
+    let argv = run.command_line(&netns_path, sandbox.netns.inode(), &ours);
+    tracing::info!(command = %podman::shown(&argv), "starting podman");
+    let mut child = match podman::spawn_podman(&argv) {
+        Ok(child) => child,
+        Err(err) => return Err((err.into(), None)),
+    };
+
+    let (stop_naming, stop_rx) = watch::channel(false);
+    let own_cidfile = run.cidfile.is_none().then(|| ours.clone());
+    let naming = tokio::spawn(serve_when_named(
+        cidfile,
+        own_cidfile,
+        sandbox,
+        session.reloading.handle.clone(),
+        session.services.shared.clone(),
+        stop_rx,
+    ));
+    let pid = child.id();
+    let status = supervise(&mut child, &session.reloading, |sig| {
+        if let Some(pid) = pid {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+        }
+    })
+    .await;
+
+    // A detached container runs on after podman returns: wait for it.
+    let named = if run.detach && matches!(status, Ok(0)) {
+        let named = tokio::time::timeout(Duration::from_secs(10), naming).await;
+        let _ = stop_naming.send(true);
+        match named {
+            Ok(joined) => joined,
+            Err(_) => {
+                netns.kill_processes_inside();
+                let err = anyhow::anyhow!(
+                    "podman started the container but did not write its id: stopped it"
+                );
+                return Err((err, None));
+            }
+        }
+    } else {
+        let _ = stop_naming.send(true);
+        naming.await
+    };
+    let served = match named {
+        Ok(Ok(Some(served))) => served,
+        Ok(Ok(None)) => {
+            // podman failed before it created the container: nothing ran.
+            netns.kill_processes_inside();
+            return status.map(|s| (s, None)).map_err(|e| (e, None));
+        }
+        Ok(Err(err)) => {
+            netns.kill_processes_inside();
+            return Err((err, None));
+        }
+        Err(join) => {
+            netns.kill_processes_inside();
+            return Err((anyhow::anyhow!("serving the sandbox failed: {join}"), None));
+        }
+    };
+    let status = match status {
+        Ok(status) => status,
+        Err(err) => return Err((err, Some(served))),
+    };
+    if !run.detach || status != 0 {
+        return Ok((status, Some(served)));
+    }
+    match wait_detached(session, run, &served.identity.id).await {
+        Ok(status) => Ok((status, Some(served))),
+        Err(err) => Err((err, Some(served))),
+    }
+}
+
+/// Wait for podman to write the container id, then serve the sandbox under
+/// that id. Until then connections wait in the listeners' backlog. `None`:
+/// podman ended before it named a container.
+async fn serve_when_named(
+    cidfile: PathBuf,
+    own_cidfile: Option<PathBuf>,
+    sandbox: Sandbox,
+    policy: crate::bundle::PolicyHandle,
+    shared: super::Shared,
+    mut stop: watch::Receiver<bool>,
+) -> Result<Option<ServedSandbox>> {
+    loop {
+        let stopping = *stop.borrow();
+        if let Some(id) = podman::read_cidfile(&cidfile) {
+            if let Some(ours) = own_cidfile.as_deref() {
+                // Read: nothing needs it any more, so nothing can be left.
+                let _ = std::fs::remove_file(ours);
+                let _ = ours.parent().map(std::fs::remove_dir);
+            }
+            tracing::info!(
+                netns_inode = sandbox.netns.inode(),
+                sandbox = %id,
+                "sandbox ready"
+            );
+            let identity = Identity { id, path: "oci" };
+            return ServedSandbox::start(sandbox, identity, policy, &shared).map(Some);
+        }
+        if stopping {
+            return Ok(None);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(CIDFILE_POLL) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// `podman run -d` returned: stay until the container stops (`podman wait`);
+/// SIGINT/SIGTERM stop it with `podman stop`.
+async fn wait_detached(session: &Session, run: &PodmanRun, id: &str) -> Result<i32> {
+    let podman: Vec<OsString> = run.podman();
+    let mut wait = podman::spawn_wait(&podman, id)?;
+    let mut out = wait.stdout.take().expect("piped stdout");
+    let mut err = wait.stderr.take().expect("piped stderr");
+    let read = tokio::spawn(async move {
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let _ = tokio::join!(out.read_to_end(&mut o), err.read_to_end(&mut e));
+        (o, e)
+    });
+    let mut stops = Vec::new();
+    let grace = STOP_GRACE.saturating_sub(Duration::from_secs(1));
+    supervise(&mut wait, &session.reloading, |_| {
+        if stops.is_empty() {
+            match podman::spawn_stop(&podman, id, grace) {
+                Ok(child) => stops.push(child),
+                Err(err) => tracing::warn!(%err, "cannot stop the container"),
+            }
+        }
+    })
+    .await?;
+    for mut stop in stops {
+        let _ = stop.wait().await;
+    }
+    let (stdout, stderr) = read.await.unwrap_or_default();
+    match podman::wait_result(&stdout, &stderr) {
+        Ok(code) => Ok(code),
+        Err(why) => {
+            tracing::warn!(
+                container = id,
+                "the container ended but its exit status could not be read ({why}); \
+                 with --rm podman may have removed it first: reporting 0"
+            );
+            Ok(0)
+        }
+    }
+}
+
+/// Where the wrappers' private directories live (root-owned tmpfs).
+const WORK_PARENT: &str = "/run/sluice";
+
+/// A directory only root can enter, for the container id file; removed as
+/// soon as the id is read, and on drop. A SIGKILLed wrapper's directory is
+/// removed by the next `sluice oci`.
+struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    fn create() -> Result<PrivateDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let parent = PathBuf::from(WORK_PARENT);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        sweep_stale(&parent);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = parent.join(format!("oci-{}.{nanos}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(PrivateDir(path))
+    }
+
+    fn cidfile(&self) -> PathBuf {
+        self.0.join("cid")
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Remove the directories of wrappers that are gone.
+fn sweep_stale(parent: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("oci-")
+            .and_then(|rest| rest.split('.').next())
+        else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}

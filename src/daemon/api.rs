@@ -1,0 +1,89 @@
+//! The control API's wire format, shared by the daemon and its clients
+//! (`sluice oci-hook`, `sluice status`).
+//!
+//! Transport: a Unix stream socket (mode 0600, root only). The client's
+//! first byte on a connection says whether a descriptor rides along: it is
+//! sent with sendmsg(2) and, for an attach, carries the container's network
+//! namespace as SCM_RIGHTS ancillary data, so the daemon acts on the very
+//! namespace the hook opened and no path can be swapped in between. After
+//! that one byte the connection speaks plain HTTP/1.1:
+//!
+//! ```text
+//! POST   /v1/sandboxes        AttachRequest (JSON) -> 201 SandboxInfo   (first byte 'F' + fd)
+//! GET    /v1/sandboxes        -> 200 [SandboxInfo]                       (first byte 'N')
+//! DELETE /v1/sandboxes/{id}   -> 200 SandboxInfo | 404                   (first byte 'N')
+//! ```
+//!
+//! Errors are `{"error": "..."}` with a 4xx (the request or its policy is
+//! wrong) or 5xx (the namespace could not be enforced) status.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the daemon listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/sluice/daemon.sock";
+/// Environment variable naming the socket (hook and `sluice status`).
+pub const SOCKET_ENV: &str = "SLUICE_DAEMON_SOCKET";
+
+/// First byte of a connection whose sendmsg carries a descriptor.
+pub const WITH_FD: u8 = b'F';
+/// First byte of a connection without one.
+pub const WITHOUT_FD: u8 = b'N';
+
+/// The collection of attached sandboxes.
+pub const SANDBOXES: &str = "/v1/sandboxes";
+
+/// Attach a namespace (sent alongside) as sandbox `id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    /// The container id: the `sandbox` of its audit and timing records.
+    pub id: String,
+    /// The container's process; the sandbox is released when it exits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// A plain policy file on the daemon's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PathBuf>,
+    /// A signed bundle (directory, .tar.gz or https:// URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    /// The trust file for `bundle` (default: the daemon's `defaults.trust`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<PathBuf>,
+}
+
+/// One attached sandbox, as `sluice status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: String,
+    /// host | oci | vm
+    pub path: String,
+    /// The policy in force: its name, or `name@revision` for a bundle.
+    pub policy: String,
+    pub netns_inode: u64,
+    #[serde(default)]
+    pub pid: Option<i32>,
+    /// When it was attached (Unix seconds).
+    pub attached: u64,
+    pub connections: Connections,
+    /// The nft drop counter (None when it could not be read).
+    #[serde(default)]
+    pub dropped_packets: Option<u64>,
+}
+
+/// Connection counts of one sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Connections {
+    pub allowed: u64,
+    pub denied: u64,
+    pub would_deny: u64,
+    pub active: i64,
+}
+
+/// The body of every error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}

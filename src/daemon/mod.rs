@@ -1,0 +1,84 @@
+//! `sluice daemon`: one proxy process for many sandboxes. It owns the
+//! control socket (HTTP/1.1 over a Unix socket, root only; see `api`), the
+//! process-wide services (audit, timings, /metrics), and the registry of
+//! attached sandboxes, each with its own policy, served until its container
+//! is gone. `sluice oci-hook` and `sluice status` are its clients.
+//!
+//! It must never answer an attach before the namespace is enforced (table
+//! applied and read back, listeners bound), and never keep a namespace
+//! alive after its container ended: every reference it holds (descriptor,
+//! listeners, counters) goes with the sandbox's release.
+
+pub mod api;
+pub mod client;
+pub mod config;
+mod fdpass;
+mod registry;
+mod server;
+
+use anyhow::{Context, Result};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+pub use client::{socket_path, Client, ClientError};
+pub use config::DaemonConfig;
+pub use registry::{ApiError, Registry};
+
+use crate::app::{host_nameservers, ServiceOptions, Services};
+
+/// Run the daemon until SIGINT or SIGTERM; SIGHUP re-reads every sandbox's
+/// policy. Returns the exit status.
+pub async fn run(config: DaemonConfig) -> Result<i32> {
+    let services = Services::start(ServiceOptions {
+        audit: config.audit.clone(),
+        audit_max_bytes: config.audit_max_bytes,
+        audit_allows: config.audit_allows,
+        timings: config.timings.clone(),
+        metrics: config.metrics,
+        limits: crate::proxy::Limits {
+            max_connections: config.defaults.max_connections,
+            ..Default::default()
+        },
+        default_upstream: host_nameservers(),
+    })?;
+    let listener = match server::bind(&config.socket) {
+        Ok(listener) => listener,
+        Err(err) => {
+            services.finish().await;
+            return Err(err).context("cannot open the control socket");
+        }
+    };
+    tracing::info!(socket = %config.socket.display(), "sluice daemon ready");
+    let registry = Registry::new(services.shared.clone(), config.defaults.clone());
+    let (stop, stop_rx) = watch::channel(false);
+    let mut control = tokio::spawn(server::serve(listener, registry.clone(), stop_rx));
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = sighup.recv() => {
+                tracing::info!("SIGHUP received: reloading every sandbox's policy");
+                registry.reload_all();
+            }
+            joined = &mut control => {
+                tracing::error!(?joined, "the control socket stopped");
+                break;
+            }
+        }
+    }
+    tracing::info!(
+        sandboxes = registry.len(),
+        "stopping: releasing every sandbox"
+    );
+    let _ = stop.send(true);
+    let _ = (&mut control).await;
+    registry.release_all().await;
+    let _ = std::fs::remove_file(&config.socket);
+    drop(registry);
+    services.finish().await;
+    Ok(0)
+}

@@ -1,0 +1,552 @@
+//! The daemon's attached sandboxes: attach (adopt a namespace, enforce it,
+//! serve it), release (stop serving, drop every reference to it), and the
+//! watch that releases a sandbox once its container is gone.
+//!
+//! An attach answers OK only after `attach::prepare` applied and read back
+//! the table and bound the listeners; any failure before that leaves nothing
+//! attached and the namespace as it was given, except for the in-namespace
+//! veth plumbing (see `SandboxNetns::plumb`), which leads nowhere.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::StatusCode;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::api::{AttachRequest, Connections, SandboxInfo};
+use super::config::Defaults;
+use crate::app::{ActiveSource, Identity, PolicySource, Reloading, ServedSandbox, Shared};
+use crate::netns::{SandboxNetns, SANDBOX_LINK, SANDBOX_PEER};
+
+/// How often a sandbox attached without a pid is checked for processes.
+const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A refused request: the HTTP status and one line saying why.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+    fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::CONFLICT,
+            message: message.into(),
+        }
+    }
+    fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+        }
+    }
+}
+
+enum Slot {
+    /// An attach for this id is in progress.
+    Pending,
+    Ready(Box<Entry>),
+}
+
+struct Entry {
+    generation: u64,
+    served: ServedSandbox,
+    /// A second handle for reading the drop counter outside the lock.
+    netns: Arc<SandboxNetns>,
+    pid: Option<i32>,
+    attached: u64,
+    reloading: Reloading,
+    stop_reload: watch::Sender<bool>,
+    reload_tasks: JoinSet<()>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl Entry {
+    async fn stop(mut self) {
+        let _ = self.stop_reload.send(true);
+        while self.reload_tasks.join_next().await.is_some() {}
+        self.served.stop().await;
+    }
+}
+
+/// Every sandbox the daemon serves, by id.
+pub struct Registry {
+    shared: Shared,
+    defaults: Defaults,
+    slots: Mutex<BTreeMap<String, Slot>>,
+    next_generation: AtomicU64,
+}
+
+impl Registry {
+    pub fn new(shared: Shared, defaults: Defaults) -> Arc<Registry> {
+        Arc::new(Registry {
+            shared,
+            defaults,
+            slots: Mutex::new(BTreeMap::new()),
+            next_generation: AtomicU64::new(1),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attach the namespace `fd` as sandbox `req.id`: load its policy, give
+    /// the namespace its plumbing, enforce it, serve it, and watch for its
+    /// end. Returns once the sandbox is enforced and served.
+    pub async fn attach(
+        self: &Arc<Self>,
+        req: AttachRequest,
+        fd: OwnedFd,
+    ) -> Result<SandboxInfo, ApiError> {
+        check_id(&req.id)?;
+        let stale = self.reserve(&req.id, &fd)?;
+        if let Some(stale) = stale {
+            tracing::info!(sandbox = %req.id, "the container restarted in a new namespace: releasing the old one");
+            stale.stop().await;
+        }
+        let id = req.id.clone();
+        match self.attach_reserved(req, fd).await {
+            Ok(entry) => {
+                let info = self.info_of(&id, &entry);
+                self.lock().insert(id, Slot::Ready(entry));
+                Ok(info)
+            }
+            Err(err) => {
+                self.lock().remove(&id);
+                tracing::warn!(sandbox = %id, error = %err.message, "attach refused");
+                Err(err)
+            }
+        }
+    }
+
+    /// Mark `id` as being attached. Another attach of the same namespace is
+    /// a conflict; the same id in a different namespace is a restarted
+    /// container, whose old entry is handed back to be released.
+    fn reserve(&self, id: &str, fd: &OwnedFd) -> Result<Option<Box<Entry>>, ApiError> {
+        let inode = nix::sys::stat::fstat(fd)
+            .map_err(|e| ApiError::bad(format!("cannot inspect the namespace descriptor: {e}")))?
+            .st_ino;
+        let mut slots = self.lock();
+        let stale = match slots.get(id) {
+            None => None,
+            Some(Slot::Pending) => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id} is being attached by another request"
+                )))
+            }
+            Some(Slot::Ready(entry)) if entry.served.sandbox.netns.inode() == inode => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id} is already attached to this namespace (net:[{inode}])"
+                )))
+            }
+            Some(Slot::Ready(_)) => match slots.remove(id) {
+                Some(Slot::Ready(entry)) => Some(entry),
+                _ => None,
+            },
+        };
+        slots.insert(id.to_string(), Slot::Pending);
+        Ok(stale)
+    }
+
+    async fn attach_reserved(
+        self: &Arc<Self>,
+        req: AttachRequest,
+        fd: OwnedFd,
+    ) -> Result<Box<Entry>, ApiError> {
+        // The policy first: a bad one must not touch the namespace.
+        let source = self.policy_source(&req)?;
+        let active = ActiveSource::load(source, &self.shared)
+            .await
+            .map_err(|e| ApiError::bad(format!("{e:#}")))?;
+
+        let pid = req.pid;
+        let (sandbox, process) = tokio::task::spawn_blocking(move || enforce(fd, pid))
+            .await
+            .map_err(|e| ApiError::internal(format!("attach task failed: {e}")))??;
+        let netns = Arc::new(
+            sandbox
+                .netns
+                .clone_handle()
+                .map_err(|e| ApiError::internal(e.to_string()))?,
+        );
+
+        let (stop_reload, stop_rx) = watch::channel(false);
+        let mut reload_tasks = JoinSet::new();
+        let reloading = active.spawn(&mut reload_tasks, stop_rx);
+        let identity = Identity {
+            id: req.id.clone(),
+            path: "oci",
+        };
+        let served =
+            match ServedSandbox::start(sandbox, identity, reloading.handle().clone(), &self.shared)
+            {
+                Ok(served) => served,
+                Err(err) => {
+                    let _ = stop_reload.send(true);
+                    while reload_tasks.join_next().await.is_some() {}
+                    return Err(ApiError::internal(format!(
+                        "cannot serve the sandbox: {err:#}"
+                    )));
+                }
+            };
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let watcher = tokio::spawn(watch_until_gone(
+            Arc::downgrade(self),
+            req.id.clone(),
+            generation,
+            process,
+            netns.clone(),
+        ));
+        tracing::info!(
+            sandbox = %req.id,
+            netns_inode = netns.inode(),
+            policy = %served.policy.label(),
+            "sandbox attached"
+        );
+        Ok(Box::new(Entry {
+            generation,
+            served,
+            netns,
+            pid,
+            attached: unix_now(),
+            reloading,
+            stop_reload,
+            reload_tasks,
+            watcher: Some(watcher),
+        }))
+    }
+
+    fn policy_source(&self, req: &AttachRequest) -> Result<PolicySource, ApiError> {
+        match (&req.policy, &req.bundle) {
+            (Some(path), None) => {
+                let policy =
+                    crate::policy::Policy::load(path).map_err(|e| ApiError::bad(e.to_string()))?;
+                Ok(PolicySource::File {
+                    path: path.clone(),
+                    policy: Box::new(policy),
+                })
+            }
+            (None, Some(bundle)) => {
+                let trust_path = req.trust.as_ref().or(self.defaults.trust.as_ref()).ok_or_else(|| {
+                    ApiError::bad(
+                        "a bundle needs a trust file: annotate the container with io.sluice.trust=FILE, or set defaults.trust in the daemon config",
+                    )
+                })?;
+                let trust = crate::bundle::TrustStore::load(trust_path)
+                    .map_err(|e| ApiError::bad(e.to_string()))?;
+                let state = crate::bundle::RevisionState::open(&self.defaults.state_dir)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                Ok(PolicySource::Bundle(Box::new(
+                    crate::reload::ReloadConfig {
+                        source: crate::reload::BundleSource::parse(bundle),
+                        trust,
+                        state,
+                        allow_rollback: false,
+                        sandbox: req.id.clone(),
+                        path: "oci",
+                        fetch: crate::reload::FetchConfig {
+                            interval: self.defaults.poll_interval,
+                            ..Default::default()
+                        },
+                    },
+                )))
+            }
+            (Some(_), Some(_)) => Err(ApiError::bad("give either a policy or a bundle, not both")),
+            (None, None) => Err(ApiError::bad("give a policy or a bundle")),
+        }
+    }
+
+    /// Stop serving `id` and drop every reference to its namespace. With
+    /// `generation`, only that incarnation (a watcher must not release a
+    /// newer attach of the same id).
+    pub async fn release(
+        &self,
+        id: &str,
+        generation: Option<u64>,
+        why: &str,
+    ) -> Option<SandboxInfo> {
+        let entry = {
+            let mut slots = self.lock();
+            match slots.get(id) {
+                Some(Slot::Ready(entry)) if generation.is_none_or(|g| g == entry.generation) => {
+                    match slots.remove(id) {
+                        Some(Slot::Ready(entry)) => entry,
+                        _ => return None,
+                    }
+                }
+                _ => return None,
+            }
+        };
+        let mut entry = entry;
+        let info = self.info_of(id, &entry);
+        if generation.is_none() {
+            // Asked from outside: the watcher is not needed any more. (The
+            // watcher releasing its own entry must not abort itself.)
+            if let Some(watcher) = entry.watcher.take() {
+                watcher.abort();
+            }
+        }
+        entry.stop().await;
+        tracing::info!(sandbox = %id, why, "sandbox released");
+        Some(info)
+    }
+
+    /// Release everything (daemon shutdown). The namespaces keep their
+    /// tables: with the listeners gone, their connections are refused.
+    pub async fn release_all(self: &Arc<Self>) {
+        let ids: Vec<String> = self.lock().keys().cloned().collect();
+        // Together: each drains its connections for up to DRAIN_GRACE.
+        let mut releases = JoinSet::new();
+        for id in ids {
+            let registry = self.clone();
+            releases.spawn(async move {
+                registry.release(&id, None, "the daemon is stopping").await;
+            });
+        }
+        while releases.join_next().await.is_some() {}
+    }
+
+    /// SIGHUP: re-read every sandbox's policy.
+    pub fn reload_all(&self) {
+        for slot in self.lock().values() {
+            if let Slot::Ready(entry) = slot {
+                entry.reloading.reload_now();
+            }
+        }
+    }
+
+    /// Every attached sandbox, with its counters.
+    pub async fn list(&self) -> Vec<SandboxInfo> {
+        let snapshot: Vec<(SandboxInfo, Arc<SandboxNetns>)> = self
+            .lock()
+            .iter()
+            .filter_map(|(id, slot)| match slot {
+                Slot::Ready(entry) => Some((self.info_of(id, entry), entry.netns.clone())),
+                Slot::Pending => None,
+            })
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            snapshot
+                .into_iter()
+                .map(|(mut info, netns)| {
+                    info.dropped_packets = netns
+                        .run_in(|| crate::enforce::dropped_packets().ok())
+                        .ok()
+                        .flatten();
+                    info
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// How many sandboxes are attached (or being attached).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn info_of(&self, id: &str, entry: &Entry) -> SandboxInfo {
+        let tally = entry.served.tally.snapshot();
+        SandboxInfo {
+            id: id.to_string(),
+            path: entry.served.identity.path.to_string(),
+            policy: entry.served.policy.label(),
+            netns_inode: entry.netns.inode(),
+            pid: entry.pid,
+            attached: entry.attached,
+            connections: Connections {
+                allowed: tally.allowed,
+                denied: tally.denied,
+                would_deny: tally.would_deny,
+                active: tally.active,
+            },
+            dropped_packets: None,
+        }
+    }
+}
+
+/// Container ids as OCI runtimes make them, and names people choose.
+fn check_id(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad(format!(
+            "`{id}` is not a sandbox id: use 1 to 128 letters, digits, '.', '_' or '-'"
+        )))
+    }
+}
+
+/// Blocking part of an attach: adopt the namespace, tie it to the
+/// container's process, give it its plumbing, enforce it.
+fn enforce(
+    fd: OwnedFd,
+    pid: Option<i32>,
+) -> Result<(crate::attach::Sandbox, Option<Pidfd>), ApiError> {
+    let netns = SandboxNetns::from_owned_fd(fd).map_err(|e| ApiError::bad(e.to_string()))?;
+    let process = match pid {
+        Some(pid) => Some(Pidfd::for_process_in(pid, &netns)?),
+        None => None,
+    };
+    let links = netns
+        .links()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let ours = [SANDBOX_LINK, SANDBOX_PEER];
+    if links.is_empty() {
+        netns
+            .plumb()
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+    } else if !(links.len() == 2 && links.iter().all(|l| ours.contains(&l.as_str()))) {
+        return Err(ApiError::bad(format!(
+            "the container's network namespace has a link out ({}): run the container with --network none, so that sluice is its only way out",
+            links.join(", ")
+        )));
+    }
+    let sandbox = crate::attach::prepare(netns)
+        .map_err(|e| ApiError::internal(format!("cannot enforce the sandbox: {e}")))?;
+    Ok((sandbox, process))
+}
+
+/// Release the sandbox once its container is gone: when its process exits
+/// (pidfd), or, without a pid, when no process is left in the namespace.
+async fn watch_until_gone(
+    registry: std::sync::Weak<Registry>,
+    id: String,
+    generation: u64,
+    process: Option<Pidfd>,
+    netns: Arc<SandboxNetns>,
+) {
+    let why = match process {
+        Some(process) => {
+            // SAFETY: the AsyncFd takes ownership of the pidfd, which stays
+            // open and unchanged until the AsyncFd is dropped.
+            let registered = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    process.0,
+                    tokio::io::Interest::READABLE,
+                )
+            };
+            match registered {
+                Ok(fd) => {
+                    let _ = fd.readable().await;
+                    "the container's process exited"
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "cannot watch the container's process: watching its namespace instead");
+                    scan_until_empty(&netns).await
+                }
+            }
+        }
+        None => scan_until_empty(&netns).await,
+    };
+    drop(netns);
+    if let Some(registry) = registry.upgrade() {
+        registry.release(&id, Some(generation), why).await;
+    }
+}
+
+async fn scan_until_empty(netns: &Arc<SandboxNetns>) -> &'static str {
+    let mut empty_scans = 0;
+    loop {
+        tokio::time::sleep(SCAN_INTERVAL).await;
+        let ns = netns.clone();
+        let empty = tokio::task::spawn_blocking(move || ns.processes_inside().is_empty())
+            .await
+            .unwrap_or(false);
+        empty_scans = if empty { empty_scans + 1 } else { 0 };
+        if empty_scans >= 2 {
+            return "no process is left in the namespace";
+        }
+    }
+}
+
+/// A pidfd: readable once the process has exited; immune to pid reuse.
+struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    /// Open `pid` and check that it lives in `netns` (so its exit means the
+    /// container's end, not some unrelated process's).
+    fn for_process_in(pid: i32, netns: &SandboxNetns) -> Result<Pidfd, ApiError> {
+        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new
+        // descriptor or -1; it touches no memory of ours.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if raw < 0 {
+            return Err(ApiError::bad(format!(
+                "process {pid} is not running: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
+        let pidfd = Pidfd(unsafe { OwnedFd::from_raw_fd(raw as i32) });
+        let path = format!("/proc/{pid}/ns/net");
+        let inode = std::fs::metadata(&path).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        // Checked after opening the pidfd: if the process is still alive now,
+        // /proc/PID above was that same process.
+        if pidfd.exited() {
+            return Err(ApiError::bad(format!(
+                "process {pid} exited during the attach"
+            )));
+        }
+        match inode {
+            Ok(inode) if inode == netns.inode() => Ok(pidfd),
+            Ok(inode) => Err(ApiError::bad(format!(
+                "process {pid} is in namespace net:[{inode}], not in the one sent (net:[{}])",
+                netns.inode()
+            ))),
+            Err(err) => Err(ApiError::bad(format!("cannot read {path}: {err}"))),
+        }
+    }
+
+    fn exited(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.0.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, timeout 0: poll(2) only writes `revents`.
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n > 0 && pfd.revents & libc::POLLIN != 0
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(check_id("0123abcdef").is_ok());
+        assert!(check_id("my-container_1.x").is_ok());
+        assert!(check_id("").is_err());
+        assert!(check_id("../x").is_err());
+        assert!(check_id(&"a".repeat(129)).is_err());
+    }
+}
