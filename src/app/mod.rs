@@ -333,6 +333,7 @@ impl Session {
             if let Some(dropped) = served.dropped_packets() {
                 tracing::info!(dropped, "packets dropped by the sandbox's nftables rules");
             }
+            served.log_cpu_per_connection();
         }
         let _ = self.stop_reload.send(true);
         while self.reload_tasks.join_next().await.is_some() {}

@@ -54,6 +54,7 @@ pub struct ServedSandbox {
     dns: JoinSet<()>,
     metrics: Option<Arc<Metrics>>,
     proxy: Arc<ProxyContext>,
+    cpu_at_start: u64,
 }
 
 impl ServedSandbox {
@@ -135,7 +136,23 @@ impl ServedSandbox {
             dns,
             metrics: shared.metrics.clone(),
             proxy: proxy_ctx,
+            cpu_at_start: own_cpu_us(),
         })
+    }
+
+    /// sluice's own CPU time (not any workload's) per connection accepted
+    /// since this sandbox started: the number DESIGN.md's speed target is
+    /// stated in. In a process serving several sandboxes it covers them all.
+    pub fn log_cpu_per_connection(&self) {
+        let connections = self.connections_accepted();
+        let cpu_us = own_cpu_us().saturating_sub(self.cpu_at_start);
+        tracing::info!(
+            sandbox = %self.identity.id,
+            connections,
+            cpu_us,
+            cpu_us_per_connection = cpu_us.checked_div(connections).unwrap_or(0),
+            "sluice's own CPU time while serving the sandbox"
+        );
     }
 
     /// Connections accepted from this sandbox so far.
@@ -163,4 +180,14 @@ impl ServedSandbox {
         while self.proxies.join_next().await.is_some() {}
         self.dns.shutdown().await;
     }
+}
+
+/// This process's CPU time (user + system), in microseconds.
+fn own_cpu_us() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) else {
+        return 0;
+    };
+    let us = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    us(usage.user_time()) + us(usage.system_time())
 }
