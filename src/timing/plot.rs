@@ -30,7 +30,7 @@ pub fn plot_svg(a: &Input, b: &Input, path: &Path) -> Result<(), PlotError> {
         let eb = ecdf(b, phase);
         let all = ea.iter().chain(&eb).map(|p| p.0);
         let (lo, hi) = all.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
-        let title = format!("{} (ECDF, µs from accept)", phase.as_str());
+        let title = format!("{} (ECDF, µs from start)", phase.as_str());
         if ea.is_empty() && eb.is_empty() {
             panel
                 .titled(&format!("{title}: no data"), ("sans-serif", 16))
@@ -47,7 +47,10 @@ pub fn plot_svg(a: &Input, b: &Input, path: &Path) -> Result<(), PlotError> {
             .map_err(|e| err(e.to_string()))?;
         chart
             .configure_mesh()
-            .x_desc("µs")
+            .x_labels(6)
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .light_line_style(WHITE.mix(0.0))
+            .x_desc("µs (log scale)")
             .y_desc("fraction of connections")
             .draw()
             .map_err(|e| err(e.to_string()))?;
