@@ -231,10 +231,19 @@ pub struct RecordArgs {
 }
 
 impl RecordArgs {
-    fn limits(&self) -> crate::proxy::Limits {
-        crate::proxy::Limits {
-            max_connections: self.max_connections.max(1),
-            ..Default::default()
+    /// The process-wide services these options ask for.
+    fn services(self) -> crate::app::ServiceOptions {
+        crate::app::ServiceOptions {
+            audit: self.audit,
+            audit_max_bytes: self.audit_max_bytes,
+            audit_allows: self.audit_allows,
+            timings: self.timings,
+            metrics: self.metrics,
+            limits: crate::proxy::Limits {
+                max_connections: self.max_connections.max(1),
+                ..Default::default()
+            },
+            default_upstream: crate::app::host_nameservers(),
         }
     }
 }
@@ -427,12 +436,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     require_root("sluice run")?;
     let opts = crate::app::RunOptions {
         policy,
-        limits: args.records.limits(),
-        audit: args.records.audit,
-        audit_allows: args.records.audit_allows,
-        audit_max_bytes: args.records.audit_max_bytes,
-        timings: args.records.timings,
-        metrics: args.records.metrics,
+        services: args.records.services(),
         user: args.user,
         command: args.command,
     };
@@ -466,12 +470,7 @@ fn oci(args: OciArgs) -> anyhow::Result<i32> {
     require_root("sluice oci")?;
     let opts = crate::app::oci::OciOptions {
         policy,
-        limits: args.records.limits(),
-        audit: args.records.audit,
-        audit_allows: args.records.audit_allows,
-        audit_max_bytes: args.records.audit_max_bytes,
-        timings: args.records.timings,
-        metrics: args.records.metrics,
+        services: args.records.services(),
         podman,
     };
     runtime()?.block_on(crate::app::oci::run(opts))

@@ -44,14 +44,9 @@ pub enum PolicySource {
 /// Everything `sluice run` was asked to do.
 pub struct RunOptions {
     pub policy: PolicySource,
-    pub audit: Option<PathBuf>,
-    pub audit_max_bytes: Option<u64>,
-    pub audit_allows: bool,
-    pub timings: Option<PathBuf>,
-    pub metrics: Option<SocketAddr>,
+    pub services: ServiceOptions,
     pub user: Option<String>,
     pub command: Vec<OsString>,
-    pub limits: Limits,
 }
 
 /// The process-wide services: audit and timing writers, the metrics
@@ -269,6 +264,7 @@ fn set_revision(metrics: &Metrics, label: &str) {
 /// policy in force, and the tasks that keep it current. `sluice run` and
 /// `sluice oci` each open one, serve one sandbox, and finish it.
 pub(crate) struct Session {
+    pub signals: Signals,
     pub services: Services,
     reloading: Reloading,
     stop_reload: watch::Sender<bool>,
@@ -279,6 +275,7 @@ impl Session {
     /// Start the services and load the first policy. Nothing may run in the
     /// sandbox unless this succeeds.
     pub(crate) async fn start(options: ServiceOptions, policy: PolicySource) -> Result<Session> {
+        let signals = Signals::install()?;
         let services = Services::start(options)?;
         let source = match ActiveSource::load(policy, &services.shared).await {
             Ok(source) => source,
@@ -291,6 +288,7 @@ impl Session {
         let mut reload_tasks = tokio::task::JoinSet::new();
         let reloading = source.spawn(&mut reload_tasks, stop_reload_rx);
         Ok(Session {
+            signals,
             services,
             reloading,
             stop_reload,
@@ -348,19 +346,7 @@ impl Session {
 /// a signal N ended it).
 pub async fn run(opts: RunOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
-    let session = Session::start(
-        ServiceOptions {
-            audit: opts.audit,
-            audit_max_bytes: opts.audit_max_bytes,
-            audit_allows: opts.audit_allows,
-            timings: opts.timings,
-            metrics: opts.metrics,
-            limits: opts.limits,
-            default_upstream: host_nameservers(),
-        },
-        opts.policy,
-    )
-    .await?;
+    let session = Session::start(opts.services, opts.policy).await?;
     let sandbox = match session.fresh_sandbox() {
         Ok(sandbox) => sandbox,
         Err(err) => {
@@ -383,7 +369,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         }
     };
     let pid = child.id();
-    let status = supervise(&mut child, &session.reloading, |sig| {
+    let status = supervise(&mut child, &session.signals, &session.reloading, |sig| {
         if let Some(pid) = pid {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
         }
@@ -396,14 +382,39 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
 /// Wait for the child; on SIGINT/SIGTERM call `stop` (the first time, and
 /// again for a second signal), then SIGKILL the child [`STOP_GRACE`] later;
 /// SIGHUP reloads the policy.
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment a session starts: a
+/// signal that arrives while the workload is being started is not lost, and
+/// never kills sluice with the workload still running.
+pub(crate) struct Signals {
+    int: tokio::sync::Mutex<tokio::signal::unix::Signal>,
+    term: tokio::sync::Mutex<tokio::signal::unix::Signal>,
+    hup: tokio::sync::Mutex<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    pub(crate) fn install() -> Result<Signals> {
+        let catch = |kind| -> Result<_> {
+            Ok(tokio::sync::Mutex::new(
+                signal(kind).context("cannot install a signal handler")?,
+            ))
+        };
+        Ok(Signals {
+            int: catch(SignalKind::interrupt())?,
+            term: catch(SignalKind::terminate())?,
+            hup: catch(SignalKind::hangup())?,
+        })
+    }
+}
+
 pub(crate) async fn supervise(
     child: &mut tokio::process::Child,
+    signals: &Signals,
     reloading: &Reloading,
     mut stop: impl FnMut(nix::sys::signal::Signal),
 ) -> Result<i32> {
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
+    let mut sigint = signals.int.lock().await;
+    let mut sigterm = signals.term.lock().await;
+    let mut sighup = signals.hup.lock().await;
     let mut deadline: Option<tokio::time::Instant> = None;
     loop {
         let forward = tokio::select! {

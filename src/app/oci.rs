@@ -8,7 +8,6 @@
 //! `podman wait` returns.
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,21 +16,15 @@ use anyhow::{Context, Result};
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-use super::{host_nameservers, supervise, Identity, PolicySource, ServedSandbox, ServiceOptions};
+use super::{supervise, Identity, PolicySource, ServedSandbox, ServiceOptions};
 use super::{Session, STOP_GRACE};
 use crate::attach::oci::{self as podman, PodmanRun};
 use crate::attach::Sandbox;
-use crate::proxy::Limits;
 
 /// Everything `sluice oci` was asked to do.
 pub struct OciOptions {
     pub policy: PolicySource,
-    pub audit: Option<PathBuf>,
-    pub audit_max_bytes: Option<u64>,
-    pub audit_allows: bool,
-    pub timings: Option<PathBuf>,
-    pub metrics: Option<SocketAddr>,
-    pub limits: Limits,
+    pub services: ServiceOptions,
     pub podman: PodmanRun,
 }
 
@@ -42,19 +35,7 @@ const CIDFILE_POLL: Duration = Duration::from_millis(5);
 /// Run the container under enforcement; returns its exit status (podman's
 /// own status when podman fails before the container runs).
 pub async fn run(opts: OciOptions) -> Result<i32> {
-    let session = Session::start(
-        ServiceOptions {
-            audit: opts.audit,
-            audit_max_bytes: opts.audit_max_bytes,
-            audit_allows: opts.audit_allows,
-            timings: opts.timings,
-            metrics: opts.metrics,
-            limits: opts.limits,
-            default_upstream: host_nameservers(),
-        },
-        opts.policy,
-    )
-    .await?;
+    let session = Session::start(opts.services, opts.policy).await?;
     let prepared = session
         .fresh_sandbox()
         .and_then(|sandbox| Ok((PrivateDir::create()?, sandbox)));
@@ -116,7 +97,7 @@ async fn contain(
         stop_rx,
     ));
     let pid = child.id();
-    let status = supervise(&mut child, &session.reloading, |sig| {
+    let status = supervise(&mut child, &session.signals, &session.reloading, |sig| {
         if let Some(pid) = pid {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
         }
@@ -221,7 +202,7 @@ async fn wait_detached(session: &Session, run: &PodmanRun, id: &str) -> Result<i
     });
     let mut stops = Vec::new();
     let grace = STOP_GRACE.saturating_sub(Duration::from_secs(1));
-    supervise(&mut wait, &session.reloading, |_| {
+    supervise(&mut wait, &session.signals, &session.reloading, |_| {
         if stops.is_empty() {
             match podman::spawn_stop(&podman, id, grace) {
                 Ok(child) => stops.push(child),
