@@ -1088,6 +1088,9 @@ fn status_lists_an_attached_container_with_its_policy_and_counts() {
         .arg(&daemon.socket)
         .output()
         .unwrap();
+    // Both views while the container still runs: once it ends, the daemon
+    // releases its sandbox.
+    let json = daemon.status();
     std::fs::write(w.go_path(), b"").unwrap();
     let table = stdout(&out);
     let row = table
@@ -1100,7 +1103,6 @@ fn status_lists_an_attached_container_with_its_policy_and_counts() {
         ["oci", &id[..12], "oci-e2e", "1", "1", "0"],
         "{table}"
     );
-    let json = daemon.status();
     assert_eq!(json.len(), 1);
     assert_eq!(json[0]["id"], id.as_str());
     let out = wait_bounded(child, Duration::from_secs(60));
