@@ -430,3 +430,38 @@ fn audit_mode_lets_a_denied_connection_through_and_records_would_deny() {
     assert_eq!(audit[0]["verdict"], "would-deny");
     assert_eq!(audit[0]["reason"], "no-rule");
 }
+
+#[test]
+fn connections_over_the_limit_wait_for_a_free_slot_and_say_so() {
+    let Some(w) = World::new() else { return };
+    w.echo_origin("198.18.0.1:7000");
+    w.http_origin("198.18.0.1:8080");
+    let bin = sluice_bin();
+    // fd 3 holds the only slot (the echo origin waits for EOF); a request
+    // made meanwhile gets no answer; once fd 3 closes, requests go through.
+    let script = format!(
+        "exec 3<>/dev/tcp/198.18.0.1/7000; sleep 0.3; \
+         timeout 1 {bin} probe http http://198.18.0.1:8080/; echo while-held=$?; \
+         exec 3>&-; \
+         {bin} probe http http://198.18.0.1:8080/ >/dev/null; echo after-release=$?"
+    );
+    let mut cmd = w.outer.command(bin);
+    cmd.args(["run", "--max-connections", "1", "--policy"])
+        .arg(w.policy(POLICY))
+        .args(["--", "bash", "-c", &script]);
+    let out = wait_bounded(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(30),
+    );
+    let text = stdout(&out);
+    assert!(text.contains("while-held=124"), "{text}\n{}", stderr(&out));
+    assert!(text.contains("after-release=0"), "{text}\n{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("connection limit reached"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -118,8 +118,30 @@ pub async fn serve(
     let mut connections = JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait_for(|stop| *stop) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(%err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // The slot is taken after accept: the listeners of one sandbox share
+        // the slots, and a listener must not sit on one while it waits for a
+        // connection. While this connection waits, this listener accepts no
+        // more (they queue in the kernel's backlog).
         let permit = match ctx.slots.clone().try_acquire_owned() {
-            Ok(permit) => permit,
+            Ok(permit) => {
+                if ctx.limit_logged.load(Ordering::Relaxed) {
+                    ctx.limit_logged.store(false, Ordering::Relaxed);
+                }
+                permit
+            }
             Err(_) => {
                 if !ctx.limit_logged.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -134,19 +156,6 @@ pub async fn serve(
                     },
                     _ = shutdown.wait_for(|stop| *stop) => break,
                 }
-            }
-        };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.wait_for(|stop| *stop) => break,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(%err, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
             }
         };
         ctx.accepted.fetch_add(1, Ordering::Relaxed);
