@@ -6,6 +6,7 @@
 //! socket (half-close), and the relay ends when both directions have.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use nix::errno::Errno;
@@ -33,8 +34,9 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
         );
         return Relayed::default();
     };
-    let up = pump(client, upstream, up_pipe);
-    let down = pump(upstream, client, down_pipe);
+    let finished = AtomicBool::new(false);
+    let up = pump(client, upstream, up_pipe, &finished);
+    let down = pump(upstream, client, down_pipe, &finished);
     let (up, down) = tokio::join!(up, down);
     Relayed {
         bytes_up: up.bytes,
@@ -83,7 +85,9 @@ struct Pumped {
 }
 
 /// One direction: `from` -> pipe -> `to`, then half-close `to`.
-async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe) -> Pumped {
+/// `finished` is set by whichever direction ends first; the last one skips
+/// its half-close, since both sockets are closed right after anyway.
+async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe, finished: &AtomicBool) -> Pumped {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     let mut pumped = Pumped {
         bytes: 0,
@@ -134,12 +138,15 @@ async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe) -> Pumped {
             }
         }
     }
-    // EOF (or a read error) from the source: pass the half-close on. The
-    // pipe was drained completely, so it can serve another connection.
-    let _ = nix::sys::socket::shutdown(
-        std::os::fd::AsRawFd::as_raw_fd(to),
-        nix::sys::socket::Shutdown::Write,
-    );
+    // EOF (or a read error) from the source: pass the half-close on (unless
+    // the other direction is done too). The pipe was drained completely, so
+    // it can serve another connection.
+    if !finished.swap(true, Ordering::Relaxed) {
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(to),
+            nix::sys::socket::Shutdown::Write,
+        );
+    }
     pipe.give_back();
     pumped
 }
