@@ -700,7 +700,7 @@ fn bundle(cmd: BundleCommand) -> anyhow::Result<i32> {
                     Ok(0)
                 }
                 Err(err) => {
-                    println!("{}: refused: {err}", path.display());
+                    println!("refused: {err}");
                     Ok(exit::BAD_INPUT)
                 }
             }
