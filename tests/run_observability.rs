@@ -289,11 +289,3 @@ fn a_real_prometheus_server_scrapes_sluice() {
     assert!(scraped, "Prometheus never returned the counter: {answer}");
     assert!(answer.contains(r#""1"]"#), "{answer}");
 }
-
-fn tool_path(tool: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(tool))
-            .find(|p| p.is_file())
-    })
-}

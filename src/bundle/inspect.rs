@@ -8,28 +8,14 @@ use sha2::{Digest, Sha256};
 
 use super::archive::BundleFiles;
 use super::error::BundleError;
-use super::manifest::Manifest;
-use super::verify::{MANIFEST, POLICY, SIGNATURE};
+use super::verify::{read_manifest, POLICY, SIGNATURE};
 use crate::policy::Policy;
 
 /// A human-readable summary: name, revision, key id, created, expires,
 /// digests (checked against the files), and the rules in a short table.
 pub fn inspect(path: &Path) -> Result<String, BundleError> {
     let files = BundleFiles::read(path)?;
-    let bytes = files
-        .files
-        .get(MANIFEST)
-        .ok_or_else(|| BundleError::MissingFile {
-            path: path.to_path_buf(),
-            file: MANIFEST.into(),
-        })?;
-    let text = String::from_utf8_lossy(bytes);
-    let m = Manifest::parse(&text).map_err(|(line, col, msg)| BundleError::MalformedManifest {
-        path: path.to_path_buf(),
-        line,
-        col,
-        msg,
-    })?;
+    let (m, _) = read_manifest(&files, path)?;
     let mut out = String::new();
     let _ = writeln!(out, "bundle:    {}", path.display());
     let _ = writeln!(out, "name:      {}", m.name);

@@ -141,18 +141,27 @@ fn parse_manifest<'f>(
     files: &'f BundleFiles,
     path: &Path,
 ) -> Result<(Manifest, &'f [u8], &'f [u8]), BundleError> {
+    let (manifest, manifest_bytes) = read_manifest(files, path)?;
+    let signature = files
+        .files
+        .get(SIGNATURE)
+        .ok_or_else(|| BundleError::MissingSignature {
+            path: path.to_path_buf(),
+        })?;
+    Ok((manifest, manifest_bytes, signature))
+}
+
+/// The manifest (parsed) and its exact bytes; `inspect` uses this too.
+pub(super) fn read_manifest<'f>(
+    files: &'f BundleFiles,
+    path: &Path,
+) -> Result<(Manifest, &'f [u8]), BundleError> {
     let manifest_bytes = files
         .files
         .get(MANIFEST)
         .ok_or_else(|| BundleError::MissingFile {
             path: path.to_path_buf(),
             file: MANIFEST.into(),
-        })?;
-    let signature = files
-        .files
-        .get(SIGNATURE)
-        .ok_or_else(|| BundleError::MissingSignature {
-            path: path.to_path_buf(),
         })?;
     let malformed = |line, col, msg| BundleError::MalformedManifest {
         path: path.to_path_buf(),
@@ -163,7 +172,7 @@ fn parse_manifest<'f>(
     let text = std::str::from_utf8(manifest_bytes)
         .map_err(|_| malformed(1, 1, "not UTF-8 text".to_string()))?;
     let manifest = Manifest::parse(text).map_err(|(l, c, m)| malformed(l, c, m))?;
-    Ok((manifest, manifest_bytes, signature))
+    Ok((manifest, manifest_bytes))
 }
 
 /// Validates the policy at `policy_path` (its errors come back unchanged),

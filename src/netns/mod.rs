@@ -126,26 +126,19 @@ impl SandboxNetns {
                 source,
             })?
             .into();
-        let ns = SandboxNetns::from_fd(fd, path)?;
-        // Entering it on a throwaway thread proves it is a network namespace
-        // (setns with CLONE_NEWNET refuses anything else) and that we may.
-        ns.run_in(|| ()).map_err(|e| match e {
-            NetnsError::Enter {
-                source: Errno::EINVAL,
-                ..
-            } => NetnsError::NotANetns {
-                path: path.to_owned(),
-            },
-            e => e,
-        })?;
-        Ok(ns)
+        SandboxNetns::enterable(fd, path)
     }
 
     /// Adopts a namespace descriptor handed over by another process (the OCI
     /// hook passes the container's namespace over a Unix socket), checking
     /// that it is a network namespace this process may enter.
     pub fn from_owned_fd(fd: OwnedFd) -> Result<SandboxNetns, NetnsError> {
-        let path = Path::new("<received namespace descriptor>");
+        SandboxNetns::enterable(fd, Path::new("<received namespace descriptor>"))
+    }
+
+    /// Entering `fd` on a throwaway thread proves it is a network namespace
+    /// (setns with CLONE_NEWNET refuses anything else) and that we may.
+    fn enterable(fd: OwnedFd, path: &Path) -> Result<SandboxNetns, NetnsError> {
         let ns = SandboxNetns::from_fd(fd, path)?;
         ns.run_in(|| ()).map_err(|e| match e {
             NetnsError::Enter {

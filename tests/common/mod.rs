@@ -48,8 +48,16 @@ pub fn privileged() -> bool {
 }
 
 fn tool_exists(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(tool).is_file()))
+    tool_path(tool).is_some()
+}
+
+/// Where `tool` is on PATH, if anywhere.
+pub fn tool_path(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(tool))
+            .find(|p| p.is_file())
+    })
 }
 
 /// One test's world: the outer namespace, its origins, a temp dir.
@@ -91,6 +99,21 @@ impl World {
     /// A TCP server that answers "echo:<what it read>" (a protocol with
     /// neither SNI nor Host).
     pub fn echo_origin(&self, addr: &str) {
+        self.serve_each(addr, |mut stream| {
+            let mut got = Vec::new();
+            let _ = stream.read_to_end(&mut got);
+            let _ = stream.write_all(b"echo:");
+            let _ = stream.write_all(&got);
+        });
+    }
+
+    /// Listen on `addr` in the outer namespace and run `handle` on a thread
+    /// for each connection.
+    fn serve_each(
+        &self,
+        addr: &str,
+        handle: impl Fn(std::net::TcpStream) + Send + Sync + Clone + 'static,
+    ) {
         let addr: SocketAddr = addr.parse().unwrap();
         let listener = self
             .outer
@@ -99,13 +122,9 @@ impl World {
             .unwrap();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { break };
-                std::thread::spawn(move || {
-                    let mut got = Vec::new();
-                    let _ = stream.read_to_end(&mut got);
-                    let _ = stream.write_all(b"echo:");
-                    let _ = stream.write_all(&got);
-                });
+                let Ok(stream) = stream else { break };
+                let handle = handle.clone();
+                std::thread::spawn(move || handle(stream));
             }
         });
     }
@@ -139,38 +158,28 @@ impl World {
             )
             .unwrap();
         let config = Arc::new(config);
-        let addr: SocketAddr = addr.parse().unwrap();
-        let listener = self
-            .outer
-            .run_in(move || TcpListener::bind(addr))
-            .unwrap()
-            .unwrap();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { break };
-                let config = config.clone();
-                std::thread::spawn(move || {
-                    let conn = rustls::ServerConnection::new(config).unwrap();
-                    let mut tls = rustls::StreamOwned::new(conn, stream);
-                    let mut buf = [0u8; 4096];
-                    let mut head = Vec::new();
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match tls.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let body = b"hello over tls\n";
-                    let _ = write!(
-                        tls,
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = tls.write_all(body);
-                    tls.conn.send_close_notify();
-                    let _ = tls.flush();
-                });
+        self.serve_each(addr, move |stream| {
+            let Ok(conn) = rustls::ServerConnection::new(config.clone()) else {
+                return;
+            };
+            let mut tls = rustls::StreamOwned::new(conn, stream);
+            let mut buf = [0u8; 4096];
+            let mut head = Vec::new();
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match tls.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
             }
+            let body = b"hello over tls\n";
+            let _ = write!(
+                tls,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = tls.write_all(body);
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
         });
         ca_path
     }
