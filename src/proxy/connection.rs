@@ -125,10 +125,14 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         first = peek(&mut client, ctx).await;
         peeked = true;
     }
-    let host = first
-        .host
-        .clone()
-        .or_else(|| ctx.dns.name_for(dst.ip()).map(|n| n.to_string()));
+    // The name the sandbox resolved for this address matters to the decision
+    // only when a hosts rule covers the port; otherwise it is looked up only
+    // for the records, and only if there will be one.
+    let resolved_name = || ctx.dns.name_for(dst.ip()).map(|n| n.to_string());
+    let mut host = first.host.clone();
+    if host.is_none() && peeked {
+        host = resolved_name();
+    }
 
     let decision = if is_sluice_internal(dst, ctx) {
         Decision {
@@ -146,9 +150,15 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         (Verdict::Deny, false) => "would-deny",
     };
     outcome.decided(verdict, decision.rule);
-    outcome.host = host.clone();
+    let audited = decision.verdict == Verdict::Deny || ctx.audit_allows;
+    if host.is_none() && !peeked && (audited || ctx.timings.is_enabled()) {
+        host = resolved_name();
+    }
+    if ctx.timings.is_enabled() {
+        outcome.host = host.clone();
+    }
 
-    if decision.verdict == Verdict::Deny || ctx.audit_allows {
+    if audited {
         ctx.audit
             .record(event(
                 ctx,
