@@ -391,11 +391,7 @@ fn audit_of(w: &World, via: Via) -> Vec<serde_json::Value> {
         Via::Wrapper => w.audit_path(),
         Via::Hook(d) => d.audit.clone(),
     };
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
-        .collect()
+    audit_records(&path)
 }
 
 /// Run `f` once through the wrapper and once through a fresh daemon + hook.

@@ -197,11 +197,7 @@ impl World {
 
     /// The audit records written so far.
     pub fn audit(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.audit_path())
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
-            .collect()
+        audit_records(&self.audit_path())
     }
 
     /// `sluice -v run --policy P --audit A -- argv` in the outer namespace.
@@ -359,4 +355,18 @@ pub fn metric_value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
         .find(|l| labels.iter().all(|kv| l.contains(kv)))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// The complete audit records in `path`. The writer may be mid-line when
+/// this reads, so only newline-terminated lines count, as `audit tail` does.
+pub fn audit_records(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    complete
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
+        .collect()
 }
