@@ -4,8 +4,11 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -46,11 +49,24 @@ impl Signer {
 }
 
 fn run_bundle(w: &World, signer: &Signer, bundle: &Path, argv: &[&str]) -> Command {
+    run_bundle_with(w, signer, bundle.as_os_str(), &[], argv)
+}
+
+/// `sluice -v run --bundle B` with the test's trust, state and audit, plus
+/// `options`.
+fn run_bundle_with(
+    w: &World,
+    signer: &Signer,
+    bundle: &OsStr,
+    options: &[&OsStr],
+    argv: &[&str],
+) -> Command {
     let mut cmd = w.outer.command(sluice_bin());
     cmd.arg("-v")
         .arg("run")
         .arg("--bundle")
         .arg(bundle)
+        .args(options)
         .arg("--trust")
         .arg(&signer.trust)
         .arg("--state-dir")
@@ -276,4 +292,110 @@ fn a_refused_reload_keeps_the_previous_policy_in_force() {
     assert!(child.wait().unwrap().success(), "{out}");
     // 8081 is allowed only by the previous policy, which is still in force.
     assert!(out.contains("HTTP 200"), "{out}");
+}
+
+#[test]
+fn a_bundle_fetched_over_https_is_verified_polled_with_etag_and_swapped() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8081");
+    w.http_origin("198.18.0.1:8082");
+    let signer = Signer::new(&w);
+    let first = std::fs::read(signer.sign(&policy(0), 1)).unwrap();
+    // What the server serves: the bundle and its ETag; and how many polls it
+    // answered with 304.
+    let served = Arc::new(Mutex::new((first, "\"rev-1\"".to_string())));
+    let not_modified = Arc::new(AtomicU64::new(0));
+    let ca = {
+        let served = served.clone();
+        let not_modified = not_modified.clone();
+        w.https_server("198.18.0.2:8443", &["198.18.0.2"], move |head| {
+            let (body, etag) = served.lock().unwrap().clone();
+            let asked = head.lines().any(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("if-none-match:")
+                    .is_some_and(|v| v.trim() == etag)
+            });
+            if asked {
+                not_modified.fetch_add(1, Ordering::SeqCst);
+                return format!("HTTP/1.1 304 Not Modified\r\nETag: {etag}\r\n\r\n").into_bytes();
+            }
+            let mut reply = format!(
+                "HTTP/1.1 200 OK\r\nETag: {etag}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            reply.extend_from_slice(&body);
+            reply
+        })
+    };
+    let bin = sluice_bin();
+    let script = format!(
+        "{bin} probe http http://198.18.0.1:8081/ && {wait} && {bin} probe http http://198.18.0.1:8082/",
+        wait = w.wait_for_go(),
+    );
+    let log = signer.dir.join("sluice.log");
+    let child = run_bundle_with(
+        &w,
+        &signer,
+        OsStr::new("https://198.18.0.2:8443/bundle.tar.gz"),
+        &[
+            OsStr::new("--ca"),
+            ca.as_os_str(),
+            OsStr::new("--poll-interval"),
+            OsStr::new("100ms"),
+        ],
+        &["sh", "-c", &script],
+    )
+    .stdout(Stdio::piped())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let sluice_said = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // Revision 1 came over HTTPS and admits 8081; polls answered 304 change
+    // nothing.
+    assert!(
+        eventually(Duration::from_secs(20), || w
+            .audit()
+            .iter()
+            .any(|r| r["bundle"] == "swap@1" && r["dst"] == "198.18.0.1:8081")),
+        "the workload never used revision 1; sluice said:\n{}",
+        sluice_said()
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || not_modified
+            .load(Ordering::SeqCst)
+            >= 3),
+        "sluice did not poll with If-None-Match; sluice said:\n{}",
+        sluice_said()
+    );
+    let loads = |w: &World| {
+        w.audit()
+            .iter()
+            .filter(|r| r["verdict"] == "applied")
+            .count()
+    };
+    assert_eq!(loads(&w), 1, "a 304 must not reload");
+
+    // Revision 2 (admits 8082 instead) is served; the next poll swaps it in.
+    *served.lock().unwrap() = (
+        std::fs::read(signer.sign(&policy(1), 2)).unwrap(),
+        "\"rev-2\"".to_string(),
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || w
+            .audit()
+            .iter()
+            .any(|r| r["verdict"] == "applied" && r["bundle"] == "swap@2")),
+        "revision 2 was never applied; sluice said:\n{}",
+        sluice_said()
+    );
+    std::fs::write(w.go_path(), b"").unwrap();
+    let status = wait_bounded(child, Duration::from_secs(60)).status;
+    assert!(status.success(), "sluice said:\n{}", sluice_said());
+    assert!(w.audit().iter().any(|r| r["bundle"] == "swap@2"
+        && r["dst"] == "198.18.0.1:8082"
+        && r["verdict"] == "allow"));
+    // The fetched bundle is kept for an offline restart.
+    assert!(signer.dir.join("state").read_dir().unwrap().count() > 0);
 }

@@ -129,8 +129,30 @@ impl World {
         });
     }
 
-    /// A rustls HTTPS server for `names` on `addr`; returns the CA file to trust.
+    /// A rustls HTTPS server for `names` on `addr` that says "hello over
+    /// tls"; returns the CA file to trust.
     pub fn tls_origin(&self, addr: &str, names: &[&str]) -> PathBuf {
+        self.https_server(addr, names, |_| {
+            let body = b"hello over tls\n";
+            let mut reply = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            reply.extend_from_slice(body);
+            reply
+        })
+    }
+
+    /// A rustls HTTPS server for `names` on `addr` (certificate from a fresh
+    /// test CA) that answers each request with what `respond` makes of its
+    /// head; returns the CA file to trust.
+    pub fn https_server(
+        &self,
+        addr: &str,
+        names: &[&str],
+        respond: impl Fn(&str) -> Vec<u8> + Send + Sync + Clone + 'static,
+    ) -> PathBuf {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -144,7 +166,10 @@ impl World {
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .unwrap();
         let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
-        let ca_path = self.dir.path().join("ca.pem");
+        let ca_path = self
+            .dir
+            .path()
+            .join(format!("ca-{}.pem", addr.replace(':', "_")));
         std::fs::write(&ca_path, ca_cert.pem()).unwrap();
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -171,13 +196,7 @@ impl World {
                     Ok(n) => head.extend_from_slice(&buf[..n]),
                 }
             }
-            let body = b"hello over tls\n";
-            let _ = write!(
-                tls,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = tls.write_all(body);
+            let _ = tls.write_all(&respond(&String::from_utf8_lossy(&head)));
             tls.conn.send_close_notify();
             let _ = tls.flush();
         });
