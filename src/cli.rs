@@ -381,8 +381,13 @@ pub enum ProbeCommand {
     /// Open a TCP connection, send LINE, print what comes back.
     Tcp {
         target: String,
-        #[arg(long, default_value = "")]
+        /// What to send before half-closing the connection.
+        #[arg(long, default_value = "", conflicts_with = "server_first")]
         send: String,
+        /// Send nothing and keep the write side open, reading until the
+        /// server closes: a server-first protocol such as SSH or SMTP.
+        #[arg(long)]
+        server_first: bool,
     },
     /// Serve HTTP on ADDR (`/` says hello, `/bytes/N` sends N bytes) until killed:
     /// the origin side for trying sluice out and for timing comparisons.

@@ -180,6 +180,34 @@ fn hostname_rule_allows_via_dns_for_a_protocol_without_sni_or_host() {
 }
 
 #[test]
+fn a_silent_server_first_client_is_decided_by_the_name_it_resolved_after_the_peek_timeout() {
+    let Some(w) = World::new() else { return };
+    w.banner_origin("198.18.0.1:7001", "SSH-2.0-origin\r\n");
+    let script = format!(
+        "{bin} probe dns origin.test && {bin} probe tcp 198.18.0.1:7001 --server-first",
+        bin = sluice_bin()
+    );
+    let out = w.run(&w.policy(POLICY), &["sh", "-c", &script]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("SSH-2.0-origin"), "{}", stdout(&out));
+}
+
+#[test]
+fn a_silent_server_first_client_without_a_name_is_denied_on_a_hosts_only_port() {
+    let Some(w) = World::new() else { return };
+    w.banner_origin("198.18.0.1:7001", "SSH-2.0-origin\r\n");
+    let out = w.probe(
+        &w.policy(POLICY),
+        &["tcp", "198.18.0.1:7001", "--server-first"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(!stdout(&out).contains("SSH-2.0"), "{}", stdout(&out));
+    let audit = w.audit();
+    assert_eq!(audit[0]["dst"], "198.18.0.1:7001");
+    assert_eq!(audit[0]["reason"], "no-rule");
+}
+
+#[test]
 fn dns_refuses_a_name_no_rule_admits_and_audits_it() {
     let Some(w) = World::new() else { return };
     let out = w.probe(&w.policy(POLICY), &["dns", "example.com"]);

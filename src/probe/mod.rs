@@ -28,7 +28,11 @@ pub fn run(probe: ProbeCommand) -> i32 {
             }
         }
         ProbeCommand::Tls { target, sni, ca } => tls(&target, sni.as_deref(), &ca),
-        ProbeCommand::Tcp { target, send } => tcp(&target, &send),
+        ProbeCommand::Tcp {
+            target,
+            send,
+            server_first,
+        } => tcp(&target, &send, server_first),
         ProbeCommand::Serve { addr } => serve(addr),
         ProbeCommand::Udp { target } => udp(target),
         ProbeCommand::Icmp { target } => icmp(target),
@@ -327,14 +331,16 @@ fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     }
 }
 
-fn tcp(target: &str, send: &str) -> Outcome {
+fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
     let mut stream = connect(target)?;
     if !send.is_empty() {
         stream
             .write_all(send.as_bytes())
             .map_err(|e| format!("FAIL send: {e}"))?;
     }
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    if !server_first {
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+    }
     let mut back = Vec::new();
     match stream.read_to_end(&mut back) {
         Ok(_) => Ok(format!(

@@ -107,6 +107,14 @@ impl World {
         });
     }
 
+    /// A server-first TCP server (as SSH or SMTP): sends `banner` at once,
+    /// then closes.
+    pub fn banner_origin(&self, addr: &str, banner: &'static str) {
+        self.serve_each(addr, move |mut stream| {
+            let _ = stream.write_all(banner.as_bytes());
+        });
+    }
+
     /// Listen on `addr` in the outer namespace and run `handle` on a thread
     /// for each connection.
     fn serve_each(
