@@ -117,7 +117,8 @@ here (see containers/containers.conf and docs/oci.md)."
         after_help = "The config (YAML) names the control socket (default /run/sluice/daemon.sock, \
 mode 0600), the metrics address, audit and timing files, and defaults for attached sandboxes; \
 see docs/oci.md. SIGHUP re-reads every sandbox's policy; SIGINT/SIGTERM stop the daemon (the \
-sandboxes' tables stay, so their connections are refused until they are attached again)."
+sandboxes' tables stay, so their connections are refused while no daemon runs). A daemon started \
+on the same config adopts the containers that still run (records in <state_dir>/sandboxes/)."
     )]
     Daemon {
         /// The daemon's YAML config file.

@@ -211,40 +211,74 @@ struct Daemon {
     socket: PathBuf,
     audit: PathBuf,
     log: PathBuf,
+    config: PathBuf,
 }
 
 impl Daemon {
+    /// A daemon with its own socket, audit log and state dir (bundle
+    /// revisions and restart records stay in the test's temp dir).
     fn start(w: &World, env: &OciEnv) -> Daemon {
         let socket = unique(w, "daemon.sock");
         let audit = unique(w, "daemon-audit.jsonl");
         let log = unique(w, "daemon.log");
         let config = unique(w, "daemon.yaml");
+        let state = unique(w, "daemon-state");
         std::fs::write(
             &config,
-            format!("socket: {}\naudit: {}\n", socket.display(), audit.display()),
+            format!(
+                "socket: {}\naudit: {}\ndefaults:\n  state_dir: {}\n",
+                socket.display(),
+                audit.display(),
+                state.display()
+            ),
         )
         .unwrap();
-        let child = in_outer(w, env, sluice_bin())
-            .args(["-v", "daemon", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start the daemon");
         let daemon = Daemon {
-            child,
+            child: Daemon::spawn(w, env, &config, &log),
             socket,
             audit,
             log,
+            config,
         };
+        daemon.wait_for_socket();
+        daemon
+    }
+
+    fn spawn(w: &World, env: &OciEnv, config: &Path, log: &Path) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        in_outer(w, env, sluice_bin())
+            .args(["-v", "daemon", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start the daemon")
+    }
+
+    fn wait_for_socket(&self) {
         assert!(
             eventually(Duration::from_secs(10), || {
-                std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok()
+                std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
             }),
             "the daemon did not open its socket:\n{}",
-            daemon.log()
+            self.log()
         );
-        daemon
+    }
+
+    /// SIGKILL the daemon, as a crash would.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Start a new daemon on the same config (socket, audit, state).
+    fn restart(&mut self, w: &World, env: &OciEnv) {
+        self.child = Daemon::spawn(w, env, &self.config, &self.log);
+        self.wait_for_socket();
     }
 
     fn log(&self) -> String {
@@ -915,6 +949,83 @@ fn a_wrapped_container_cannot_be_started_again_once_sluice_is_gone() {
 
 // ---------------------------------------------------------------------------
 // The daemon and its hook.
+
+#[test]
+fn a_restarted_daemon_adopts_its_running_containers_again() {
+    let Some((w, env)) = setup() else { return };
+    let mut daemon = Daemon::start(&w, env);
+    let hits = w.http_origin("198.18.0.1:8080");
+    let shared = w.dir.path();
+    // Fetch, then on each go-ahead fetch again and report.
+    let script = "sluice probe http http://198.18.0.1:8080/ && touch /shared/ready; \
+         for step in down up; do \
+           i=0; while [ ! -e /shared/go-$step ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; \
+           sluice probe http http://198.18.0.1:8080/ > /shared/$step.tmp 2>&1; mv /shared/$step.tmp /shared/$step; \
+         done";
+    let cidfile = unique(&w, "cid");
+    let volume = format!("{}:/shared", shared.display());
+    let child = container_command(
+        &w,
+        env,
+        Via::Hook(&daemon),
+        &w.policy(POLICY),
+        &cidfile,
+        &["-v", &volume],
+        script,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || shared.join("ready").exists()),
+        "the first request did not get through:\n{}",
+        daemon.log()
+    );
+    let id = std::fs::read_to_string(&cidfile)
+        .unwrap()
+        .trim()
+        .to_string();
+    let _guard = RemoveOnDrop(env, id.clone());
+    let report = |step: &str| {
+        let path = shared.join(step);
+        assert!(eventually(Duration::from_secs(30), || path.exists()));
+        std::fs::read_to_string(&path).unwrap()
+    };
+
+    // While no daemon runs, the container reaches nothing.
+    daemon.kill();
+    std::fs::write(shared.join("go-down"), b"").unwrap();
+    let down = report("down");
+    assert!(
+        down.starts_with("FAIL"),
+        "reached the origin with no daemon: {down}"
+    );
+    assert_eq!(hits.load(Ordering::Relaxed), 1);
+
+    // A new daemon adopts it again, with its policy and id.
+    daemon.restart(&w, env);
+    let listed = daemon.status();
+    assert_eq!(listed.len(), 1, "{listed:?}\n{}", daemon.log());
+    assert_eq!(listed[0]["id"], id.as_str());
+    assert_eq!(listed[0]["policy"], "oci-e2e");
+    std::fs::write(shared.join("go-up"), b"").unwrap();
+    let up = report("up");
+    assert!(up.contains("HTTP 200"), "{up}\n{}", daemon.log());
+    assert_eq!(hits.load(Ordering::Relaxed), 2);
+
+    // Once the container ends, the sandbox and its record are gone.
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        eventually(Duration::from_secs(10), || daemon.status().is_empty()),
+        "{}",
+        daemon.log()
+    );
+    daemon.kill();
+    daemon.restart(&w, env);
+    assert!(daemon.status().is_empty(), "{}", daemon.log());
+}
 
 #[test]
 fn a_hook_whose_daemon_is_down_aborts_the_start() {

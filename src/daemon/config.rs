@@ -11,7 +11,7 @@
 //! timings: /var/log/sluice/timings.jsonl
 //! defaults:
 //!   trust: /etc/sluice/trust.yaml   # for io.sluice.bundle without io.sluice.trust
-//!   state_dir: /var/lib/sluice      # bundle rollback memory
+//!   state_dir: /var/lib/sluice      # bundle rollback memory, restart records
 //!   max_connections: 4096           # per sandbox
 //!   poll_interval: 30s              # https:// bundles
 //! ```

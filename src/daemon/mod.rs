@@ -9,6 +9,7 @@
 //! alive after its container ended: every reference it holds (descriptor,
 //! listeners, counters) goes with the sandbox's release.
 
+mod adopt;
 pub mod api;
 pub mod client;
 pub mod config;
@@ -50,6 +51,7 @@ pub async fn run(config: DaemonConfig) -> Result<i32> {
     };
     tracing::info!(socket = %config.socket.display(), "sluice daemon ready");
     let registry = Registry::new(services.shared.clone(), config.defaults.clone());
+    registry.readopt().await;
     let (stop, stop_rx) = watch::channel(false);
     let mut control = tokio::spawn(server::serve(listener, registry.clone(), stop_rx));
 

@@ -8,7 +8,7 @@
 //! veth plumbing (see `SandboxNetns::plumb`), which leads nowhere.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +17,7 @@ use hyper::StatusCode;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::adopt::{self, Records};
 use super::api::{AttachRequest, Connections, SandboxInfo};
 use super::config::Defaults;
 use crate::app::{ActiveSource, Identity, PolicySource, Reloading, ServedSandbox, Shared};
@@ -80,10 +81,21 @@ impl Entry {
     }
 }
 
+/// What a release does with the sandbox's restart record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Afterwards {
+    /// The container ended or was detached: a restarted daemon must not
+    /// look for it.
+    Forget,
+    /// The daemon is stopping: the next one adopts the sandbox again.
+    Remember,
+}
+
 /// Every sandbox the daemon serves, by id.
 pub struct Registry {
     shared: Shared,
     defaults: Defaults,
+    records: Records,
     slots: Mutex<BTreeMap<String, Slot>>,
     next_generation: AtomicU64,
 }
@@ -92,6 +104,7 @@ impl Registry {
     pub fn new(shared: Shared, defaults: Defaults) -> Arc<Registry> {
         Arc::new(Registry {
             shared,
+            records: Records::new(&defaults.state_dir),
             defaults,
             slots: Mutex::new(BTreeMap::new()),
             next_generation: AtomicU64::new(1),
@@ -117,8 +130,14 @@ impl Registry {
             stale.stop().await;
         }
         let id = req.id.clone();
+        let remembered = req.clone();
         match self.attach_reserved(req, fd).await {
             Ok(entry) => {
+                if remembered.pid.is_some() {
+                    if let Err(err) = self.records.save(&remembered, entry.netns.inode()) {
+                        tracing::warn!(sandbox = %id, %err, "cannot write the sandbox's restart record: a restarted daemon will not adopt it again");
+                    }
+                }
                 let info = self.info_of(&id, &entry);
                 self.lock().insert(id, Slot::Ready(entry));
                 Ok(info)
@@ -268,6 +287,32 @@ impl Registry {
         }
     }
 
+    /// Adopt again every sandbox a previous daemon left recorded whose
+    /// container still runs in the same namespace; forget the others.
+    pub async fn readopt(self: &Arc<Self>) {
+        for record in self.records.load_all() {
+            let id = record.request.id.clone();
+            let fd = match adopt::reopen(&record) {
+                Ok(fd) => fd,
+                Err(stale) => {
+                    tracing::info!(sandbox = %id, why = %stale, "not adopting a sandbox of the previous daemon");
+                    self.records.remove(&id);
+                    continue;
+                }
+            };
+            match self.attach(record.request, fd).await {
+                Ok(info) => {
+                    tracing::info!(sandbox = %id, policy = %info.policy, "adopted a sandbox of the previous daemon")
+                }
+                // The record stays: the next daemon tries again, and drops
+                // it once the container is gone.
+                Err(err) => {
+                    tracing::error!(sandbox = %id, error = %err.message, "cannot adopt a sandbox of the previous daemon: it stays cut off until it is adopted or its container restarts");
+                }
+            }
+        }
+    }
+
     /// Stop serving `id` and drop every reference to its namespace. With
     /// `generation`, only that incarnation (a watcher must not release a
     /// newer attach of the same id).
@@ -276,6 +321,7 @@ impl Registry {
         id: &str,
         generation: Option<u64>,
         why: &str,
+        afterwards: Afterwards,
     ) -> Option<SandboxInfo> {
         let entry = {
             let mut slots = self.lock();
@@ -299,12 +345,16 @@ impl Registry {
             }
         }
         entry.stop().await;
+        if afterwards == Afterwards::Forget {
+            self.records.remove(id);
+        }
         tracing::info!(sandbox = %id, why, "sandbox released");
         Some(info)
     }
 
     /// Release everything (daemon shutdown). The namespaces keep their
-    /// tables: with the listeners gone, their connections are refused.
+    /// tables: with the listeners gone, their connections are refused until
+    /// the next daemon adopts them again.
     pub async fn release_all(self: &Arc<Self>) {
         let ids: Vec<String> = self.lock().keys().cloned().collect();
         // Together: each drains its connections for up to DRAIN_GRACE.
@@ -312,7 +362,9 @@ impl Registry {
         for id in ids {
             let registry = self.clone();
             releases.spawn(async move {
-                registry.release(&id, None, "the daemon is stopping").await;
+                registry
+                    .release(&id, None, "the daemon is stopping", Afterwards::Remember)
+                    .await;
             });
         }
         while releases.join_next().await.is_some() {}
@@ -462,7 +514,9 @@ async fn watch_until_gone(
     };
     drop(netns);
     if let Some(registry) = registry.upgrade() {
-        registry.release(&id, Some(generation), why).await;
+        registry
+            .release(&id, Some(generation), why, Afterwards::Forget)
+            .await;
     }
 }
 
@@ -488,17 +542,10 @@ impl Pidfd {
     /// Open `pid` and check that it lives in `netns` (so its exit means the
     /// container's end, not some unrelated process's).
     fn for_process_in(pid: i32, netns: &SandboxNetns) -> Result<Pidfd, ApiError> {
-        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new
-        // descriptor or -1; it touches no memory of ours.
-        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if raw < 0 {
-            return Err(ApiError::bad(format!(
-                "process {pid} is not running: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
-        let pidfd = Pidfd(unsafe { OwnedFd::from_raw_fd(raw as i32) });
+        let pidfd = Pidfd(
+            adopt::pidfd_open(pid)
+                .map_err(|e| ApiError::bad(format!("process {pid} is not running: {e}")))?,
+        );
         let path = format!("/proc/{pid}/ns/net");
         let inode = std::fs::metadata(&path).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
         // Checked after opening the pidfd: if the process is still alive now,
@@ -519,14 +566,7 @@ impl Pidfd {
     }
 
     fn exited(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.0.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, timeout 0: poll(2) only writes `revents`.
-        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-        n > 0 && pfd.revents & libc::POLLIN != 0
+        adopt::exited(&self.0)
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 
 use super::api::{AttachRequest, ErrorBody, SANDBOXES};
 use super::fdpass::{recv_opening, Opening};
-use super::registry::{ApiError, Registry};
+use super::registry::{Afterwards, ApiError, Registry};
 
 /// Largest request body accepted (an attach request is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
@@ -164,7 +164,10 @@ async fn route(
         (Method::POST, SANDBOXES) => attach(req, registry, fd).await,
         (Method::DELETE, p) if p.starts_with(SANDBOXES) && p.len() > SANDBOXES.len() + 1 => {
             let id = &p[SANDBOXES.len() + 1..];
-            match registry.release(id, None, "detached on request").await {
+            match registry
+                .release(id, None, "detached on request", Afterwards::Forget)
+                .await
+            {
                 Some(info) => Ok((StatusCode::OK, json(&info))),
                 None => Err(ApiError {
                     status: StatusCode::NOT_FOUND,
