@@ -420,6 +420,49 @@ fn container_command(
     cmd
 }
 
+/// A container running `script` through `via`, with the test's temp dir at
+/// /shared, returned once the script has touched /shared/ready.
+struct Started {
+    child: Child,
+    id: String,
+}
+
+fn start_until_ready(w: &World, env: &OciEnv, via: Via, script: &str) -> Started {
+    let cidfile = unique(w, "cid");
+    let volume = format!("{}:/shared", w.dir.path().display());
+    let child = container_command(
+        w,
+        env,
+        via,
+        &w.policy(POLICY),
+        &cidfile,
+        &["-v", &volume],
+        script,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || w
+            .dir
+            .path()
+            .join("ready")
+            .exists()),
+        "{}: the container never got ready{}",
+        which(via),
+        match via {
+            Via::Hook(d) => format!("; the daemon said:\n{}", d.log()),
+            Via::Wrapper => String::new(),
+        }
+    );
+    let id = std::fs::read_to_string(&cidfile)
+        .unwrap()
+        .trim()
+        .to_string();
+    Started { child, id }
+}
+
 fn audit_of(w: &World, via: Via) -> Vec<serde_json::Value> {
     let path = match via {
         Via::Wrapper => w.audit_path(),
@@ -749,37 +792,10 @@ fn nothing_is_left_after_the_container_stops() {
 fn once_sluice_is_killed_the_container_reaches_nothing() {
     both_ways(|w, env, via| {
         let hits = w.http_origin("198.18.0.1:8080");
-        let volume = format!("{}:/shared", w.dir.path().display());
         let script = "sluice probe http http://198.18.0.1:8080/ && touch /shared/ready; \
              i=0; while [ ! -e /shared/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; \
              sluice probe http http://198.18.0.1:8080/ > /shared/result.tmp 2>&1; mv /shared/result.tmp /shared/result";
-        let cidfile = unique(w, "cid");
-        let child = container_command(
-            w,
-            env,
-            via,
-            &w.policy(POLICY),
-            &cidfile,
-            &["-v", &volume],
-            script,
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-        assert!(
-            eventually(Duration::from_secs(30), || w
-                .dir
-                .path()
-                .join("ready")
-                .exists()),
-            "{}: the first, allowed request did not get through",
-            which(via)
-        );
-        let id = std::fs::read_to_string(&cidfile)
-            .unwrap()
-            .trim()
-            .to_string();
+        let Started { child, id } = start_until_ready(w, env, via, script);
         let _guard = RemoveOnDrop(env, id);
         // SIGKILL the sluice serving the container: the wrapper itself, or the daemon.
         let sluice = match via {
@@ -962,30 +978,7 @@ fn a_restarted_daemon_adopts_its_running_containers_again() {
            i=0; while [ ! -e /shared/go-$step ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; \
            sluice probe http http://198.18.0.1:8080/ > /shared/$step.tmp 2>&1; mv /shared/$step.tmp /shared/$step; \
          done";
-    let cidfile = unique(&w, "cid");
-    let volume = format!("{}:/shared", shared.display());
-    let child = container_command(
-        &w,
-        env,
-        Via::Hook(&daemon),
-        &w.policy(POLICY),
-        &cidfile,
-        &["-v", &volume],
-        script,
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    assert!(
-        eventually(Duration::from_secs(30), || shared.join("ready").exists()),
-        "the first request did not get through:\n{}",
-        daemon.log()
-    );
-    let id = std::fs::read_to_string(&cidfile)
-        .unwrap()
-        .trim()
-        .to_string();
+    let Started { child, id } = start_until_ready(&w, env, Via::Hook(&daemon), script);
     let _guard = RemoveOnDrop(env, id.clone());
     let report = |step: &str| {
         let path = shared.join(step);
@@ -1163,33 +1156,9 @@ fn status_lists_an_attached_container_with_its_policy_and_counts() {
     let Some((w, env)) = setup() else { return };
     let daemon = Daemon::start(&w, env);
     w.http_origin("198.18.0.1:8080");
-    let shared = w.dir.path().to_str().unwrap().to_string();
     let script = "sluice probe http http://198.18.0.1:8080/; sluice probe http http://198.18.0.1:8082/; \
          touch /shared/ready; i=0; while [ ! -e /shared/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done";
-    let cidfile = unique(&w, "cid");
-    let volume = format!("{shared}:/shared");
-    let child = container_command(
-        &w,
-        env,
-        Via::Hook(&daemon),
-        &w.policy(POLICY),
-        &cidfile,
-        &["-v", &volume],
-        script,
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    assert!(eventually(Duration::from_secs(30), || w
-        .dir
-        .path()
-        .join("ready")
-        .exists()));
-    let id = std::fs::read_to_string(&cidfile)
-        .unwrap()
-        .trim()
-        .to_string();
+    let Started { child, id } = start_until_ready(&w, env, Via::Hook(&daemon), script);
     let out = Command::new(sluice_bin())
         .args(["status", "--socket"])
         .arg(&daemon.socket)
