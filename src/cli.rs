@@ -16,6 +16,10 @@ pub mod exit {
     /// The environment cannot enforce: not root, nft or ip missing, the
     /// ruleset did not read back as applied.
     pub const CANNOT_ENFORCE: i32 = 3;
+    /// The wrapped command exists but cannot be run (as `env` and shells say).
+    pub const COMMAND_CANNOT_RUN: i32 = 126;
+    /// The wrapped command was not found.
+    pub const COMMAND_NOT_FOUND: i32 = 127;
 }
 
 #[derive(Debug, Parser)]
@@ -28,8 +32,9 @@ nftables steers every TCP connection and DNS query to sluice and drops everythin
 sluice decides each connection against a policy, audits every deny, and relays what is allowed.\n\n\
 Start with `sluice demo` (as root) to see it work.",
     after_help = "Exit status: `sluice run` exits with the wrapped command's status (128+N if signal N \
-ended it). sluice's own failures: 2 bad input (policy, arguments), 3 cannot enforce \
-(not root, nft/ip missing, ruleset read-back mismatch).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
+ended it; 127 if it was not found, 126 if it could not be run). sluice's own failures: 2 bad \
+input (policy, bundle, arguments, an audit or timings file that cannot be written), 3 cannot \
+enforce (not root, nft/ip missing, ruleset read-back mismatch).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
 )]
 pub struct Cli {
     /// More log output (-v info, -vv debug). Logs go to stderr.
@@ -847,10 +852,9 @@ fn compare(
 ) -> anyhow::Result<i32> {
     use anyhow::Context;
     let batch_size = batch_size.max(1);
-    let left = crate::timing::load_input(a, batch_size)
-        .with_context(|| format!("cannot read timings from {}", a.display()))?;
-    let right = crate::timing::load_input(b, batch_size)
-        .with_context(|| format!("cannot read timings from {}", b.display()))?;
+    // The errors name the file that could not be read.
+    let left = crate::timing::load_input(a, batch_size)?;
+    let right = crate::timing::load_input(b, batch_size)?;
     let comparison = crate::timing::compare(&left, &right);
     if csv {
         print!("{}", comparison.render_csv());

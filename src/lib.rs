@@ -19,4 +19,5 @@ pub mod policy;
 pub mod probe;
 pub mod proxy;
 pub mod reload;
+pub mod report;
 pub mod timing;

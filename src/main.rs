@@ -9,19 +9,36 @@ fn main() {
     let code = match sluice::cli::execute(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("sluice: error: {err:#}");
-            if err.chain().any(|e| {
-                e.is::<sluice::policy::PolicyError>()
-                    || e.is::<sluice::bundle::BundleError>()
-                    || e.is::<sluice::cli::BadInput>()
-            }) {
-                exit::BAD_INPUT
-            } else {
-                exit::CANNOT_ENFORCE
-            }
+            eprintln!("sluice: error: {}", sluice::report::error_line(&err));
+            exit_status(&err)
         }
     };
     std::process::exit(code);
+}
+
+/// The exit status for one of sluice's own failures.
+fn exit_status(err: &anyhow::Error) -> i32 {
+    use sluice::attach::AttachError;
+    for cause in err.chain() {
+        if let Some(AttachError::Spawn { source, .. }) = cause.downcast_ref::<AttachError>() {
+            return match source.kind() {
+                std::io::ErrorKind::NotFound => exit::COMMAND_NOT_FOUND,
+                _ => exit::COMMAND_CANNOT_RUN,
+            };
+        }
+    }
+    let bad_input = err.chain().any(|e| {
+        e.is::<sluice::policy::PolicyError>()
+            || e.is::<sluice::bundle::BundleError>()
+            || e.is::<sluice::cli::BadInput>()
+            || e.is::<sluice::audit::AuditError>()
+            || e.is::<sluice::timing::TimingError>()
+    });
+    if bad_input {
+        exit::BAD_INPUT
+    } else {
+        exit::CANNOT_ENFORCE
+    }
 }
 
 fn init_logging(verbose: u8) {

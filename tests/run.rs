@@ -290,6 +290,48 @@ fn a_bad_policy_is_refused_before_anything_runs() {
     assert!(!marker.exists());
 }
 
+#[test]
+fn an_audit_log_that_cannot_be_written_stops_the_run_before_the_command() {
+    let Some(w) = World::new() else { return };
+    let marker = w.dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let child = w
+        .outer
+        .command(sluice_bin())
+        .arg("run")
+        .arg("--policy")
+        .arg(w.policy(POLICY))
+        .args(["--audit", "/nonexistent-dir/audit.jsonl", "--", "sh", "-c"])
+        .arg(&touch)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot open audit log /nonexistent-dir/audit.jsonl"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!marker.exists(), "the command ran without its audit log");
+}
+
+#[test]
+fn a_command_that_is_not_found_exits_127_and_one_that_cannot_run_126() {
+    let Some(w) = World::new() else { return };
+    let out = w.run(&w.policy(POLICY), &["/nonexistent-command"]);
+    assert_eq!(out.status.code(), Some(127), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot start the workload `/nonexistent-command`"),
+        "{}",
+        stderr(&out)
+    );
+    let not_executable = w.policy(POLICY);
+    let out = w.run(&w.policy(POLICY), &[not_executable.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
+}
+
 /// Start `sh -c script` under sluice and wait until it printed "ready".
 fn start_ready(w: &World, script: &str) -> (std::process::Child, u64) {
     let mut child = w

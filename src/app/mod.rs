@@ -71,6 +71,13 @@ pub struct ServiceOptions {
 
 impl Services {
     pub fn start(opts: ServiceOptions) -> Result<Services> {
+        // Files first: nothing may run while its records would be lost.
+        if let Some(path) = opts.audit.as_deref() {
+            crate::audit::check_writable(path)?;
+        }
+        if let Some(path) = opts.timings.as_deref() {
+            crate::timing::check_writable(path)?;
+        }
         let registry = prometheus::Registry::new();
         let metrics = Arc::new(Metrics::new(&registry).context("cannot register metrics")?);
         let (stop, stop_rx) = watch::channel(false);

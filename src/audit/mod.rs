@@ -18,4 +18,4 @@ pub use record::{line_hash, AuditEvent, AuditRecord, Proto, GENESIS};
 pub use rotate::{rotated_path, rotated_set};
 pub use tail::{format_record, tail, TailOptions, Tailer};
 pub use verify::{verify, verify_rotated, verify_with, Genesis, VerifyError, VerifySummary};
-pub use writer::{AuditError, AuditLog, AuditOptions, AuditWriter};
+pub use writer::{check_writable, AuditError, AuditLog, AuditOptions, AuditWriter};

@@ -1,9 +1,10 @@
 //! The single writer task that owns the audit file.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use prometheus::IntCounter;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
@@ -12,6 +13,14 @@ use super::rotate::{rotate_files, rotated_path, Rotation};
 
 /// Records queued before producers start waiting.
 const CHANNEL_CAPACITY: usize = 4096;
+
+/// A failed write (disk full, I/O error) is retried this often, keeping the
+/// records: producers wait on the full queue meanwhile rather than records
+/// being lost.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// Once every producer is gone (shutdown), a failing write is retried this
+/// many more times before the writer gives up and says how much was lost.
+const RETRIES_AT_SHUTDOWN: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -27,11 +36,20 @@ pub enum AuditError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot write audit log {path}: {source}")]
+    #[error(
+        "cannot write audit log {path}: {source}; {lost_bytes} bytes of records were not written"
+    )]
     Write {
         path: PathBuf,
         source: std::io::Error,
+        lost_bytes: usize,
     },
+}
+
+/// Check, before anything depends on it, that the audit log at `path` can
+/// be opened for appending (creating it if missing).
+pub fn check_writable(path: &Path) -> Result<(), AuditError> {
+    open_append(path).map(drop)
 }
 
 /// The producer side: cheap to clone, shared by every connection task.
@@ -133,8 +151,8 @@ impl AuditWriter {
             return Ok(n);
         };
         let (mut prev, mut seq) = chain_tail(&path).await;
-        let mut file = open_append(&path).await?;
-        let mut size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+        let mut file = open_append(&path)?;
+        let mut size = file.metadata().map(|m| m.len()).unwrap_or(0);
         let mut written = 0;
         let mut buf = Vec::with_capacity(64 * 1024);
         while let Some(event) = self.rx.recv().await {
@@ -149,15 +167,15 @@ impl AuditWriter {
                         // This line would overflow the file: finish it and
                         // start the next one. `prev` and `seq` carry over, so
                         // the new file's first line chains from this one's last.
-                        write_out(&mut file, &mut buf, &path).await?;
-                        file.sync_data().await.ok();
+                        (file, buf) = write_out(file, buf, &path, &self.rx).await?;
+                        file.sync_data().ok();
                         rotate_files(&path, rotation.keep).map_err(|source| {
                             AuditError::Rotate {
                                 path: path.clone(),
                                 source,
                             }
                         })?;
-                        file = open_append(&path).await?;
+                        file = open_append(&path)?;
                         size = 0;
                     }
                 }
@@ -171,37 +189,85 @@ impl AuditWriter {
                 }
             }
             size += buf.len() as u64;
-            write_out(&mut file, &mut buf, &path).await?;
+            (file, buf) = write_out(file, buf, &path, &self.rx).await?;
         }
-        file.sync_data().await.ok();
+        file.sync_data().ok();
         Ok(written)
     }
 }
 
-/// Write and flush `buf`, then clear it.
-async fn write_out(
-    file: &mut tokio::fs::File,
-    buf: &mut Vec<u8>,
+/// Write all of `buf` (on the blocking pool), then clear it. A failure
+/// keeps what is not written yet and retries every [`RETRY_EVERY`], so the
+/// chain stays whole and no record is lost while the disk is full; only at
+/// shutdown (`rx` closed) does it give up, after [`RETRIES_AT_SHUTDOWN`].
+async fn write_out<F: Write + Send + 'static>(
+    mut file: F,
+    mut buf: Vec<u8>,
     path: &Path,
-) -> Result<(), AuditError> {
-    let io = async {
-        file.write_all(buf).await?;
-        file.flush().await
-    };
-    io.await.map_err(|source| AuditError::Write {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    buf.clear();
-    Ok(())
+    rx: &mpsc::Receiver<AuditEvent>,
+) -> Result<(F, Vec<u8>), AuditError> {
+    let mut failures = 0u32;
+    loop {
+        let blocking = tokio::task::spawn_blocking(move || {
+            let written = write_some(&mut file, &buf);
+            (file, buf, written)
+        });
+        let (f, mut b, (written, error)) = match blocking.await {
+            Ok(done) => done,
+            Err(join) => {
+                return Err(AuditError::Write {
+                    path: path.to_path_buf(),
+                    source: std::io::Error::other(join.to_string()),
+                    lost_bytes: 0,
+                })
+            }
+        };
+        file = f;
+        b.drain(..written);
+        buf = b;
+        let Some(error) = error else {
+            return Ok((file, buf));
+        };
+        failures += 1;
+        if failures % 60 == 1 {
+            tracing::error!(
+                path = %path.display(),
+                %error,
+                pending_bytes = buf.len(),
+                "cannot write the audit log; retrying every second, and connections that need a record wait until it is written"
+            );
+        }
+        if rx.is_closed() && failures > RETRIES_AT_SHUTDOWN {
+            return Err(AuditError::Write {
+                path: path.to_path_buf(),
+                source: error,
+                lost_bytes: buf.len(),
+            });
+        }
+        tokio::time::sleep(RETRY_EVERY).await;
+    }
 }
 
-async fn open_append(path: &Path) -> Result<tokio::fs::File, AuditError> {
-    tokio::fs::OpenOptions::new()
+/// Write as much of `buf` as the file takes: how much, and the error that
+/// stopped it short, if any.
+fn write_some(file: &mut impl Write, buf: &[u8]) -> (usize, Option<std::io::Error>) {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.write(&buf[done..]) {
+            Ok(0) => return (done, Some(std::io::ErrorKind::WriteZero.into())),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return (done, Some(e)),
+        }
+    }
+    (done, None)
+}
+
+fn open_append(path: &Path) -> Result<std::fs::File, AuditError> {
+    std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .await
         .map_err(|source| AuditError::Open {
             path: path.to_path_buf(),
             source,
@@ -232,4 +298,80 @@ pub(crate) fn now_rfc3339() -> String {
     let now = time::OffsetDateTime::now_utc();
     now.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| now.unix_timestamp().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Takes `accept` bytes per write, and fails the first `failures`
+    /// writes after taking part of them (as a filling disk does).
+    struct FillingDisk {
+        written: Vec<u8>,
+        failures: usize,
+        accept: usize,
+    }
+
+    impl Write for FillingDisk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.failures > 0 {
+                self.failures -= 1;
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            let n = buf.len().min(self.accept);
+            self.written.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn open_channel() -> (mpsc::Sender<AuditEvent>, mpsc::Receiver<AuditEvent>) {
+        mpsc::channel(1)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_write_is_retried_until_every_byte_is_written_once() {
+        let (_tx, rx) = open_channel();
+        let records = b"{\"seq\":0}\n{\"seq\":1}\n".to_vec();
+        let disk = FillingDisk {
+            written: Vec::new(),
+            failures: 3,
+            accept: 5,
+        };
+        let (disk, rest) = write_out(disk, records.clone(), Path::new("audit.jsonl"), &rx)
+            .await
+            .unwrap();
+        assert!(rest.is_empty());
+        assert_eq!(disk.written, records);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_shutdown_a_write_that_keeps_failing_gives_up_and_says_how_much_was_lost() {
+        let (tx, rx) = open_channel();
+        drop(tx);
+        let disk = FillingDisk {
+            written: Vec::new(),
+            failures: usize::MAX,
+            accept: 5,
+        };
+        let err = write_out(disk, vec![b'x'; 42], Path::new("audit.jsonl"), &rx)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, AuditError::Write { lost_bytes: 42, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_unwritable_path_is_refused_before_anything_runs() {
+        let err = check_writable(Path::new("/nonexistent-dir/audit.jsonl")).unwrap_err();
+        assert!(
+            err.to_string().contains("check that its directory exists"),
+            "{err}"
+        );
+    }
 }

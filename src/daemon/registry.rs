@@ -188,7 +188,7 @@ impl Registry {
         let source = self.policy_source(&req)?;
         let active = ActiveSource::load(source, &self.shared)
             .await
-            .map_err(|e| ApiError::bad(format!("{e:#}")))?;
+            .map_err(|e| ApiError::bad(crate::report::error_line(&e)))?;
 
         let pid = req.pid;
         let (sandbox, process) = tokio::task::spawn_blocking(move || enforce(fd, pid))
@@ -216,7 +216,8 @@ impl Registry {
                     let _ = stop_reload.send(true);
                     while reload_tasks.join_next().await.is_some() {}
                     return Err(ApiError::internal(format!(
-                        "cannot serve the sandbox: {err:#}"
+                        "cannot serve the sandbox: {}",
+                        crate::report::error_line(&err)
                     )));
                 }
             };

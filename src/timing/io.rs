@@ -111,6 +111,20 @@ fn format_for(path: &Path) -> Format {
     }
 }
 
+/// Check, before anything depends on it, that a timings file can be
+/// created at `path` (the writer truncates it when it starts).
+pub fn check_writable(path: &Path) -> Result<(), TimingError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(drop)
+        .map_err(|source| TimingError::Open {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
 /// The consumer side: one task writing `path` until every `TimingLog` is
 /// dropped.
 pub struct TimingWriter {

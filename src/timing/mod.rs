@@ -18,7 +18,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 pub use compare::{compare, load_input, Comparison, Input, Phase};
-pub use io::{push_csv, read_file, TimingError, TimingLog, TimingWriter, CSV_HEADER};
+pub use io::{
+    check_writable, push_csv, read_file, TimingError, TimingLog, TimingWriter, CSV_HEADER,
+};
 pub use plot::{plot_svg, PlotError};
 
 /// One connection, from accept to close. Phases that did not happen (a
