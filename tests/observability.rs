@@ -574,6 +574,29 @@ async fn verify_rejects_a_damaged_line() {
 }
 
 #[tokio::test]
+async fn a_rotation_that_fails_loses_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    // FILE.1 is a directory with something in it: no rotation can succeed.
+    std::fs::create_dir(audit::rotated_path(&path, 1)).unwrap();
+    std::fs::write(audit::rotated_path(&path, 1).join("keep"), b"").unwrap();
+    let opts = AuditOptions {
+        max_bytes: Some(4 * 1024),
+        keep: 1,
+        ..AuditOptions::default()
+    };
+    let (log, writer) = AuditWriter::with_options(Some(&path), opts);
+    let task = tokio::spawn(writer.run());
+    for i in 0..100 {
+        log.record(deny(i)).await;
+    }
+    drop(log);
+    assert_eq!(task.await.unwrap().unwrap(), 100);
+    assert_eq!(lines(&path).len(), 100);
+    assert_eq!(audit::verify(&path).unwrap().records, 100);
+}
+
+#[tokio::test]
 async fn rotation_keeps_one_chain_across_files() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");

@@ -169,13 +169,16 @@ impl AuditWriter {
                         // the new file's first line chains from this one's last.
                         (file, buf) = write_out(file, buf, &path, &self.rx).await?;
                         file.sync_data().ok();
-                        rotate_files(&path, rotation.keep).map_err(|source| {
-                            AuditError::Rotate {
-                                path: path.clone(),
-                                source,
-                            }
-                        })?;
-                        file = open_append(&path)?;
+                        match rotate_files(&path, rotation.keep) {
+                            Ok(()) => file = open_append(&path)?,
+                            // Records matter more than file sizes: write on
+                            // in this file and try again after another
+                            // max_bytes.
+                            Err(source) => tracing::error!(
+                                error = %AuditError::Rotate { path: path.clone(), source },
+                                "writing on in the current audit file"
+                            ),
+                        }
                         size = 0;
                     }
                 }
