@@ -51,7 +51,10 @@ pub enum Command {
         after_help = "Example:\n  sluice run --policy policies/dev.yaml -- curl -sS http://origin.test:8080/\n\n\
 Allowed connections behave as without sluice. Denied plain-HTTP requests get a 403 naming the \
 rule and reason; other denied TCP gets a reset; UDP other than DNS, ICMP and raw IP are dropped \
-(sends fail with EPERM). Needs root."
+(sends fail with EPERM). Needs root.\n\n\
+Signals: SIGTERM, and SIGINT sent to sluice alone, are passed to the command, which is killed 5 s \
+later if still running. Ctrl-C at a terminal reaches the command directly, as without sluice, and \
+the command decides (a shell carries on). SIGHUP reloads the policy or bundle."
     )]
     Run(RunArgs),
     /// Validate a policy file; prints a summary or every error with file:line:column.

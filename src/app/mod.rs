@@ -386,9 +386,6 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     status
 }
 
-/// Wait for the child; on SIGINT/SIGTERM call `stop` (the first time, and
-/// again for a second signal), then SIGKILL the child [`STOP_GRACE`] later;
-/// SIGHUP reloads the policy.
 /// SIGINT, SIGTERM and SIGHUP, caught from the moment a session starts: a
 /// signal that arrives while the workload is being started is not lost, and
 /// never kills sluice with the workload still running.
@@ -413,6 +410,9 @@ impl Signals {
     }
 }
 
+/// Wait for the child; on SIGTERM, or a SIGINT that did not come from the
+/// terminal, call `stop` (the first time, and again for a second signal),
+/// then SIGKILL the child [`STOP_GRACE`] later; SIGHUP reloads the policy.
 pub(crate) async fn supervise(
     child: &mut tokio::process::Child,
     signals: &Signals,
@@ -426,7 +426,17 @@ pub(crate) async fn supervise(
     loop {
         let forward = tokio::select! {
             status = child.wait() => return Ok(exit_code(status?)),
-            _ = sigint.recv() => Some(nix::sys::signal::Signal::SIGINT),
+            _ = sigint.recv() => {
+                if terminal_interrupts_the_workload() {
+                    // The terminal sent Ctrl-C to its whole foreground group,
+                    // the workload included: what to do is the workload's
+                    // call (a shell or a REPL carries on), as without sluice.
+                    tracing::info!("Ctrl-C at the terminal: the workload got it too; serving it on");
+                    None
+                } else {
+                    Some(nix::sys::signal::Signal::SIGINT)
+                }
+            }
             _ = sigterm.recv() => Some(nix::sys::signal::Signal::SIGTERM),
             _ = sighup.recv() => {
                 tracing::info!("SIGHUP received: reloading the policy");
@@ -446,6 +456,18 @@ pub(crate) async fn supervise(
             deadline.get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
         }
     }
+}
+
+/// Whether sluice (and so the workload, which shares its process group)
+/// is the foreground job of its controlling terminal, so that a Ctrl-C
+/// there reached the workload directly.
+fn terminal_interrupts_the_workload() -> bool {
+    // SAFETY: getpgrp, isatty and tcgetpgrp take plain integers and only
+    // return values; they touch no memory of ours.
+    let group = unsafe { libc::getpgrp() };
+    [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO]
+        .into_iter()
+        .any(|fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == group })
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
