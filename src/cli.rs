@@ -205,7 +205,8 @@ pub struct RunArgs {
     pub source: PolicySourceArgs,
     #[command(flatten)]
     pub records: RecordArgs,
-    /// Run the command as USER (name or uid) instead of root.
+    /// Run the command as USER (name or uid) instead of root: do this for untrusted code (a root
+    /// command cannot leave the namespace, but it still owns the host's files).
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
     /// The command to run, after `--`.

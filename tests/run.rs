@@ -553,6 +553,24 @@ fn a_half_close_is_passed_on_to_the_origin() {
 }
 
 #[test]
+fn a_root_command_can_neither_leave_the_sandbox_namespace_nor_touch_its_ruleset() {
+    let Some(w) = World::new() else { return };
+    // $PPID is sluice, whose namespace is the way out.
+    let script = "nsenter --net=/proc/$PPID/ns/net true && echo LEFT; \
+                  nft flush ruleset && echo FLUSHED; \
+                  grep CapBnd /proc/self/status";
+    let out = w.run(&w.policy(POLICY), &["sh", "-c", script]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("LEFT"), "{text}");
+    assert!(!text.contains("FLUSHED"), "{text}");
+    let bounding = u64::from_str_radix(text.trim().rsplit('\t').next().unwrap(), 16).unwrap();
+    for cap in [12, 19, 21] {
+        assert_eq!(bounding & (1 << cap), 0, "capability {cap} kept: {text}");
+    }
+}
+
+#[test]
 fn the_command_runs_as_the_given_user() {
     let Some(w) = World::new() else { return };
     let mut cmd = w.outer.command(sluice_bin());
