@@ -2,7 +2,8 @@
 //! topology (a namespace standing in for the host, with an origin server),
 //! runs a sandboxed client under the embedded policies/demo.yaml, and shows
 //! an allowed request, a denied one with its audit record, bypass attempts
-//! failing and the nft drop counter; then removes everything it made.
+//! failing (also as root) and the nft drop counter, read through /metrics;
+//! then removes everything it made.
 
 pub mod topology;
 
@@ -18,6 +19,8 @@ use topology::OuterNetns;
 pub const DEMO_POLICY: &str = include_str!("../../policies/demo.yaml");
 
 const ORIGIN: &str = "198.18.0.1";
+/// sluice's metrics endpoint, in the demo's outer namespace.
+const METRICS: &str = "127.0.0.1:9464";
 
 pub fn run() -> Result<i32> {
     crate::cli::require_root("sluice demo")?;
@@ -30,6 +33,7 @@ pub fn run() -> Result<i32> {
     let dir = tempdir()?;
     let policy_path = dir.join("demo.yaml");
     let audit_path = dir.join("audit.jsonl");
+    let (attempted, shown) = (dir.join("attempted"), dir.join("shown"));
     std::fs::write(&policy_path, DEMO_POLICY)?;
 
     let origin: IpAddr = ORIGIN.parse().expect("literal");
@@ -65,24 +69,49 @@ step "5. A bypass attempt: ICMP echo over a raw socket:" "ping {ORIGIN}"
 {me} probe icmp {ORIGIN}
 step "6. A bypass attempt: TCP to an address no rule allows (nftables hands it to sluice, which resets it):" "connect 198.18.0.2:22"
 {me} probe tcp 198.18.0.2:22
-step "7. The sandbox's nftables drop counter (packets that tried to go around sluice):" "nft list chain inet sluice output_filter | grep drop"
-nft list chain inet sluice output_filter | grep -m1 'counter' | sed 's/^[[:space:]]*//'
+step "7. A bypass attempt as root: step into sluice's own namespace, or flush the sandbox's rules:" "nsenter --net=/proc/<sluice>/ns/net ...; nft flush ruleset"
+nsenter --net=/proc/$PPID/ns/net true 2>&1
+printf '   '; nft flush ruleset 2>&1 | head -n 1
+step "8. The sandbox's drop counter (packets that tried to go around sluice), as sluice exports it:" "curl http://{METRICS}/metrics | grep dropped   (from outside the sandbox)"
+touch {attempted}
+i=0; while [ ! -e {shown} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
 exit 0
-"#
+"#,
+        attempted = attempted.display(),
+        shown = shown.display(),
     );
-    let status = outer
+    let mut child = outer
         .command(&exe)
         .arg("run")
         .arg("--policy")
         .arg(&policy_path)
         .arg("--audit")
         .arg(&audit_path)
+        .args(["--metrics", METRICS])
         .args(["--", "sh", "-c", &script])
-        .status()
+        .spawn()
         .context("cannot start `sluice run` in the demo namespace")?;
+    // The counter is read from outside: inside, even root may not look at
+    // the rules.
+    if wait_for(&attempted, &mut child) {
+        match outer.run_in(|| scrape(METRICS)) {
+            Ok(Ok(text)) => {
+                for line in text
+                    .lines()
+                    .filter(|l| l.starts_with("sluice_dropped_packets_total"))
+                {
+                    println!("   {line}");
+                }
+            }
+            Ok(Err(err)) => println!("(cannot read {METRICS}/metrics: {err})"),
+            Err(err) => println!("(cannot read {METRICS}/metrics: {err:#})"),
+        }
+        std::fs::write(&shown, b"")?;
+    }
+    let status = child.wait().context("waiting for `sluice run`")?;
 
     println!(
-        "\n8. The audit log: one hash-chained JSON line per deny, shown as `sluice audit tail` prints it:"
+        "\n9. The audit log: one hash-chained JSON line per deny, shown as `sluice audit tail` prints it:"
     );
     let audit = std::fs::read_to_string(&audit_path).unwrap_or_default();
     for line in audit.lines() {
@@ -108,6 +137,36 @@ exit 0
     }
     println!("\nNext: sluice run --policy policies/dev.yaml -- <your command>   (see README.md)");
     Ok(0)
+}
+
+/// Wait (bounded) until the workload created `marker`; false if it ended or
+/// never did.
+fn wait_for(marker: &std::path::Path, child: &mut std::process::Child) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if marker.exists() {
+            return true;
+        }
+        if child.try_wait().ok().flatten().is_some() {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+/// GET /metrics from `addr` (a plain HTTP/1.1 request, read to the end).
+fn scrape(addr: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 fn which(tool: &str) -> Option<std::path::PathBuf> {
