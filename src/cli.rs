@@ -688,11 +688,13 @@ fn bundle(cmd: BundleCommand) -> anyhow::Result<i32> {
         } => {
             let expires = match expires {
                 Some(at) => bundle::parse_time(&at).map_err(|e| {
-                    anyhow::anyhow!("--expires {at}: {e}; write an RFC 3339 UTC time such as 2027-01-01T00:00:00Z")
+                    BadInput(anyhow::anyhow!("--expires {at}: {e}; write an RFC 3339 UTC time such as 2027-01-01T00:00:00Z"))
                 })?,
                 None => {
                     let d = humantime::parse_duration(&ttl).map_err(|e| {
-                        anyhow::anyhow!("--ttl {ttl}: {e}; write a duration such as 30d or 12h")
+                        BadInput(anyhow::anyhow!(
+                            "--ttl {ttl}: {e}; write a duration such as 30d or 12h"
+                        ))
                     })?;
                     time::OffsetDateTime::now_utc() + d
                 }
@@ -761,7 +763,7 @@ fn check(path: &std::path::Path) -> anyhow::Result<i32> {
 
 fn explain(path: &std::path::Path, dest: &str, host: Option<&str>) -> anyhow::Result<i32> {
     let policy = crate::policy::Policy::load(path)?;
-    let dst = parse_dest(dest)?;
+    let dst = parse_dest(dest).map_err(BadInput::from)?;
     let decision = policy.decide(dst, host, &crate::policy::AnyResolution);
     println!("destination: {dst}");
     if let Some(host) = host {
@@ -841,6 +843,13 @@ fn audit(cmd: AuditCommand) -> anyhow::Result<i32> {
             match crate::audit::tail(&file, &options, &mut out) {
                 Ok(()) => Ok(0),
                 Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                    Err(BadInput(anyhow::anyhow!(
+                        "cannot read {}: {err}; give the file --audit wrote",
+                        file.display()
+                    ))
+                    .into())
+                }
                 Err(err) => Err(anyhow::anyhow!("cannot read {}: {err}", file.display())),
             }
         }

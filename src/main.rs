@@ -20,11 +20,15 @@ fn main() {
 fn exit_status(err: &anyhow::Error) -> i32 {
     use sluice::attach::AttachError;
     for cause in err.chain() {
-        if let Some(AttachError::Spawn { source, .. }) = cause.downcast_ref::<AttachError>() {
-            return match source.kind() {
-                std::io::ErrorKind::NotFound => exit::COMMAND_NOT_FOUND,
-                _ => exit::COMMAND_CANNOT_RUN,
-            };
+        match cause.downcast_ref::<AttachError>() {
+            Some(AttachError::Spawn { source, .. }) => {
+                return match source.kind() {
+                    std::io::ErrorKind::NotFound => exit::COMMAND_NOT_FOUND,
+                    _ => exit::COMMAND_CANNOT_RUN,
+                }
+            }
+            Some(AttachError::UnknownUser(_)) => return exit::BAD_INPUT,
+            _ => {}
         }
     }
     let bad_input = err.chain().any(|e| {

@@ -945,7 +945,12 @@ fn https_200_applies_and_304_does_not_reload() {
         // The poller: unchanged polls are all 304s.
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(reloader.run(stopped));
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        let waited = Instant::now();
+        while served.not_modified.load(Ordering::SeqCst) < 2
+            && waited.elapsed() < Duration::from_secs(20)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let polls = served.not_modified.load(Ordering::SeqCst);
         assert!(polls >= 2, "expected polls answered 304, got {polls}");
         *served.body.lock().unwrap() = (signed_archive(&k, 3, 3), "\"v3\"".into());

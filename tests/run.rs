@@ -571,6 +571,31 @@ fn a_root_command_can_neither_leave_the_sandbox_namespace_nor_touch_its_ruleset(
 }
 
 #[test]
+fn an_unknown_user_is_bad_input_and_nothing_runs() {
+    let Some(w) = World::new() else { return };
+    let marker = w.dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let child = w
+        .outer
+        .command(sluice_bin())
+        .args(["run", "--user", "no-such-user-here", "--policy"])
+        .arg(w.policy(POLICY))
+        .args(["--", "sh", "-c", &touch])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown user `no-such-user-here`"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!marker.exists());
+}
+
+#[test]
 fn the_command_runs_as_the_given_user() {
     let Some(w) = World::new() else { return };
     let mut cmd = w.outer.command(sluice_bin());
@@ -611,13 +636,14 @@ fn audit_mode_lets_a_denied_connection_through_and_records_would_deny() {
 #[test]
 fn connections_over_the_limit_wait_for_a_free_slot_and_say_so() {
     let Some(w) = World::new() else { return };
-    w.echo_origin("198.18.0.1:7000");
+    w.holding_origin("198.18.0.1:7000");
     w.http_origin("198.18.0.1:8080");
     let bin = sluice_bin();
-    // fd 3 holds the only slot (the echo origin waits for EOF); a request
-    // made meanwhile gets no answer; once fd 3 closes, requests go through.
+    // fd 3 holds the only slot (its greeting proves it is relayed, and the
+    // origin holds it until EOF); a request made meanwhile gets no answer;
+    // once fd 3 closes, requests go through.
     let script = format!(
-        "exec 3<>/dev/tcp/198.18.0.1/7000; sleep 0.3; \
+        "exec 3<>/dev/tcp/198.18.0.1/7000; read -r greeting <&3; \
          timeout 1 {bin} probe http http://198.18.0.1:8080/; echo while-held=$?; \
          exec 3>&-; \
          {bin} probe http http://198.18.0.1:8080/ >/dev/null; echo after-release=$?"

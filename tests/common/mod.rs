@@ -107,6 +107,15 @@ impl World {
         });
     }
 
+    /// A TCP server that says "hello" at once and then holds the
+    /// connection until the client closes it.
+    pub fn holding_origin(&self, addr: &str) {
+        self.serve_each(addr, |mut stream| {
+            let _ = stream.write_all(b"hello\n");
+            let _ = std::io::copy(&mut stream, &mut std::io::sink());
+        });
+    }
+
     /// A server-first TCP server (as SSH or SMTP): sends `banner` at once,
     /// then closes.
     pub fn banner_origin(&self, addr: &str, banner: &'static str) {

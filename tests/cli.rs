@@ -1,0 +1,170 @@
+//! The commands that need no privileges, as a user types them: `check`,
+//! `explain`, and how bad input is answered.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(sluice_bin())
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+fn bad_policy(dir: &Path) -> String {
+    let path = dir.join("bad.yaml");
+    std::fs::write(
+        &path,
+        "version: 1\nname: bad\nrules:\n  - name: x\n    action: allow\n    cidrs: [\"300.1.1.1/8\"]\n    ports: [\"9-2\"]\n  - name: x\n    action: allow\n    hosts: [\"a.*.com\"]\n    colour: red\n",
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn check_accepts_every_shipped_policy() {
+    for policy in ["policies/dev.yaml", "policies/demo.yaml"] {
+        let out = sluice(&["check", "--policy", policy]);
+        assert!(out.status.success(), "{policy}: {}", stderr(&out));
+        assert!(stdout(&out).contains("is valid"), "{}", stdout(&out));
+    }
+}
+
+#[test]
+fn check_reports_every_error_with_its_line_and_column_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = bad_policy(dir.path());
+    let out = sluice(&["check", "--policy", &path]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = stderr(&out);
+    for (at, what) in [
+        (":6:13:", "is not a CIDR"),
+        (":7:13:", "runs backwards"),
+        (":8:11:", "duplicate rule name `x`"),
+        (":10:13:", "wildcard"),
+        (":11:5:", "unknown key `colour`"),
+    ] {
+        assert!(
+            text.lines().any(|l| l.contains(at) && l.contains(what)),
+            "no `{what}` at {at}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn explain_prints_verdict_rule_and_reason() {
+    let allowed = sluice(&[
+        "explain",
+        "--policy",
+        "policies/dev.yaml",
+        "198.18.0.1:8080",
+    ]);
+    let text = stdout(&allowed);
+    assert!(allowed.status.success(), "{}", stderr(&allowed));
+    assert!(text.contains("verdict:     allow"), "{text}");
+    assert!(text.contains("rule:        origin"), "{text}");
+    assert!(text.contains("reason:      allow-rule"), "{text}");
+
+    let denied = sluice(&[
+        "explain",
+        "--policy",
+        "policies/dev.yaml",
+        "169.254.169.254:80",
+    ]);
+    let text = stdout(&denied);
+    assert!(text.contains("verdict:     deny"), "{text}");
+    assert!(text.contains("rule:        no-metadata"), "{text}");
+    assert!(text.contains("reason:      deny-rule"), "{text}");
+
+    let unknown = sluice(&[
+        "explain",
+        "--policy",
+        "policies/dev.yaml",
+        "[2001:db8::9]:443",
+    ]);
+    assert!(
+        stdout(&unknown).contains("reason:      no-rule"),
+        "{}",
+        stdout(&unknown)
+    );
+}
+
+#[test]
+fn explain_refuses_something_that_is_not_an_address_and_says_what_to_give() {
+    let out = sluice(&["explain", "--policy", "policies/dev.yaml", "nonsense"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not an address"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_missing_policy_file_is_named_once_with_what_to_do() {
+    let out = sluice(&["check", "--policy", "/nonexistent/policy.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = stderr(&out);
+    assert!(text.contains("/nonexistent/policy.yaml"), "{text}");
+    assert!(text.contains("check the path"), "{text}");
+    assert_eq!(
+        text.matches("No such file or directory").count(),
+        1,
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_ttl_or_expiry_when_signing_is_bad_input_with_an_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let out_dir = out_dir.to_str().unwrap();
+    let key = dir.path().join("key");
+    let key = key.to_str().unwrap();
+    let base = [
+        "bundle",
+        "sign",
+        "--key",
+        key,
+        "--policy",
+        "policies/dev.yaml",
+    ];
+    let ttl = sluice(
+        &[
+            &base[..],
+            &["--revision", "1", "--ttl", "3x", "--out", out_dir],
+        ]
+        .concat(),
+    );
+    assert_eq!(ttl.status.code(), Some(2), "{}", stderr(&ttl));
+    assert!(stderr(&ttl).contains("such as 30d"), "{}", stderr(&ttl));
+    let expires = sluice(
+        &[
+            &base[..],
+            &["--revision", "1", "--expires", "tomorrow", "--out", out_dir],
+        ]
+        .concat(),
+    );
+    assert_eq!(expires.status.code(), Some(2), "{}", stderr(&expires));
+    assert!(
+        stderr(&expires).contains("RFC 3339"),
+        "{}",
+        stderr(&expires)
+    );
+}
+
+#[test]
+fn audit_tail_of_a_missing_file_is_bad_input() {
+    let out = sluice(&["audit", "tail", "/nonexistent/audit.jsonl"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/audit.jsonl"),
+        "{}",
+        stderr(&out)
+    );
+}
