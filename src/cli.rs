@@ -113,8 +113,8 @@ a distribution has two.\n\nExample:\n  sluice compare direct.csv proxied.csv --p
     #[command(
         after_help = "Example:\n  sluice oci --policy policies/dev.yaml -- podman run --rm IMAGE wget -qO- http://origin.test:8080/\n\n\
 sluice creates the sandbox namespace as `sluice run` does and adds `--network ns:<it>` to podman's \
-options; a --network, --net, --pod or --privileged of your own is refused, since the container would \
-no longer be confined to that namespace. Exits with podman's status (the container's). With \
+options; a --network, --net, --pod, --privileged, --cap-add SYS_ADMIN or --pid host of your own is \
+refused, since the container would no longer be confined to that namespace. Exits with podman's status (the container's). With \
 `podman run -d`, sluice stays until the container stops (`podman stop ID` ends both). Audit, timing \
 and metrics records carry path \"oci\" and the container id. Needs root; podman must use runc \
 here (see containers/containers.conf and docs/oci.md)."
@@ -543,6 +543,17 @@ fn oci_hook(socket: Option<&std::path::Path>) -> anyhow::Result<i32> {
         return Ok(0);
     }
     let pid = state.pid.filter(|p| *p > 0).ok_or(oci::OciError::NoPid)?;
+    // Whatever started it: a container that could leave its namespace does
+    // not start.
+    match &state.bundle {
+        Some(bundle) => oci::check_bundle_confinement(bundle).map_err(BadInput::from)?,
+        None => {
+            return Err(BadInput(anyhow::anyhow!(
+                "the container state names no bundle: cannot check how the container is confined"
+            ))
+            .into())
+        }
+    }
     match HookPlan::from_annotations(&state.annotations).map_err(BadInput::from)? {
         HookPlan::CheckWrapped { inode } => {
             oci::check_wrapped(pid, &inode)?;

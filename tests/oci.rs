@@ -1063,6 +1063,56 @@ fn a_hook_with_a_bad_policy_aborts_the_start() {
 }
 
 #[test]
+fn the_hook_refuses_a_container_that_could_leave_its_namespace() {
+    let Some((w, env)) = setup() else { return };
+    let daemon = Daemon::start(&w, env);
+    for (extra, why) in [
+        (&["--cap-add", "SYS_ADMIN"][..], "CAP_SYS_ADMIN"),
+        (&["--pid", "host"][..], "process namespace"),
+    ] {
+        let ran = run_container(
+            &w,
+            env,
+            Via::Hook(&daemon),
+            &w.policy(POLICY),
+            extra,
+            "echo container-ran",
+        );
+        assert!(!ran.out.status.success(), "{extra:?}");
+        assert!(!ran.stdout().contains("container-ran"), "{extra:?}");
+        assert!(ran.stderr().contains(why), "{extra:?}: {}", ran.stderr());
+        assert!(daemon.status().is_empty());
+    }
+}
+
+#[test]
+fn the_wrapper_refuses_options_that_lead_around_the_namespace() {
+    let Some((w, env)) = setup() else { return };
+    for (option, value) in [
+        ("--cap-add", "SYS_ADMIN"),
+        ("--cap-add", "ALL"),
+        ("--pid", "host"),
+    ] {
+        let cidfile = unique(&w, "cid");
+        let out = in_outer(&w, env, sluice_bin())
+            .args(["oci", "--policy"])
+            .arg(w.policy(POLICY))
+            .args(["--", "podman", "run", "--rm", "--cidfile"])
+            .arg(&cidfile)
+            .args([option, value, env.image.as_str(), "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("`{option} {value}` would")),
+            "{}",
+            stderr(&out)
+        );
+        assert!(!cidfile.exists(), "a container was created");
+    }
+}
+
+#[test]
 fn the_hook_refuses_a_namespace_with_a_link_out() {
     let Some((w, env)) = setup() else { return };
     let daemon = Daemon::start(&w, env);

@@ -55,6 +55,13 @@ pub enum OciError {
     },
     #[error("cannot read the container state on stdin: {0}; sluice oci-hook is an OCI createRuntime hook and expects the runtime's state JSON")]
     State(String),
+    #[error("the container {why}; sluice does not attach such a container: {fix}")]
+    Unconfined {
+        why: &'static str,
+        fix: &'static str,
+    },
+    #[error("cannot read the container's runtime config {}: {cause}", path.display())]
+    RuntimeConfig { path: PathBuf, cause: String },
     #[error("the container state has no pid: sluice oci-hook must run at the createRuntime stage (see containers/hooks.d/sluice.json)")]
     NoPid,
     #[error("the container has neither an io.sluice.policy nor an io.sluice.bundle annotation: add one (e.g. --annotation io.sluice.policy=/etc/sluice/policy.yaml), or do not install the hook for it")]
@@ -80,6 +87,70 @@ fn refused(long: &str) -> Option<&'static str> {
         }
         _ => return None,
     })
+}
+
+/// What an option's value does to the sandbox, if it is refused.
+fn refused_value(long: &str, value: &str) -> Option<&'static str> {
+    let cap = |c: &str| {
+        let c = c.trim().to_ascii_uppercase();
+        let c = c.strip_prefix("CAP_").unwrap_or(&c).to_string();
+        c == "SYS_ADMIN" || c == "ALL"
+    };
+    match long {
+        "cap-add" if value.split(',').any(cap) => Some(
+            "give the container CAP_SYS_ADMIN, with which it can enter another network namespace (setns), around sluice",
+        ),
+        "pid" if value.eq_ignore_ascii_case("host") => Some(
+            "share the host's processes with the container, whose namespaces lead around sluice",
+        ),
+        _ => None,
+    }
+}
+
+/// Refuse a container that could leave the network namespace sluice
+/// enforces, whatever started it: `config` is its OCI runtime config
+/// (config.json in the bundle directory the runtime names in its state).
+pub fn check_confinement(config: &serde_json::Value) -> Result<(), OciError> {
+    let caps = &config["process"]["capabilities"];
+    let has_sys_admin = [
+        "bounding",
+        "effective",
+        "permitted",
+        "ambient",
+        "inheritable",
+    ]
+    .iter()
+    .filter_map(|set| caps[set].as_array())
+    .flatten()
+    .any(|c| c.as_str() == Some("CAP_SYS_ADMIN"));
+    if has_sys_admin {
+        return Err(OciError::Unconfined {
+            why: "has CAP_SYS_ADMIN, with which it could enter another network namespace (setns) around sluice",
+            fix: "start it without --privileged or --cap-add SYS_ADMIN",
+        });
+    }
+    let own_pid_namespace = config["linux"]["namespaces"].as_array().is_some_and(|ns| {
+        ns.iter()
+            .any(|n| n["type"] == "pid" && n["path"].as_str().is_none_or(str::is_empty))
+    });
+    if !own_pid_namespace {
+        return Err(OciError::Unconfined {
+            why: "shares another process namespace (--pid host or --pid ns:...), whose processes' namespaces lead around sluice",
+            fix: "start it with its own process namespace (leave out --pid)",
+        });
+    }
+    Ok(())
+}
+
+/// Read the runtime config of the container whose OCI bundle is `bundle`
+/// and check it with [`check_confinement`].
+pub fn check_bundle_confinement(bundle: &Path) -> Result<(), OciError> {
+    let path = bundle.join("config.json");
+    let config: serde_json::Value = std::fs::read(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
+        .map_err(|cause| OciError::RuntimeConfig { path, cause })?;
+    check_confinement(&config)
 }
 
 /// `podman run` options that take no value (podman 4). Every other option
@@ -224,6 +295,12 @@ impl PodmanRun {
     }
 
     fn long_option(&mut self, name: &str, flag: bool, value: Option<&str>) -> Result<(), OciError> {
+        if let Some(why) = value.and_then(|v| refused_value(name, v)) {
+            return Err(OciError::Bypass {
+                option: format!("--{name} {}", value.unwrap_or_default()),
+                why,
+            });
+        }
         if let Some(why) = refused(name) {
             let off = flag && value.is_some_and(|v| v.eq_ignore_ascii_case("false"));
             if !off {
@@ -537,6 +614,56 @@ mod tests {
         let run = parse("podman run -e --network img").unwrap();
         assert!(!run.detach);
         assert!(parse("podman run -itw /w img").is_ok());
+    }
+
+    #[test]
+    fn options_that_lead_around_the_namespace_are_refused_by_value() {
+        for bad in [
+            "podman run --cap-add SYS_ADMIN img",
+            "podman run --cap-add=cap_sys_admin img",
+            "podman run --cap-add NET_RAW,ALL img",
+            "podman run --pid host img",
+            "podman run --pid=HOST img",
+        ] {
+            let err = PodmanRun::parse(&argv(bad)).unwrap_err();
+            assert!(matches!(err, OciError::Bypass { .. }), "{bad}: {err}");
+        }
+        for good in [
+            "podman run --cap-add NET_ADMIN img",
+            "podman run --pid private img",
+            "podman run img sh -c --pid=host",
+        ] {
+            assert!(PodmanRun::parse(&argv(good)).is_ok(), "{good}");
+        }
+    }
+
+    fn runtime_config(caps: &[&str], pid_ns: Option<&str>) -> serde_json::Value {
+        let mut namespaces = vec![serde_json::json!({"type": "network", "path": "/proc/1/ns/net"})];
+        if let Some(path) = pid_ns {
+            namespaces.push(serde_json::json!({"type": "pid", "path": path}));
+        }
+        serde_json::json!({
+            "process": {"capabilities": {"bounding": caps, "effective": caps}},
+            "linux": {"namespaces": namespaces}
+        })
+    }
+
+    #[test]
+    fn the_hook_refuses_a_container_that_could_leave_its_namespace() {
+        let fine = runtime_config(&["CAP_CHOWN", "CAP_NET_ADMIN"], Some(""));
+        assert!(check_confinement(&fine).is_ok());
+        let sys_admin = runtime_config(&["CAP_CHOWN", "CAP_SYS_ADMIN"], Some(""));
+        assert!(matches!(
+            check_confinement(&sys_admin),
+            Err(OciError::Unconfined { .. })
+        ));
+        let host_pid = runtime_config(&["CAP_CHOWN"], None);
+        assert!(matches!(
+            check_confinement(&host_pid),
+            Err(OciError::Unconfined { .. })
+        ));
+        let joined_pid = runtime_config(&["CAP_CHOWN"], Some("/proc/42/ns/pid"));
+        assert!(check_confinement(&joined_pid).is_err());
     }
 
     #[test]
