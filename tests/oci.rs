@@ -839,28 +839,34 @@ fn the_container_exit_status_is_relayed() {
 // ---------------------------------------------------------------------------
 // The wrapper.
 
+/// `sluice oci -- podman run --rm OPTIONS IMAGE true`, which must be
+/// refused (exit 2) before any container is created; returns what it said.
+fn wrapper_refusal(w: &World, env: &OciEnv, options: &[&str]) -> String {
+    let cidfile = unique(w, "cid");
+    let out = in_outer(w, env, sluice_bin())
+        .args(["oci", "--policy"])
+        .arg(w.policy(POLICY))
+        .args(["--", "podman", "run", "--rm", "--cidfile"])
+        .arg(&cidfile)
+        .args(options)
+        .args([env.image.as_str(), "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{options:?}: {}", stderr(&out));
+    assert!(!cidfile.exists(), "{options:?}: a container was created");
+    stderr(&out)
+}
+
 #[test]
 fn the_wrapper_refuses_network_host_and_says_why() {
     let Some((w, env)) = setup() else { return };
     for network in [["--network", "host"], ["--net", "host"], ["--pod", "p1"]] {
-        let cidfile = unique(&w, "cid");
-        let out = in_outer(&w, env, sluice_bin())
-            .args(["oci", "--policy"])
-            .arg(w.policy(POLICY))
-            .args(["--", "podman", "run", "--rm", "--cidfile"])
-            .arg(&cidfile)
-            .args(network)
-            .args([env.image.as_str(), "true"])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-        let err = stderr(&out);
+        let err = wrapper_refusal(&w, env, &network);
         assert!(
             err.contains(&format!("`{}` would put the container in", network[0])),
             "{err}"
         );
         assert!(err.contains("leave"), "{err}");
-        assert!(!cidfile.exists(), "a container was created");
     }
 }
 
@@ -1093,22 +1099,8 @@ fn the_wrapper_refuses_options_that_lead_around_the_namespace() {
         ("--cap-add", "ALL"),
         ("--pid", "host"),
     ] {
-        let cidfile = unique(&w, "cid");
-        let out = in_outer(&w, env, sluice_bin())
-            .args(["oci", "--policy"])
-            .arg(w.policy(POLICY))
-            .args(["--", "podman", "run", "--rm", "--cidfile"])
-            .arg(&cidfile)
-            .args([option, value, env.image.as_str(), "true"])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-        assert!(
-            stderr(&out).contains(&format!("`{option} {value}` would")),
-            "{}",
-            stderr(&out)
-        );
-        assert!(!cidfile.exists(), "a container was created");
+        let err = wrapper_refusal(&w, env, &[option, value]);
+        assert!(err.contains(&format!("`{option} {value}` would")), "{err}");
     }
 }
 
