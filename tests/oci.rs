@@ -456,11 +456,25 @@ fn start_until_ready(w: &World, env: &OciEnv, via: Via, script: &str) -> Started
             Via::Wrapper => String::new(),
         }
     );
-    let id = std::fs::read_to_string(&cidfile)
-        .unwrap()
-        .trim()
-        .to_string();
+    let id = container_id(&cidfile);
     Started { child, id }
+}
+
+/// The container id podman writes to `cidfile`, once it is there: podman
+/// creates the file before it writes the id.
+fn container_id(cidfile: &Path) -> String {
+    let read = || {
+        std::fs::read_to_string(cidfile)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || !read().is_empty()),
+        "no container id in {}",
+        cidfile.display()
+    );
+    read()
 }
 
 fn audit_of(w: &World, via: Via) -> Vec<serde_json::Value> {
@@ -888,25 +902,22 @@ fn the_wrapper_stays_for_a_detached_container_until_podman_stop() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    assert!(
-        eventually(Duration::from_secs(30), || cidfile.exists()),
-        "no container id"
-    );
-    let id = std::fs::read_to_string(&cidfile)
-        .unwrap()
-        .trim()
-        .to_string();
+    let id = container_id(&cidfile);
     let _guard = RemoveOnDrop(env, id.clone());
-    // podman -d has returned; sluice is still serving the container.
+    // The container runs detached; sluice stays to serve it.
     let exec = |url: &str| {
         podman(env)
             .args(["exec", &id, "sluice", "probe", "http", url])
             .output()
             .unwrap()
     };
+    // The container may still be starting when its id is known.
     let mut allowed = exec("http://198.18.0.1:8080/");
-    if !allowed.status.success() {
-        std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..40 {
+        if allowed.status.success() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
         allowed = exec("http://198.18.0.1:8080/");
     }
     assert!(
@@ -958,10 +969,7 @@ fn a_wrapped_container_cannot_be_started_again_once_sluice_is_gone() {
         .args([env.image.as_str(), "echo", "first-run"])
         .output()
         .unwrap();
-    let id = std::fs::read_to_string(&cidfile)
-        .unwrap()
-        .trim()
-        .to_string();
+    let id = container_id(&cidfile);
     let _guard = RemoveOnDrop(env, id.clone());
     assert!(stdout(&out).contains("first-run"), "{}", stderr(&out));
     let again = podman(env).args(["start", "-a", &id]).output().unwrap();
@@ -1289,10 +1297,7 @@ fn ten_containers_at_once_through_one_daemon_get_their_own_policy_and_sandbox_id
             "container {i}: {text}\n{}",
             stderr(&out)
         );
-        let id = std::fs::read_to_string(&cidfile)
-            .unwrap()
-            .trim()
-            .to_string();
+        let id = container_id(&cidfile);
         let entry = status
             .iter()
             .find(|s| s["id"] == id.as_str())
