@@ -235,7 +235,10 @@ pub struct RecordArgs {
     /// namespace (never reachable from inside the sandbox).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
-    /// Connections relayed at once; more wait for a free slot.
+    /// Connections relayed at once; more wait for a free slot. Each takes six
+    /// file descriptors: sluice raises its own soft limit to the hard one (the
+    /// command keeps the limit it was started with) and serves no more than
+    /// that allows.
     #[arg(long, default_value_t = 4096, value_name = "N")]
     pub max_connections: usize,
 }

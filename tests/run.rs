@@ -596,6 +596,46 @@ fn an_unknown_user_is_bad_input_and_nothing_runs() {
 }
 
 #[test]
+fn a_low_descriptor_limit_does_not_cut_connections_and_the_command_keeps_it() {
+    use std::os::unix::process::CommandExt;
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    // 100 connections at once need about 600 descriptors in sluice.
+    let script = format!(
+        "ulimit -Sn; {bin} probe http --count 400 --concurrency 100 http://198.18.0.1:8080/bytes/200000",
+        bin = sluice_bin()
+    );
+    let mut cmd = w.run_command(&w.policy(POLICY), &["sh", "-c", &script]);
+    // SAFETY: setrlimit is async-signal-safe; it only lowers the soft limit.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            limit.rlim_cur = 256;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, Duration::from_secs(120));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert_eq!(text.lines().next(), Some("256"), "{text}");
+    assert!(text.contains("failures 0"), "{text}\n{}", stderr(&out));
+}
+
+#[test]
 fn the_command_runs_as_the_given_user() {
     let Some(w) = World::new() else { return };
     let mut cmd = w.outer.command(sluice_bin());

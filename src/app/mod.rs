@@ -78,6 +78,18 @@ impl Services {
         if let Some(path) = opts.timings.as_deref() {
             crate::timing::check_writable(path)?;
         }
+        let mut limits = opts.limits;
+        let fd_limit = crate::attach::fds::raise();
+        let fits = crate::attach::fds::connections_within(fd_limit).max(1);
+        if limits.max_connections > fits {
+            tracing::info!(
+                asked = limits.max_connections,
+                serving = fits,
+                fd_limit,
+                "the descriptor limit caps connections relayed at once (more wait their turn); raise `ulimit -Hn` for more"
+            );
+            limits.max_connections = fits;
+        }
         let registry = prometheus::Registry::new();
         let metrics = Arc::new(Metrics::new(&registry).context("cannot register metrics")?);
         let (stop, stop_rx) = watch::channel(false);
@@ -130,7 +142,7 @@ impl Services {
                 audit_allows: opts.audit_allows,
                 metrics: Some(metrics),
                 timings,
-                limits: opts.limits,
+                limits,
                 internal: opts.metrics.into_iter().collect(),
                 default_upstream: opts.default_upstream,
             },

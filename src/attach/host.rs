@@ -82,8 +82,8 @@ pub fn spawn(
     let mut enter = sandbox.netns.enter_fn();
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe calls (setns, prctl, setgroups, setgid, setuid,
-    // getppid). The order matters: setns and dropping capabilities need
+    // async-signal-safe calls (setns, prctl, setrlimit, setgroups, setgid,
+    // setuid, getppid). The order matters: setns and dropping capabilities need
     // root, so they come before the drop to `--user`, and the kernel clears
     // the parent-death signal on a credential change, so that prctl comes
     // last.
@@ -91,6 +91,7 @@ pub fn spawn(
         cmd.pre_exec(move || {
             enter()?;
             drop_escape_capabilities()?;
+            super::fds::restore_for_workload()?;
             if let Some(user) = user {
                 nix::unistd::setgroups(&[user.gid])?;
                 nix::unistd::setgid(user.gid)?;

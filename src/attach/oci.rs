@@ -364,10 +364,11 @@ pub fn spawn_podman(argv: &[OsString]) -> Result<Child, OciError> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe calls (prctl, getppid).
+    // async-signal-safe calls (setrlimit, prctl, getppid).
     let parent = nix::unistd::getpid();
     unsafe {
         cmd.pre_exec(move || {
+            super::fds::restore_for_workload()?;
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
             if nix::unistd::getppid() != parent {
                 return Err(std::io::Error::other("sluice exited during spawn"));
