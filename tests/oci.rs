@@ -958,6 +958,47 @@ fn the_wrapper_stays_for_a_detached_container_until_podman_stop() {
 }
 
 #[test]
+fn ctrl_c_at_a_terminal_stops_a_detached_container_and_its_wrapper() {
+    use std::io::Write;
+    let Some((w, env)) = setup() else { return };
+    let cidfile = unique(&w, "cid");
+    let mut cmd = container_command(
+        &w,
+        env,
+        Via::Wrapper,
+        &w.policy(POLICY),
+        &cidfile,
+        &["-d"],
+        "trap 'exit 0' TERM; sleep 60 & wait",
+    );
+    let mut terminal = in_terminal(&mut cmd);
+    let sluice = cmd.spawn().unwrap();
+    drop(cmd);
+    let id = container_id(&cidfile);
+    let _guard = RemoveOnDrop(env, id.clone());
+    // Once sluice waits for the detached container (`podman wait ID`).
+    let waiting = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("wait\0--interval") && c.contains(&id)
+            })
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(30), waiting),
+        "no podman wait"
+    );
+    terminal.write_all(b"\x03").unwrap();
+    let out = wait_bounded(sluice, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        eventually(Duration::from_secs(10), || container_gone(env, &id)),
+        "the container outlived its wrapper"
+    );
+}
+
+#[test]
 fn a_wrapped_container_cannot_be_started_again_once_sluice_is_gone() {
     let Some((w, env)) = setup() else { return };
     let cidfile = unique(&w, "cid");

@@ -332,59 +332,18 @@ fn a_command_that_is_not_found_exits_127_and_one_that_cannot_run_126() {
     assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
 }
 
-/// A pseudo-terminal: (master, slave).
-fn pty() -> (std::fs::File, std::fs::File) {
-    use std::os::fd::FromRawFd;
-    let (mut master, mut slave) = (0, 0);
-    // SAFETY: openpty writes two descriptors into the two ints and reads
-    // nothing else (the name, termios and winsize pointers are null).
-    let rc = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: both descriptors are fresh and owned by nothing else.
-    unsafe {
-        (
-            std::fs::File::from_raw_fd(master),
-            std::fs::File::from_raw_fd(slave),
-        )
-    }
-}
-
 #[test]
 fn ctrl_c_at_a_terminal_reaches_the_command_once_and_sluice_lets_it_carry_on() {
     use std::io::{Read, Write};
-    use std::os::unix::process::CommandExt;
     let Some(w) = World::new() else { return };
-    let (mut master, slave) = pty();
     // Outlives sluice's 5 s stop grace, so a stop by sluice would show.
     let script = "trap 'echo got-int' INT; echo ready; \
                   i=0; while [ $i -lt 70 ]; do sleep 0.1; i=$((i+1)); done; echo carried-on";
     let mut cmd = w.run_command(&w.policy(POLICY), &["sh", "-c", script]);
-    cmd.stdin(slave.try_clone().unwrap())
-        .stdout(slave.try_clone().unwrap())
-        .stderr(Stdio::null());
-    // SAFETY: setsid and ioctl are async-signal-safe; the child becomes a
-    // session leader whose controlling terminal is the pty on its stdin,
-    // and its group the terminal's foreground group, as in a shell.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let mut master = in_terminal(&mut cmd);
     let child = cmd.spawn().unwrap();
     // Only the child may hold the terminal, or the reader never sees its end.
     drop(cmd);
-    drop(slave);
     let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let reader = {
         let seen = seen.clone();

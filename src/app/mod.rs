@@ -388,11 +388,17 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         }
     };
     let pid = child.id();
-    let status = supervise(&mut child, &session.signals, &session.reloading, |sig| {
-        if let Some(pid) = pid {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-        }
-    })
+    let status = supervise(
+        &mut child,
+        &session.signals,
+        &session.reloading,
+        CtrlC::ChildDecides,
+        |sig| {
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+            }
+        },
+    )
     .await;
     session.finish(Some(served)).await;
     status
@@ -422,13 +428,26 @@ impl Signals {
     }
 }
 
-/// Wait for the child; on SIGTERM, or a SIGINT that did not come from the
-/// terminal, call `stop` (the first time, and again for a second signal),
-/// then SIGKILL the child [`STOP_GRACE`] later; SIGHUP reloads the policy.
+/// Who answers a Ctrl-C typed at the terminal sluice runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CtrlC {
+    /// The child is the user's command, in sluice's process group: the
+    /// terminal interrupts it directly, and it decides (a shell carries on).
+    ChildDecides,
+    /// The child is sluice's helper in a process group of its own (`podman
+    /// wait` for a detached container): sluice stops the workload.
+    SluiceStops,
+}
+
+/// Wait for the child; on SIGTERM, or a SIGINT that the child did not get
+/// from the terminal itself (see [`CtrlC`]), call `stop` (the first time,
+/// and again for a second signal), then SIGKILL the child [`STOP_GRACE`]
+/// later; SIGHUP reloads the policy.
 pub(crate) async fn supervise(
     child: &mut tokio::process::Child,
     signals: &Signals,
     reloading: &Reloading,
+    ctrl_c: CtrlC,
     mut stop: impl FnMut(nix::sys::signal::Signal),
 ) -> Result<i32> {
     let mut sigint = signals.int.lock().await;
@@ -439,7 +458,7 @@ pub(crate) async fn supervise(
         let forward = tokio::select! {
             status = child.wait() => return Ok(exit_code(status?)),
             _ = sigint.recv() => {
-                if terminal_interrupts_the_workload() {
+                if ctrl_c == CtrlC::ChildDecides && terminal_interrupts_the_workload() {
                     // The terminal sent Ctrl-C to its whole foreground group,
                     // the workload included: what to do is the workload's
                     // call (a shell or a REPL carries on), as without sluice.

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-use super::{supervise, Identity, PolicySource, ServedSandbox, ServiceOptions};
+use super::{supervise, CtrlC, Identity, PolicySource, ServedSandbox, ServiceOptions};
 use super::{Session, STOP_GRACE};
 use crate::attach::oci::{self as podman, PodmanRun};
 use crate::attach::Sandbox;
@@ -97,11 +97,17 @@ async fn contain(
         stop_rx,
     ));
     let pid = child.id();
-    let status = supervise(&mut child, &session.signals, &session.reloading, |sig| {
-        if let Some(pid) = pid {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-        }
-    })
+    let status = supervise(
+        &mut child,
+        &session.signals,
+        &session.reloading,
+        CtrlC::ChildDecides,
+        |sig| {
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+            }
+        },
+    )
     .await;
 
     // A detached container runs on after podman returns: wait for it.
@@ -202,14 +208,20 @@ async fn wait_detached(session: &Session, run: &PodmanRun, id: &str) -> Result<i
     });
     let mut stops = Vec::new();
     let grace = STOP_GRACE.saturating_sub(Duration::from_secs(1));
-    supervise(&mut wait, &session.signals, &session.reloading, |_| {
-        if stops.is_empty() {
-            match podman::spawn_stop(&podman, id, grace) {
-                Ok(child) => stops.push(child),
-                Err(err) => tracing::warn!(%err, "cannot stop the container"),
+    supervise(
+        &mut wait,
+        &session.signals,
+        &session.reloading,
+        CtrlC::SluiceStops,
+        |_| {
+            if stops.is_empty() {
+                match podman::spawn_stop(&podman, id, grace) {
+                    Ok(child) => stops.push(child),
+                    Err(err) => tracing::warn!(%err, "cannot stop the container"),
+                }
             }
-        }
-    })
+        },
+    )
     .await?;
     for mut stop in stops {
         let _ = stop.wait().await;

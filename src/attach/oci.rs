@@ -398,6 +398,9 @@ pub fn spawn_wait(podman: &[OsString], id: &str) -> Result<Child, OciError> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
+        // Its own process group: a Ctrl-C at the terminal is sluice's to
+        // answer (with `podman stop`), not a reason for it to end.
+        .process_group(0)
         .kill_on_drop(true);
     cmd.spawn().map_err(|source| OciError::Spawn {
         program: podman[0].to_string_lossy().into_owned(),
@@ -425,6 +428,7 @@ pub fn spawn_stop(podman: &[OsString], id: &str, grace: Duration) -> Result<Chil
         .arg(id)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
+        .process_group(0)
         .kill_on_drop(true);
     cmd.spawn().map_err(|source| OciError::Spawn {
         program: podman[0].to_string_lossy().into_owned(),

@@ -406,3 +406,46 @@ pub fn audit_records(path: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
         .collect()
 }
+
+/// Run `cmd` as a shell runs a foreground job: a session leader whose
+/// controlling terminal is a fresh pty (on its stdin, stdout and stderr),
+/// its group the terminal's foreground group. Returns the pty's master,
+/// where the test types (b"\x03" is Ctrl-C) and reads. Drop `cmd` after
+/// spawning it, or the terminal never ends.
+pub fn in_terminal(cmd: &mut Command) -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::process::CommandExt;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors into the two ints and reads
+    // nothing else (the name, termios and winsize pointers are null).
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are fresh and owned by nothing else.
+    let (master, slave) = unsafe {
+        (
+            std::fs::File::from_raw_fd(master),
+            std::fs::File::from_raw_fd(slave),
+        )
+    };
+    cmd.stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave);
+    // SAFETY: setsid and ioctl are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    master
+}
