@@ -96,12 +96,12 @@ exit 0
     if wait_for(&attempted, &mut child) {
         match outer.run_in(|| scrape(METRICS)) {
             Ok(Ok(text)) => {
-                for line in text
+                // The step's heading already indented the first line.
+                let lines: Vec<&str> = text
                     .lines()
                     .filter(|l| l.starts_with("sluice_dropped_packets_total"))
-                {
-                    println!("   {line}");
-                }
+                    .collect();
+                println!("{}", lines.join("\n   "));
             }
             Ok(Err(err)) => println!("(cannot read {METRICS}/metrics: {err})"),
             Err(err) => println!("(cannot read {METRICS}/metrics: {err:#})"),
