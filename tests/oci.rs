@@ -974,6 +974,9 @@ fn ctrl_c_at_a_terminal_stops_a_detached_container_and_its_wrapper() {
     let mut terminal = in_terminal(&mut cmd);
     let sluice = cmd.spawn().unwrap();
     drop(cmd);
+    // Read what the terminal shows, so that no writer ever blocks on it.
+    let mut shown = terminal.try_clone().unwrap();
+    std::thread::spawn(move || std::io::copy(&mut shown, &mut std::io::sink()));
     let id = container_id(&cidfile);
     let _guard = RemoveOnDrop(env, id.clone());
     // Once sluice waits for the detached container (`podman wait ID`).
