@@ -387,19 +387,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
             return Err(err.into());
         }
     };
-    let pid = child.id();
-    let status = supervise(
-        &mut child,
-        &session.signals,
-        &session.reloading,
-        CtrlC::ChildDecides,
-        |sig| {
-            if let Some(pid) = pid {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-            }
-        },
-    )
-    .await;
+    let status = supervise_command(&mut child, &session).await;
     session.finish(Some(served)).await;
     status
 }
@@ -487,6 +475,28 @@ pub(crate) async fn supervise(
             deadline.get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
         }
     }
+}
+
+/// Supervise the user's command (the workload itself, or the podman that
+/// runs it): signals to sluice are passed on to it, and a Ctrl-C at the
+/// terminal is its own to answer.
+pub(crate) async fn supervise_command(
+    child: &mut tokio::process::Child,
+    session: &Session,
+) -> Result<i32> {
+    let pid = child.id();
+    supervise(
+        child,
+        &session.signals,
+        &session.reloading,
+        CtrlC::ChildDecides,
+        |sig| {
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+            }
+        },
+    )
+    .await
 }
 
 /// Whether sluice (and so the workload, which shares its process group)

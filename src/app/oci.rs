@@ -16,7 +16,9 @@ use anyhow::{Context, Result};
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-use super::{supervise, CtrlC, Identity, PolicySource, ServedSandbox, ServiceOptions};
+use super::{
+    supervise, supervise_command, CtrlC, Identity, PolicySource, ServedSandbox, ServiceOptions,
+};
 use super::{Session, STOP_GRACE};
 use crate::attach::oci::{self as podman, PodmanRun};
 use crate::attach::Sandbox;
@@ -96,19 +98,7 @@ async fn contain(
         session.services.shared.clone(),
         stop_rx,
     ));
-    let pid = child.id();
-    let status = supervise(
-        &mut child,
-        &session.signals,
-        &session.reloading,
-        CtrlC::ChildDecides,
-        |sig| {
-            if let Some(pid) = pid {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-            }
-        },
-    )
-    .await;
+    let status = supervise_command(&mut child, session).await;
 
     // A detached container runs on after podman returns: wait for it.
     let named = if run.detach && matches!(status, Ok(0)) {
