@@ -2,6 +2,8 @@
 //! rollback memory, reload (refused keeps the old policy, file watch, trigger)
 //! and HTTPS fetching with ETag inside a throwaway namespace.
 
+mod common;
+
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -9,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{test_pki, TestPki};
 use sluice::bundle::{
     inspect, keygen, sign_bytes, Bundle, BundleError, PolicyHandle, RevisionState, TrustStore,
 };
@@ -771,29 +774,8 @@ fn privileged() -> bool {
 }
 
 /// A test CA and a server certificate for 198.18.0.10 it signed.
-struct Pki {
-    ca_pem: String,
-    cert: rustls::pki_types::CertificateDer<'static>,
-    key: rustls::pki_types::PrivateKeyDer<'static>,
-}
-
-fn pki() -> Pki {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "sluice test CA");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["198.18.0.10".to_string()]).unwrap();
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    Pki {
-        ca_pem: ca_cert.pem(),
-        cert: cert.der().clone(),
-        key: rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    }
+fn pki() -> TestPki {
+    test_pki(&["198.18.0.10"])
 }
 
 /// What the test server serves, and how often it was asked.
@@ -806,7 +788,7 @@ struct Served {
 
 /// Serves `served` over HTTPS at [`SERVER`]; answers 304 to a matching
 /// If-None-Match. Runs until the runtime ends or the handle is aborted.
-async fn https_server(pki: &Pki, served: Arc<Served>) -> tokio::task::JoinHandle<()> {
+async fn https_server(pki: &TestPki, served: Arc<Served>) -> tokio::task::JoinHandle<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)

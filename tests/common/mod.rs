@@ -170,34 +170,19 @@ impl World {
         names: &[&str],
         respond: impl Fn(&str) -> Vec<u8> + Send + Sync + Clone + 'static,
     ) -> PathBuf {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "sluice test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca_params, &ca_key);
-        let leaf_key = rcgen::KeyPair::generate().unwrap();
-        let leaf_params =
-            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+        let pki = test_pki(names);
         let ca_path = self
             .dir
             .path()
             .join(format!("ca-{}.pem", addr.replace(':', "_")));
-        std::fs::write(&ca_path, ca_cert.pem()).unwrap();
+        std::fs::write(&ca_path, &pki.ca_pem).unwrap();
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_no_client_auth()
-            .with_single_cert(
-                vec![leaf.der().clone()],
-                rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap(),
-            )
+            .with_single_cert(vec![pki.cert], pki.key)
             .unwrap();
         let config = Arc::new(config);
         self.serve_each(addr, move |stream| {
@@ -448,4 +433,33 @@ pub fn in_terminal(cmd: &mut Command) -> std::fs::File {
         });
     }
     master
+}
+
+/// A fresh test CA (its PEM) and a server certificate it signed for `names`
+/// (DNS names or IP addresses), with the certificate's key.
+pub struct TestPki {
+    pub ca_pem: String,
+    pub cert: rustls::pki_types::CertificateDer<'static>,
+    pub key: rustls::pki_types::PrivateKeyDer<'static>,
+}
+
+pub fn test_pki(names: &[&str]) -> TestPki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "sluice test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, &ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf_params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+    TestPki {
+        ca_pem: ca_cert.pem(),
+        cert: leaf.der().clone(),
+        key: rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+    }
 }
