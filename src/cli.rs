@@ -451,7 +451,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
 
 fn run(args: RunArgs) -> anyhow::Result<i32> {
     let policy = policy_source(&args.source, "host")?;
-    require_root("sluice run")?;
+    crate::confine::require_root("sluice run")?;
     let opts = crate::app::RunOptions {
         policy,
         services: args.records.services(),
@@ -485,7 +485,7 @@ fn runtime_for_many_sandboxes() -> anyhow::Result<tokio::runtime::Runtime> {
 fn oci(args: OciArgs) -> anyhow::Result<i32> {
     let podman = crate::attach::oci::PodmanRun::parse(&args.podman).map_err(BadInput::from)?;
     let policy = policy_source(&args.source, "oci")?;
-    require_root("sluice oci")?;
+    crate::confine::require_root("sluice oci")?;
     let opts = crate::app::oci::OciOptions {
         policy,
         services: args.records.services(),
@@ -496,7 +496,7 @@ fn oci(args: OciArgs) -> anyhow::Result<i32> {
 
 fn daemon(config: &std::path::Path) -> anyhow::Result<i32> {
     let config = crate::daemon::DaemonConfig::load(config).map_err(BadInput::from)?;
-    require_root("sluice daemon")?;
+    crate::confine::require_root("sluice daemon")?;
     runtime_for_many_sandboxes()?.block_on(crate::daemon::run(config))
 }
 
@@ -741,16 +741,6 @@ fn bundle(cmd: BundleCommand) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
-}
-
-/// Fail early, with what to do, instead of a confusing EPERM later.
-pub fn require_root(what: &str) -> anyhow::Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        anyhow::bail!(
-            "{what} needs root (it creates a network namespace and nftables rules): run it with sudo or as root"
-        );
-    }
-    Ok(())
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<i32> {

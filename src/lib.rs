@@ -9,6 +9,7 @@ pub mod attach;
 pub mod audit;
 pub mod bundle;
 pub mod cli;
+pub mod confine;
 pub mod daemon;
 pub mod demo;
 pub mod dns;

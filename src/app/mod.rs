@@ -79,8 +79,8 @@ impl Services {
             crate::timing::check_writable(path)?;
         }
         let mut limits = opts.limits;
-        let fd_limit = crate::attach::fds::raise();
-        let fits = crate::attach::fds::connections_within(fd_limit).max(1);
+        let fd_limit = crate::confine::fds::raise();
+        let fits = crate::confine::fds::connections_within(fd_limit).max(1);
         if limits.max_connections > fits {
             tracing::info!(
                 asked = limits.max_connections,

@@ -6,7 +6,6 @@
 //! `oci` puts a podman container in one (`sluice oci`) or hands a container's
 //! namespace to the daemon (`sluice oci-hook`).
 
-pub mod fds;
 pub mod host;
 pub mod oci;
 

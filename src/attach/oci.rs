@@ -368,7 +368,7 @@ pub fn spawn_podman(argv: &[OsString]) -> Result<Child, OciError> {
     let parent = nix::unistd::getpid();
     unsafe {
         cmd.pre_exec(move || {
-            super::fds::restore_for_workload()?;
+            crate::confine::fds::restore_for_workload()?;
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
             if nix::unistd::getppid() != parent {
                 return Err(std::io::Error::other("sluice exited during spawn"));

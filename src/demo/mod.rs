@@ -23,7 +23,7 @@ const ORIGIN: &str = "198.18.0.1";
 const METRICS: &str = "127.0.0.1:9464";
 
 pub fn run() -> Result<i32> {
-    crate::cli::require_root("sluice demo")?;
+    crate::confine::require_root("sluice demo")?;
     for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
         if which(tool).is_none() {
             anyhow::bail!("`{tool}` is not installed: apt-get install -y {package}");
