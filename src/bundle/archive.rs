@@ -29,18 +29,19 @@ pub struct BundleFiles {
 impl BundleFiles {
     /// Reads `path`: a directory, else a gzip-compressed tar archive.
     pub fn read(path: &Path) -> Result<BundleFiles, BundleError> {
-        let meta = std::fs::metadata(path).map_err(|e| BundleError::io(path, e))?;
+        let meta = std::fs::metadata(path).map_err(|e| BundleError::bundle_unreadable(path, e))?;
         if meta.is_dir() {
             read_dir(path)
         } else {
             if meta.len() > MAX_ARCHIVE_BYTES {
                 return Err(oversized(path, "the archive", MAX_ARCHIVE_BYTES));
             }
-            let file = std::fs::File::open(path).map_err(|e| BundleError::io(path, e))?;
+            let file =
+                std::fs::File::open(path).map_err(|e| BundleError::bundle_unreadable(path, e))?;
             let mut bytes = Vec::new();
             file.take(MAX_ARCHIVE_BYTES + 1)
                 .read_to_end(&mut bytes)
-                .map_err(|e| BundleError::io(path, e))?;
+                .map_err(|e| BundleError::bundle_unreadable(path, e))?;
             BundleFiles::from_tar_gz(&bytes, path)
         }
     }
@@ -132,7 +133,7 @@ impl BundleFiles {
 fn read_dir(dir: &Path) -> Result<BundleFiles, BundleError> {
     let mut out = BundleFiles::default();
     let mut total = 0u64;
-    for entry in std::fs::read_dir(dir).map_err(|e| BundleError::io(dir, e))? {
+    for entry in std::fs::read_dir(dir).map_err(|e| BundleError::bundle_unreadable(dir, e))? {
         let entry = entry.map_err(|e| BundleError::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         // Editors' and our own temp files (written then renamed in place).

@@ -15,6 +15,16 @@ pub enum BundleError {
         #[source]
         source: std::io::Error,
     },
+    /// A file given by its role (the signing key, the trust file, the
+    /// bundle) could not be read; `hint` says which file to give.
+    #[error("cannot read the {role} {path}: {source}; {hint}")]
+    Read {
+        role: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+        hint: &'static str,
+    },
     #[error("{path}: the archive is truncated or unreadable: {reason}; fetch or copy it again")]
     Unreadable { path: PathBuf, reason: String },
     #[error("{path}: {what} is larger than the {limit}-byte limit; a bundle holds one policy and its manifest")]
@@ -60,12 +70,26 @@ pub enum BundleError {
         revision: u64,
         highest: u64,
     },
-    #[error("{path}: {msg}")]
-    Key { path: PathBuf, msg: String },
-    #[error("{path}: invalid trust file: {msg}")]
-    Trust { path: PathBuf, msg: String },
-    #[error("{path}: {msg}")]
-    State { path: PathBuf, msg: String },
+    /// The signing key file is unusable; `at` is the `(line, column)`
+    /// the message is about, if it is about one place.
+    #[error("{}: {msg}", place(path, *at))]
+    Key {
+        path: PathBuf,
+        at: Option<(usize, usize)>,
+        msg: String,
+    },
+    #[error("{}: invalid trust file: {msg}", place(path, *at))]
+    Trust {
+        path: PathBuf,
+        at: Option<(usize, usize)>,
+        msg: String,
+    },
+    #[error("{}: {msg}", place(path, *at))]
+    State {
+        path: PathBuf,
+        at: Option<(usize, usize)>,
+        msg: String,
+    },
     #[error(
         "{path}: already exists; refusing to overwrite a key (remove it first if you mean to)"
     )]
@@ -79,6 +103,7 @@ impl BundleError {
     pub fn code(&self) -> &'static str {
         match self {
             BundleError::Io { .. } => "unreadable",
+            BundleError::Read { .. } => "unreadable",
             BundleError::Unreadable { .. } => "unreadable",
             BundleError::Oversized { .. } => "oversized",
             BundleError::UnexpectedEntry { .. } => "unexpected-entry",
@@ -106,3 +131,32 @@ impl BundleError {
         }
     }
 }
+
+impl BundleError {
+    /// The bundle at `path` could not be read.
+    pub(crate) fn bundle_unreadable(path: &std::path::Path, source: std::io::Error) -> BundleError {
+        BundleError::Read {
+            role: "bundle",
+            path: path.to_path_buf(),
+            source,
+            hint: BUNDLE_HINT,
+        }
+    }
+}
+
+/// `PATH` or `PATH:LINE:COL`.
+fn place(path: &std::path::Path, at: Option<(usize, usize)>) -> String {
+    match at {
+        Some((line, col)) => format!("{}:{line}:{col}", path.display()),
+        None => path.display().to_string(),
+    }
+}
+
+/// What to give instead of a signing key that cannot be read.
+pub(crate) const KEY_HINT: &str = "give the file `sluice bundle keygen --key` wrote";
+/// What to give instead of a trust file that cannot be read.
+pub(crate) const TRUST_HINT: &str =
+    "give the file `sluice bundle keygen --trust` wrote (it lists the public keys you trust)";
+/// What to give instead of a bundle that cannot be read.
+pub(crate) const BUNDLE_HINT: &str =
+    "give a bundle directory or .tar.gz that `sluice bundle sign` wrote";

@@ -10,31 +10,41 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ring::signature::{Ed25519KeyPair, KeyPair};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::error::BundleError;
+use super::error::{BundleError, KEY_HINT, TRUST_HINT};
+use crate::policy::yaml::{self, Pos, Problem, Record};
 
 /// Largest key or trust file read.
 const MAX_KEY_FILE: u64 = 256 * 1024;
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The key file as sluice writes it (read back by [`SigningKey::from_yaml`]).
+#[derive(Serialize)]
 struct KeyFile {
     id: String,
     ed25519_pkcs8: String,
 }
 
-#[derive(Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+const KEY_FILE_KEYS: &[&str] = &["id", "ed25519_pkcs8"];
+
+/// The trust file as sluice writes it (read back by [`read_trust`]).
+#[derive(Serialize, Default)]
 struct TrustFile {
     keys: Vec<TrustEntry>,
 }
 
-#[derive(Serialize, Deserialize, Clone)]
-#[serde(deny_unknown_fields)]
+const TRUST_FILE_KEYS: &[&str] = &["keys"];
+
+#[derive(Serialize, Clone)]
 struct TrustEntry {
     id: String,
     ed25519: String,
+}
+
+const TRUST_ENTRY_KEYS: &[&str] = &["id", "ed25519"];
+
+fn at(pos: Pos) -> Option<(usize, usize)> {
+    Some((pos.line, pos.column))
 }
 
 /// A private signing key and the id the manifest names it by.
@@ -45,19 +55,41 @@ pub struct SigningKey {
 
 impl SigningKey {
     pub fn load(path: &Path) -> Result<SigningKey, BundleError> {
-        let text = read_small(path)?;
-        let bad = |msg: String| BundleError::Key {
+        let text = read_small(path, "signing key", KEY_HINT)?;
+        SigningKey::from_yaml(&text, path)
+    }
+
+    fn from_yaml(text: &str, path: &Path) -> Result<SigningKey, BundleError> {
+        let bad = |p: Problem| BundleError::Key {
             path: path.to_path_buf(),
-            msg,
+            at: at(p.at),
+            msg: p.message,
         };
-        let file: KeyFile =
-            serde_yaml::from_str(&text).map_err(|e| bad(format!("not a sluice key file: {e}")))?;
-        let der = hex::decode(file.ed25519_pkcs8.trim())
-            .map_err(|_| bad("ed25519_pkcs8 is not hex".into()))?;
-        let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der)
-            .map_err(|e| bad(format!("not an Ed25519 PKCS#8 key: {e}")))?;
-        check_id(&file.id).map_err(bad)?;
-        Ok(SigningKey { id: file.id, pair })
+        let root = yaml::parse(text).map_err(bad)?;
+        let r = Record::open(&root, "the signing key file", KEY_FILE_KEYS).map_err(bad)?;
+        let id_node = r.required("id", KEY_HINT).map_err(bad)?;
+        let id = id_node.text("the signing key's `id`").map_err(bad)?;
+        check_id(id).map_err(|msg| bad(Problem::new(id_node.pos, msg)))?;
+        let der_node = r.required("ed25519_pkcs8", KEY_HINT).map_err(bad)?;
+        let der = der_node
+            .text("the signing key's `ed25519_pkcs8`")
+            .map_err(bad)?;
+        let der = hex::decode(der.trim()).map_err(|_| {
+            bad(Problem::new(
+                der_node.pos,
+                format!("`ed25519_pkcs8` is not hex; {KEY_HINT}"),
+            ))
+        })?;
+        let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der).map_err(|e| {
+            bad(Problem::new(
+                der_node.pos,
+                format!("`ed25519_pkcs8` is not an Ed25519 PKCS#8 key ({e}); {KEY_HINT}"),
+            ))
+        })?;
+        Ok(SigningKey {
+            id: id.to_string(),
+            pair,
+        })
     }
 
     pub fn id(&self) -> &str {
@@ -79,28 +111,15 @@ pub struct TrustStore {
 
 impl TrustStore {
     pub fn load(path: &Path) -> Result<TrustStore, BundleError> {
-        let text = read_small(path)?;
+        let text = read_small(path, "trust file", TRUST_HINT)?;
         TrustStore::from_yaml(&text, path)
     }
 
     pub fn from_yaml(text: &str, path: &Path) -> Result<TrustStore, BundleError> {
-        let bad = |msg: String| BundleError::Trust {
-            path: path.to_path_buf(),
-            msg,
-        };
-        let file: TrustFile = serde_yaml::from_str(text).map_err(|e| bad(e.to_string()))?;
         let mut keys = BTreeMap::new();
-        for entry in file.keys {
-            check_id(&entry.id).map_err(bad)?;
-            let key = decode_public(&entry.ed25519).ok_or_else(|| {
-                bad(format!(
-                    "key {:?}: ed25519 must be a 32-byte public key in hex (64 characters)",
-                    entry.id
-                ))
-            })?;
-            if keys.insert(entry.id.clone(), key).is_some() {
-                return Err(bad(format!("key id {:?} is listed twice", entry.id)));
-            }
+        for (entry, _) in read_trust(text, path)? {
+            let key = decode_public(&entry.ed25519).expect("read_trust checked the key");
+            keys.insert(entry.id, key);
         }
         Ok(TrustStore { keys })
     }
@@ -117,6 +136,63 @@ impl TrustStore {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
+}
+
+/// The trust file's entries in file order (with where each is), every id
+/// and key checked and no id listed twice.
+fn read_trust(text: &str, path: &Path) -> Result<Vec<(TrustEntry, Pos)>, BundleError> {
+    let bad = |p: Problem| BundleError::Trust {
+        path: path.to_path_buf(),
+        at: at(p.at),
+        msg: p.message,
+    };
+    let root = yaml::parse(text).map_err(bad)?;
+    let r = Record::open(&root, "the file", TRUST_FILE_KEYS).map_err(bad)?;
+    let list = r
+        .required(
+            "keys",
+            "list the trusted public keys as `keys: [{id: NAME, ed25519: HEX}]`",
+        )
+        .map_err(bad)?;
+    let items = list
+        .seq("`keys`", "`keys: [{id: NAME, ed25519: HEX}]`")
+        .map_err(bad)?;
+    let mut out: Vec<(TrustEntry, Pos)> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let what = format!("key #{}", i + 1);
+        let e = Record::open(item, &what, TRUST_ENTRY_KEYS).map_err(bad)?;
+        let hint = "give it as `{id: NAME, ed25519: HEX}`";
+        let id_node = e.required("id", hint).map_err(bad)?;
+        let id = id_node.text(&format!("the `id` of {what}")).map_err(bad)?;
+        check_id(id).map_err(|msg| bad(Problem::new(id_node.pos, msg)))?;
+        let key_node = e.required("ed25519", hint).map_err(bad)?;
+        let key = key_node
+            .text(&format!("the `ed25519` of key {id:?}"))
+            .map_err(bad)?;
+        if decode_public(key).is_none() {
+            return Err(bad(Problem::new(
+                key_node.pos,
+                format!("key {id:?}: ed25519 must be a 32-byte public key in hex (64 characters)"),
+            )));
+        }
+        if let Some((_, first)) = out.iter().find(|(k, _)| k.id == id) {
+            return Err(bad(Problem::new(
+                id_node.pos,
+                format!(
+                    "key id {id:?} is listed twice (first at line {}); keep one entry per id",
+                    first.line
+                ),
+            )));
+        }
+        out.push((
+            TrustEntry {
+                id: id.to_string(),
+                ed25519: key.to_string(),
+            },
+            id_node.pos,
+        ));
+    }
+    Ok(out)
 }
 
 fn decode_public(text: &str) -> Option<Vec<u8>> {
@@ -145,35 +221,37 @@ fn check_id(id: &str) -> Result<(), String> {
 pub fn keygen(key_path: &Path, trust_path: &Path, id: &str) -> Result<(), BundleError> {
     check_id(id).map_err(|msg| BundleError::Key {
         path: key_path.to_path_buf(),
+        at: None,
         msg,
     })?;
     let mut trust = match std::fs::metadata(trust_path) {
         Ok(_) => {
-            let text = read_small(trust_path)?;
-            TrustStore::from_yaml(&text, trust_path)?;
-            serde_yaml::from_str::<TrustFile>(&text).map_err(|e| BundleError::Trust {
-                path: trust_path.to_path_buf(),
-                msg: e.to_string(),
-            })?
+            let text = read_small(trust_path, "trust file", TRUST_HINT)?;
+            let keys = read_trust(&text, trust_path)?;
+            if let Some((_, pos)) = keys.iter().find(|(k, _)| k.id == id) {
+                return Err(BundleError::Trust {
+                    path: trust_path.to_path_buf(),
+                    at: at(*pos),
+                    msg: format!("key id {id:?} is already trusted; choose another --id"),
+                });
+            }
+            TrustFile {
+                keys: keys.into_iter().map(|(k, _)| k).collect(),
+            }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => TrustFile::default(),
         Err(e) => return Err(BundleError::io(trust_path, e)),
     };
-    if trust.keys.iter().any(|k| k.id == id) {
-        return Err(BundleError::Trust {
-            path: trust_path.to_path_buf(),
-            msg: format!("key id {id:?} is already trusted; choose another --id"),
-        });
-    }
     let rng = ring::rand::SystemRandom::new();
     let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| BundleError::Key {
         path: key_path.to_path_buf(),
+        at: None,
         msg: "the system random source failed".into(),
     })?;
     let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("ring reads back its own key");
     let body = format!(
         "# sluice bundle signing key (Ed25519, PKCS#8 v2, hex). Keep it secret.\n{}",
-        serde_yaml::to_string(&KeyFile {
+        serde_norway::to_string(&KeyFile {
             id: id.to_string(),
             ed25519_pkcs8: hex::encode(pkcs8.as_ref()),
         })
@@ -186,7 +264,7 @@ pub fn keygen(key_path: &Path, trust_path: &Path, id: &str) -> Result<(), Bundle
     });
     let text = format!(
         "# Public keys trusted to sign sluice policy bundles (id -> Ed25519, hex).\n{}",
-        serde_yaml::to_string(&trust).expect("trust file serializes")
+        serde_norway::to_string(&trust).expect("trust file serializes")
     );
     super::archive::write_atomic(trust_path, text.as_bytes())
 }
@@ -209,13 +287,20 @@ fn write_new_private(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
         .map_err(|e| BundleError::io(path, e))
 }
 
-fn read_small(path: &Path) -> Result<String, BundleError> {
+/// Reads a key or trust file; `role` and `hint` name it if it cannot be read.
+fn read_small(path: &Path, role: &'static str, hint: &'static str) -> Result<String, BundleError> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| BundleError::io(path, e))?;
+    let unreadable = |source| BundleError::Read {
+        role,
+        path: path.to_path_buf(),
+        source,
+        hint,
+    };
+    let file = std::fs::File::open(path).map_err(unreadable)?;
     let mut text = String::new();
     file.take(MAX_KEY_FILE + 1)
         .read_to_string(&mut text)
-        .map_err(|e| BundleError::io(path, e))?;
+        .map_err(unreadable)?;
     if text.len() as u64 > MAX_KEY_FILE {
         return Err(BundleError::Oversized {
             path: PathBuf::from(path),

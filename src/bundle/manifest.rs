@@ -1,13 +1,16 @@
-//! `manifest.yaml`: what was signed. Parsing is bounded (size cap, serde_yaml's
-//! depth and alias limits, unknown keys refused) and every field is checked
-//! while it is read, so a refusal points at `line:col`.
+//! `manifest.yaml`: what was signed. Reading is bounded (size cap, the YAML
+//! layer's node and depth limits, no anchors or aliases, unknown keys
+//! refused) and every field is checked where it is, so a refusal points at
+//! its `line:col`. Writing goes through serde_norway, whose output is the
+//! exact bytes that get signed.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::de::{self, Deserializer};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Serialize, Serializer};
 use time::OffsetDateTime;
+
+use crate::policy::yaml::{self, Node, Problem, Record, Value};
 
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
@@ -15,8 +18,7 @@ pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
 pub const MAX_LISTED_FILES: usize = 16;
 
 /// The signed description of a bundle.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Manifest {
     /// The bundle's name (the policy's `name`); revisions count per name.
     pub name: BundleName,
@@ -39,22 +41,67 @@ impl Manifest {
     /// Parses manifest text; on error, `(line, col, message)`.
     pub fn parse(text: &str) -> Result<Manifest, (usize, usize, String)> {
         if text.len() > MAX_MANIFEST_BYTES {
-            return Err((1, 1, format!("over {MAX_MANIFEST_BYTES} bytes")));
+            return Err((
+                1,
+                1,
+                format!(
+                    "the manifest is {} bytes, over the {MAX_MANIFEST_BYTES}-byte limit; sign the bundle again with `sluice bundle sign`",
+                    text.len()
+                ),
+            ));
         }
-        serde_yaml::from_str::<Manifest>(text).map_err(|e| {
-            let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
-            let mut msg = e.to_string();
-            if let Some(at) = msg.find(" at line ") {
-                msg.truncate(at);
-            }
-            (line, col, msg)
+        yaml::parse(text)
+            .and_then(|root| Manifest::read(&root))
+            .map_err(|p| (p.at.line, p.at.column, p.message))
+    }
+
+    fn read(root: &Node) -> Result<Manifest, Problem> {
+        const RESIGN: &str = "sign the bundle again with `sluice bundle sign`";
+        let r = Record::open(root, "the manifest", KEYS)?;
+        let name = r.required("name", RESIGN)?;
+        let text = name.text("the manifest's `name`")?;
+        let name = BundleName::new(text).ok_or_else(|| {
+            Problem::new(
+                name.pos,
+                format!(
+                    "the manifest's `name` {text:?} must be 1-128 letters, digits, '-', '_' or '.'"
+                ),
+            )
+        })?;
+        let revision = r
+            .required("revision", RESIGN)?
+            .unsigned("the manifest's `revision`")?;
+        let created = timestamp(r.required("created", RESIGN)?, "created")?;
+        let expires = timestamp(r.required("expires", RESIGN)?, "expires")?;
+        let key_id = r
+            .required("key_id", RESIGN)?
+            .text("the manifest's `key_id`")?
+            .to_string();
+        let files = Files::read(r.required("files", RESIGN)?)?;
+        Ok(Manifest {
+            name,
+            revision,
+            created,
+            expires,
+            key_id,
+            files,
         })
     }
 
     /// The exact bytes that get signed.
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).expect("manifest serializes")
+        serde_norway::to_string(self).expect("manifest serializes")
     }
+}
+
+/// The manifest's keys, in the order sluice writes them.
+const KEYS: &[&str] = &["name", "revision", "created", "expires", "key_id", "files"];
+
+fn timestamp(node: &Node, key: &str) -> Result<Timestamp, Problem> {
+    let text = node.text(&format!("the manifest's `{key}`"))?;
+    parse_time(text)
+        .map(Timestamp::new)
+        .map_err(|e| Problem::new(node.pos, format!("the manifest's `{key}`: {e}")))
 }
 
 /// A bundle name: 1-128 characters of letters, digits, `-`, `_`, `.`.
@@ -80,15 +127,6 @@ impl BundleName {
 impl fmt::Display for BundleName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for BundleName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        checked_str(d, |s| {
-            BundleName::new(s)
-                .ok_or_else(|| format!("name {s:?} must be 1-128 letters, digits, '-', '_' or '.'"))
-        })
     }
 }
 
@@ -132,79 +170,60 @@ impl Serialize for Timestamp {
     }
 }
 
-impl<'de> Deserialize<'de> for Timestamp {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        checked_str(d, |s| parse_time(s).map(Timestamp::new))
-    }
-}
-
 /// The `files:` map: plain file names to SHA-256 hex.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct Files(pub BTreeMap<String, String>);
 
-impl<'de> Deserialize<'de> for Files {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // Checked per key and value so that errors carry their position.
-        let map = BTreeMap::<ListedName, Sha256Hex>::deserialize(d)?;
-        if map.len() > MAX_LISTED_FILES {
-            return Err(de::Error::custom(format!(
-                "lists {} files; at most {MAX_LISTED_FILES}",
-                map.len()
-            )));
+impl Files {
+    /// Checked per name and digest, so that a refusal points at the entry.
+    fn read(node: &Node) -> Result<Files, Problem> {
+        let entries = match &node.value {
+            Value::Map(entries) => entries.as_slice(),
+            _ => {
+                return Err(Problem::new(
+                    node.pos,
+                    format!(
+                        "the manifest's `files` must map file names to SHA-256 digests, but it is {}; {}",
+                        node.kind(),
+                        "sign the bundle again with `sluice bundle sign`"
+                    ),
+                ))
+            }
+        };
+        if entries.len() > MAX_LISTED_FILES {
+            return Err(Problem::new(
+                node.pos,
+                format!(
+                    "the manifest lists {} files; a bundle holds at most {MAX_LISTED_FILES}",
+                    entries.len()
+                ),
+            ));
         }
-        Ok(Files(map.into_iter().map(|(k, v)| (k.0, v.0)).collect()))
-    }
-}
-
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
-struct ListedName(String);
-
-impl<'de> Deserialize<'de> for ListedName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        checked_str(d, |name| {
+        let mut files = BTreeMap::new();
+        for (key, value) in entries {
+            let name = key.text("a file name in the manifest's `files`")?;
             if !plain_name(name) || name == "manifest.yaml" || name == "manifest.sig" {
-                return Err(format!(
-                    "file name {name:?} must be a plain name in the bundle directory"
+                return Err(Problem::new(
+                    key.pos,
+                    format!("file name {name:?} must be a plain name in the bundle directory"),
                 ));
             }
-            Ok(ListedName(name.to_string()))
-        })
-    }
-}
-
-struct Sha256Hex(String);
-
-impl<'de> Deserialize<'de> for Sha256Hex {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        checked_str(d, |digest| {
+            let digest = value.text(&format!("the digest of {name:?}"))?;
             if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(format!(
-                    "digest {digest:?} must be 64 hex characters (SHA-256)"
+                return Err(Problem::new(
+                    value.pos,
+                    format!("digest {digest:?} of {name:?} must be 64 hex characters (SHA-256)"),
                 ));
             }
-            Ok(Sha256Hex(digest.to_string()))
-        })
-    }
-}
-
-/// Reads a string and checks it inside the visitor, where serde_yaml still
-/// knows the position to stamp on the error.
-fn checked_str<'de, D, T, F>(d: D, check: F) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    F: FnOnce(&str) -> Result<T, String>,
-{
-    struct V<F>(F);
-    impl<'de, T, F: FnOnce(&str) -> Result<T, String>> de::Visitor<'de> for V<F> {
-        type Value = T;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a string")
+            if files.insert(name.to_string(), digest.to_string()).is_some() {
+                return Err(Problem::new(
+                    key.pos,
+                    format!("the manifest lists {name:?} twice; a file is listed once"),
+                ));
+            }
         }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
-            (self.0)(v).map_err(E::custom)
-        }
+        Ok(Files(files))
     }
-    d.deserialize_str(V(check))
 }
 
 /// A file name without directories: no `/`, `\`, NUL, not `.` or `..`.

@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::archive::{write_atomic, MAX_ARCHIVE_BYTES};
 use super::error::BundleError;
+use crate::policy::yaml::{self, Problem, Value};
 
 const REVISIONS: &str = "revisions.yaml";
 const LAST_GOOD: &str = "last-good";
@@ -39,14 +40,14 @@ impl RevisionState {
                 f.take(1 << 20)
                     .read_to_string(&mut text)
                     .map_err(|e| BundleError::io(&file, e))?;
-                if text.trim().is_empty() {
-                    BTreeMap::new()
-                } else {
-                    serde_yaml::from_str(&text).map_err(|e| BundleError::State {
-                        path: file.clone(),
-                        msg: format!("unreadable revision state ({e}); remove it to start over"),
-                    })?
-                }
+                read_revisions(&text).map_err(|p| BundleError::State {
+                    path: file.clone(),
+                    at: Some((p.at.line, p.at.column)),
+                    msg: format!(
+                        "unreadable revision state ({}); remove the file to start over",
+                        p.message
+                    ),
+                })?
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => return Err(BundleError::io(&file, e)),
@@ -91,7 +92,7 @@ impl RevisionState {
             return Ok(());
         }
         self.highest.insert(name.to_string(), revision);
-        let text = serde_yaml::to_string(&self.highest).expect("map serializes");
+        let text = serde_norway::to_string(&self.highest).expect("map serializes");
         write_atomic(&self.dir.join(REVISIONS), text.as_bytes())
     }
 
@@ -121,4 +122,31 @@ impl RevisionState {
             .join(LAST_GOOD)
             .join(format!("{}.tar.gz", &digest[..32]))
     }
+}
+
+/// `revisions.yaml`: bundle name -> highest revision accepted (empty: none).
+fn read_revisions(text: &str) -> Result<BTreeMap<String, u64>, Problem> {
+    let root = yaml::parse(text)?;
+    let entries = match &root.value {
+        Value::Null => return Ok(BTreeMap::new()),
+        Value::Map(entries) => entries,
+        _ => {
+            return Err(Problem::new(
+                root.pos,
+                format!(
+                    "it must map bundle names to revisions, but it is {}",
+                    root.kind()
+                ),
+            ))
+        }
+    };
+    let mut highest = BTreeMap::new();
+    for (key, value) in entries {
+        let name = key.text("a bundle name")?;
+        let revision = value.unsigned(&format!("the revision of {name:?}"))?;
+        if highest.insert(name.to_string(), revision).is_some() {
+            return Err(Problem::new(key.pos, format!("{name:?} is listed twice")));
+        }
+    }
+    Ok(highest)
 }

@@ -1,6 +1,7 @@
-//! `sluice daemon --config FILE`: the daemon's YAML configuration, parsed
-//! into raw serde types (unknown keys refused) and then validated into
-//! [`DaemonConfig`], reporting every problem at once.
+//! `sluice daemon --config FILE`: the daemon's YAML configuration, read
+//! through the policy's YAML layer (every node with its `line:col`, unknown
+//! keys refused) and validated into [`DaemonConfig`], reporting every
+//! problem at once, each at its place.
 //!
 //! ```yaml
 //! socket: /run/sluice/daemon.sock   # control API (created 0600)
@@ -20,43 +21,23 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use super::api::DEFAULT_SOCKET;
+use crate::policy::yaml::{self, Node, Problem, Value};
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    #[serde(default)]
-    version: Option<u32>,
-    #[serde(default)]
-    socket: Option<PathBuf>,
-    #[serde(default)]
-    metrics: Option<String>,
-    #[serde(default)]
-    audit: Option<PathBuf>,
-    #[serde(default)]
-    audit_allows: bool,
-    #[serde(default)]
-    audit_max_bytes: Option<u64>,
-    #[serde(default)]
-    timings: Option<PathBuf>,
-    #[serde(default)]
-    defaults: RawDefaults,
-}
+const TOP_KEYS: &[&str] = &[
+    "version",
+    "socket",
+    "metrics",
+    "audit",
+    "audit_allows",
+    "audit_max_bytes",
+    "timings",
+    "defaults",
+];
+const DEFAULTS_KEYS: &[&str] = &["trust", "state_dir", "max_connections", "poll_interval"];
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDefaults {
-    #[serde(default)]
-    trust: Option<PathBuf>,
-    #[serde(default)]
-    state_dir: Option<PathBuf>,
-    #[serde(default)]
-    max_connections: Option<usize>,
-    #[serde(default)]
-    poll_interval: Option<String>,
-}
+/// Largest config file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// A validated daemon configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,102 +62,211 @@ pub struct Defaults {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read the daemon config {}: {cause}", path.display())]
+    #[error("cannot read the daemon config {}: {cause}; check the path given to --config", path.display())]
     Read {
         path: PathBuf,
         cause: std::io::Error,
     },
-    #[error("{}: {message}", path.display())]
-    Syntax { path: PathBuf, message: String },
-    #[error("{}: {}", path.display(), problems.join("; "))]
+    /// Not YAML sluice reads (syntax, anchors, tags, limits).
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Syntax {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// Every problem found, one per line as `FILE:LINE:COL: what to do`.
+    #[error("{}", problems.iter().map(|p| format!("{}:{p}", path.display())).collect::<Vec<_>>().join("\n"))]
     Invalid {
         path: PathBuf,
+        /// `LINE:COL: message`, in file order.
         problems: Vec<String>,
     },
 }
 
 impl DaemonConfig {
     pub fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        use std::io::Read;
+        let read = |cause| ConfigError::Read {
             path: path.to_owned(),
-            cause: source,
-        })?;
+            cause,
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+            .map_err(read)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::Syntax {
+                path: path.to_owned(),
+                line: 1,
+                column: 1,
+                message: format!(
+                    "the daemon config is over the {MAX_CONFIG_BYTES}-byte limit; it holds a few settings"
+                ),
+            });
+        }
         DaemonConfig::parse(&text, path)
     }
 
     /// Parse `text` (`path` is for messages). An empty document is the
     /// defaults.
     pub fn parse(text: &str, path: &Path) -> Result<DaemonConfig, ConfigError> {
-        let raw: RawConfig = if text.trim().is_empty() {
-            RawConfig::default()
-        } else {
-            serde_yaml::from_str(text).map_err(|e| ConfigError::Syntax {
-                path: path.to_owned(),
-                message: match e.location() {
-                    Some(at) => format!("line {}, column {}: {e}", at.line(), at.column()),
-                    None => e.to_string(),
-                },
-            })?
-        };
-        let mut problems = Vec::new();
-        if let Some(v) = raw.version.filter(|v| *v != 1) {
-            problems.push(format!("version: {v} is not supported (expected 1)"));
+        let root = yaml::parse(text).map_err(|p| ConfigError::Syntax {
+            path: path.to_owned(),
+            line: p.at.line,
+            column: p.at.column,
+            message: p.message,
+        })?;
+        let mut c = Checker::default();
+        let config = c.config(&root);
+        if c.problems.is_empty() {
+            return Ok(config);
         }
-        let socket = raw.socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
-        if !socket.is_absolute() {
-            problems.push(format!(
-                "socket: `{}` must be an absolute path (e.g. {DEFAULT_SOCKET})",
-                socket.display()
-            ));
-        }
-        let metrics = match raw.metrics.as_deref() {
-            None => None,
-            Some(text) => match text.parse::<SocketAddr>() {
-                Ok(addr) => Some(addr),
-                Err(_) => {
-                    problems.push(format!(
-                        "metrics: `{text}` is not an address (expected e.g. 127.0.0.1:9464)"
+        c.problems.sort_by_key(|p| p.at);
+        Err(ConfigError::Invalid {
+            path: path.to_owned(),
+            problems: c
+                .problems
+                .into_iter()
+                .map(|p| format!("{}: {}", p.at, p.message))
+                .collect(),
+        })
+    }
+}
+
+/// Collects every problem while reading the config.
+#[derive(Default)]
+struct Checker {
+    problems: Vec<Problem>,
+}
+
+impl Checker {
+    fn ok<T>(&mut self, r: Result<T, Problem>) -> Option<T> {
+        r.map_err(|p| self.problems.push(p)).ok()
+    }
+
+    fn path(&mut self, node: Option<&Node>, key: &str) -> Option<PathBuf> {
+        let node = node?;
+        self.ok(node.text(&format!("`{key}`"))).map(PathBuf::from)
+    }
+
+    fn config(&mut self, root: &Node) -> DaemonConfig {
+        let what = "the daemon config";
+        let entries = self.ok(root.map(what, TOP_KEYS)).unwrap_or(&[]);
+        let f = yaml::fields(root.pos, entries, TOP_KEYS, what, &mut self.problems);
+
+        if let Some(v) = f.get("version") {
+            if let Some(n) = self.ok(v.unsigned("`version`")) {
+                if n != 1 {
+                    self.problems.push(Problem::new(
+                        v.pos,
+                        format!("`version: {n}` is not supported; write `version: 1`"),
                     ));
-                    None
                 }
+            }
+        }
+        let socket = match f.get("socket") {
+            None => PathBuf::from(DEFAULT_SOCKET),
+            Some(v) => match self.path(Some(v), "socket") {
+                Some(p) if p.is_absolute() => p,
+                Some(p) => {
+                    self.problems.push(Problem::new(
+                        v.pos,
+                        format!(
+                            "`socket` is `{}`, not an absolute path; write one like {DEFAULT_SOCKET}",
+                            p.display()
+                        ),
+                    ));
+                    p
+                }
+                None => PathBuf::from(DEFAULT_SOCKET),
             },
         };
-        let max_connections = raw.defaults.max_connections.unwrap_or(4096);
-        if max_connections == 0 {
-            problems.push("defaults.max_connections: 0 is not allowed (expected 1 or more)".into());
-        }
-        let poll_interval = match raw.defaults.poll_interval.as_deref() {
-            None => Duration::from_secs(30),
-            Some(text) => humantime::parse_duration(text).unwrap_or_else(|e| {
-                problems.push(format!(
-                    "defaults.poll_interval: `{text}` is not a duration ({e}; expected e.g. 30s)"
-                ));
-                Duration::from_secs(30)
-            }),
-        };
-        if !problems.is_empty() {
-            return Err(ConfigError::Invalid {
-                path: path.to_owned(),
-                problems,
+        let metrics = f.get("metrics").and_then(|v| {
+            let text = self.ok(v.text("`metrics`"))?;
+            let addr = text.parse::<SocketAddr>().map_err(|_| {
+                Problem::new(
+                    v.pos,
+                    format!("`metrics` is `{text}`, not an address; write one like 127.0.0.1:9464"),
+                )
             });
-        }
-        Ok(DaemonConfig {
+            self.ok(addr)
+        });
+        let audit = self.path(f.get("audit"), "audit");
+        let audit_allows = f
+            .get("audit_allows")
+            .and_then(|v| self.ok(v.flag("`audit_allows`")))
+            .unwrap_or(false);
+        let audit_max_bytes = f
+            .get("audit_max_bytes")
+            .and_then(|v| self.ok(v.unsigned("`audit_max_bytes`")));
+        let timings = self.path(f.get("timings"), "timings");
+        let defaults = self.defaults(f.get("defaults"));
+        DaemonConfig {
             socket,
             metrics,
-            audit: raw.audit,
-            audit_allows: raw.audit_allows,
-            audit_max_bytes: raw.audit_max_bytes,
-            timings: raw.timings,
-            defaults: Defaults {
-                trust: raw.defaults.trust,
-                state_dir: raw
-                    .defaults
-                    .state_dir
-                    .unwrap_or_else(|| PathBuf::from("/var/lib/sluice")),
-                max_connections,
-                poll_interval,
-            },
-        })
+            audit,
+            audit_allows,
+            audit_max_bytes,
+            timings,
+            defaults,
+        }
+    }
+
+    fn defaults(&mut self, node: Option<&Node>) -> Defaults {
+        let mut out = Defaults {
+            trust: None,
+            state_dir: PathBuf::from("/var/lib/sluice"),
+            max_connections: 4096,
+            poll_interval: Duration::from_secs(30),
+        };
+        let Some(node) = node else { return out };
+        let entries = self
+            .ok(node.map("`defaults`", DEFAULTS_KEYS))
+            .unwrap_or(&[]);
+        let f = yaml::fields(
+            node.pos,
+            entries,
+            DEFAULTS_KEYS,
+            "`defaults`",
+            &mut self.problems,
+        );
+        out.trust = self.path(f.get("trust"), "defaults.trust");
+        if let Some(dir) = self.path(f.get("state_dir"), "defaults.state_dir") {
+            out.state_dir = dir;
+        }
+        if let Some(v) = f.get("max_connections") {
+            match self.ok(v.unsigned("`defaults.max_connections`")) {
+                Some(0) => self.problems.push(Problem::new(
+                    v.pos,
+                    "`defaults.max_connections: 0` would refuse every connection; write 1 or more",
+                )),
+                Some(n) => out.max_connections = usize::try_from(n).unwrap_or(usize::MAX),
+                None => {}
+            }
+        }
+        if let Some(v) = f.get("poll_interval") {
+            let parsed = match &v.value {
+                Value::Int(n) => Err(Problem::new(
+                    v.pos,
+                    format!("`defaults.poll_interval` is {n} without a unit; write it like `{n}s`"),
+                )),
+                _ => v.text("`defaults.poll_interval`").and_then(|text| {
+                    humantime::parse_duration(text).map_err(|e| {
+                        Problem::new(
+                            v.pos,
+                            format!(
+                                "`defaults.poll_interval` is `{text}`, not a duration ({e}); write one like 30s"
+                            ),
+                        )
+                    })
+                }),
+            };
+            if let Some(d) = self.ok(parsed) {
+                out.poll_interval = d;
+            }
+        }
+        out
     }
 }
 
@@ -211,12 +301,18 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_refused_with_their_place() {
+    fn unknown_keys_are_refused_with_their_place_and_the_keys_allowed() {
         let err = parse("socket: /s\nmetric: 1.2.3.4:5\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("unknown field `metric`"), "{err}");
-        assert!(err.contains("line 2"), "{err}");
+        assert!(
+            err.starts_with(
+                "d.yaml:2:1: unknown key `metric` in the daemon config; did you mean `metrics`?"
+            ),
+            "{err}"
+        );
+        assert!(err.contains("`socket`, `metrics`, `audit`"), "{err}");
+        assert!(!err.contains("field"), "{err}");
     }
 
     #[test]
@@ -224,8 +320,43 @@ mod tests {
         let err = parse("socket: rel.sock\nmetrics: nope\ndefaults:\n  max_connections: 0\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("socket: `rel.sock`"), "{err}");
-        assert!(err.contains("metrics: `nope`"), "{err}");
-        assert!(err.contains("max_connections: 0"), "{err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        assert!(
+            lines[0].starts_with("d.yaml:1:9: `socket` is `rel.sock`"),
+            "{err}"
+        );
+        assert!(
+            lines[1].starts_with("d.yaml:2:10: `metrics` is `nope`"),
+            "{err}"
+        );
+        assert!(
+            lines[2].starts_with("d.yaml:4:20: `defaults.max_connections: 0`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_type_says_what_to_write_at_its_place() {
+        let err = parse("audit_allows: yes\ndefaults:\n  poll_interval: 30\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("d.yaml:1:15: `audit_allows` must be `true` or `false`, but it is the string \"yes\""),
+            "{err}"
+        );
+        assert!(
+            err.contains(
+                "d.yaml:3:18: `defaults.poll_interval` is 30 without a unit; write it like `30s`"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_yaml_syntax_error_is_placed_once() {
+        let err = parse("socket: [/s\n").unwrap_err().to_string();
+        assert!(err.starts_with("d.yaml:2:1: "), "{err}");
+        assert_eq!(err.matches("line").count(), 0, "{err}");
     }
 }
