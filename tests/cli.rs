@@ -168,3 +168,134 @@ fn audit_tail_of_a_missing_file_is_bad_input() {
         stderr(&out)
     );
 }
+
+/// What a command said, on either stream (`bundle verify` says why it
+/// refused on stdout).
+fn said(out: &Output) -> String {
+    format!("{}{}", stdout(out), stderr(out))
+}
+
+/// A fresh signing key and trust file in `dir`.
+fn keygen(dir: &Path) -> (String, String) {
+    let key = dir.join("signing.key").to_str().unwrap().to_string();
+    let trust = dir.join("trust.yaml").to_str().unwrap().to_string();
+    let out = sluice(&[
+        "bundle", "keygen", "--key", &key, "--trust", &trust, "--id", "t",
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    (key, trust)
+}
+
+#[test]
+fn signing_with_a_missing_key_names_the_signing_key_and_the_file_to_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("b");
+    let out = sluice(&[
+        "bundle",
+        "sign",
+        "--key",
+        "/nonexistent/signing.key",
+        "--policy",
+        "policies/dev.yaml",
+        "--revision",
+        "1",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    let text = stderr(&out);
+    assert!(
+        text.contains("cannot read the signing key /nonexistent/signing.key: "),
+        "{text}"
+    );
+    assert!(
+        text.contains("give the file `sluice bundle keygen --key` wrote"),
+        "{text}"
+    );
+}
+
+#[test]
+fn verifying_against_a_missing_trust_file_names_the_trust_file() {
+    let out = sluice(&[
+        "bundle",
+        "verify",
+        "--trust",
+        "/nonexistent/trust.yaml",
+        "bundles/examples/dev",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("cannot read the trust file /nonexistent/trust.yaml: "),
+        "{}",
+        said(&out)
+    );
+}
+
+#[test]
+fn verifying_a_missing_bundle_names_the_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, trust) = keygen(dir.path());
+    let out = sluice(&["bundle", "verify", "--trust", &trust, "/nonexistent/bundle"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    let text = said(&out);
+    assert!(
+        text.contains("cannot read the bundle /nonexistent/bundle: "),
+        "{text}"
+    );
+    assert!(text.contains("`sluice bundle sign` wrote"), "{text}");
+}
+
+#[test]
+fn an_unknown_manifest_key_is_named_with_the_keys_allowed_and_no_serde_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, trust) = keygen(dir.path());
+    let bundle = dir.path().join("b");
+    let signed = sluice(&[
+        "bundle",
+        "sign",
+        "--key",
+        &key,
+        "--policy",
+        "policies/dev.yaml",
+        "--revision",
+        "1",
+        "--out",
+        bundle.to_str().unwrap(),
+    ]);
+    assert!(signed.status.success(), "{}", said(&signed));
+    let manifest = bundle.join("manifest.yaml");
+    let mut text = std::fs::read_to_string(&manifest).unwrap();
+    text.push_str("version: 1\n");
+    std::fs::write(&manifest, text).unwrap();
+    let out = sluice(&[
+        "bundle",
+        "verify",
+        "--trust",
+        &trust,
+        bundle.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    let text = said(&out);
+    assert!(
+        text.contains("malformed manifest at manifest.yaml:8:1: unknown key `version` in the manifest; remove it; the allowed keys are `name`, `revision`, `created`, `expires`, `key_id`, `files`"),
+        "{text}"
+    );
+    assert!(!text.contains("field"), "{text}");
+}
+
+#[test]
+fn a_yaml_syntax_error_in_a_policy_prints_its_position_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(
+        &path,
+        "version: 1\nname: t\nrules:\n  - name: a\n   action: allow\n",
+    )
+    .unwrap();
+    let out = sluice(&["check", "--policy", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = stderr(&out);
+    assert!(text.contains("p.yaml:5:4: "), "{text}");
+    assert!(!text.contains("line 5"), "{text}");
+    assert!(!text.contains("column"), "{text}");
+}
