@@ -1,5 +1,6 @@
 //! How long `Policy::decide` takes with a 10,000-rule policy: allowed by
-//! CIDR, denied with no rule, allowed by a wildcard host, and IPv6.
+//! CIDR, denied with no rule, allowed by a wildcard host, IPv6, and IPv6
+//! addresses that embed IPv4 (checked against the IPv4 deny rules too).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use sluice::policy::{AnyResolution, Policy, Reason, Verdict};
@@ -46,7 +47,7 @@ fn big_policy() -> Policy {
 
 fn bench(c: &mut Criterion) {
     let p = big_policy();
-    let cases: [(&str, &str, Option<&str>, Verdict, Reason); 4] = [
+    let cases: [(&str, &str, Option<&str>, Verdict, Reason); 6] = [
         (
             "allow_by_cidr",
             "10.20.16.7:443",
@@ -74,6 +75,22 @@ fn bench(c: &mut Criterion) {
             None,
             Verdict::Allow,
             Reason::AllowRule,
+        ),
+        (
+            // NAT64 of 172.16.19.5, which deny rule r19 names.
+            "deny_nat64_by_ipv4_rule",
+            "[64:ff9b::ac10:1305]:443",
+            None,
+            Verdict::Deny,
+            Reason::DenyRule,
+        ),
+        (
+            // 6to4 of 203.0.113.9: no rule, after the IPv4 deny lookup.
+            "deny_6to4_no_rule",
+            "[2002:cb00:7109::1]:443",
+            None,
+            Verdict::Deny,
+            Reason::NoRule,
         ),
     ];
     for (name, dst, host, verdict, reason) in cases {

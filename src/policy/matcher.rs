@@ -11,6 +11,7 @@
 //! index whose ports match is the first matching rule.
 
 use super::model::{PortRange, Rule, Verdict};
+use super::net;
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -144,17 +145,26 @@ impl Matcher {
         a == b
     }
 
-    /// First deny rule (file order) matching by address or name.
+    /// First deny rule (file order) matching by address, by an IPv4 address
+    /// the address embeds (NAT64, 6to4, Teredo, IPv4-compatible), or by name.
     pub(crate) fn deny(&self, ip: IpAddr, name: Option<&str>, port: u16) -> Option<u32> {
         let ok = |r| self.port_ok(r, port);
-        let best = self.deny.cidr_first(ip, ok, None);
+        let mut best = self.deny.cidr_first(ip, ok, None);
+        if let IpAddr::V6(v6) = ip {
+            if !self.deny.v4.starts.is_empty() {
+                for v4 in net::embedded_v4(v6).into_iter().flatten() {
+                    best = self.deny.v4.first(u128::from(u32::from(v4)), ok, best);
+                }
+            }
+        }
         match name {
             Some(n) => self.deny.host_first(n, ok, best),
             None => best,
         }
     }
 
-    /// First allow rule matching by address.
+    /// First allow rule matching by address. An IPv4 rule does not admit the
+    /// IPv6 forms that embed its addresses: only an IPv6 rule covers those.
     pub(crate) fn allow_cidr(&self, ip: IpAddr, port: u16) -> Option<u32> {
         self.allow.cidr_first(ip, |r| self.port_ok(r, port), None)
     }

@@ -11,7 +11,9 @@
 //! matches when its ports cover the port and its `cidrs` contain the address
 //! or its `hosts` match the name. An allow that only a `hosts` rule gives is
 //! refused for private addresses and for addresses sluice's own DNS did not
-//! return for that name.
+//! return for that name. An IPv6 address that embeds IPv4 (NAT64, 6to4,
+//! Teredo, IPv4-compatible) is private if the IPv4 inside is, and IPv4 deny
+//! rules deny it; IPv4 allow rules do not admit it (docs/policy.md).
 
 mod error;
 mod hostname;

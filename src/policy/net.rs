@@ -1,5 +1,6 @@
 //! Address classification: which destinations a hostname rule must never
-//! reach, and the canonical form addresses are matched in.
+//! reach, the canonical form addresses are matched in, and the IPv4
+//! addresses an IPv6 address carries for a translator or tunnel to reach.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -12,10 +13,43 @@ pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The IPv4 addresses inside an IPv6 address that a NAT64 translator, a
+/// 6to4 relay or a Teredo relay would deliver to (at most two; Teredo
+/// carries its server and its client). IPv4-mapped `::ffff:a.b.c.d` is not
+/// here: [`canonical`] turns it into plain IPv4 first.
+///
+/// - NAT64 well-known prefix `64:ff9b::/96` (RFC 6052): the last 32 bits.
+/// - NAT64 local-use prefix `64:ff9b:1::/48` (RFC 8215), RFC 6052's layout
+///   for a /48: bits 48-63 and 72-87 (bits 64-71 are the reserved octet).
+/// - 6to4 `2002::/16` (RFC 3056): bits 16-47.
+/// - Teredo `2001::/32` (RFC 4380): the server at bits 32-63, the client in
+///   the last 32 bits, inverted.
+/// - IPv4-compatible `::a.b.c.d` (RFC 4291, deprecated), except `::` and
+///   `::1`, which are IPv6's own.
+#[inline]
+pub(crate) fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
+    let o = ip.octets();
+    let v4 = |a: usize, b: usize, c: usize, d: usize| Ipv4Addr::new(o[a], o[b], o[c], o[d]);
+    match ip.segments() {
+        [0x64, 0xff9b, 0, 0, 0, 0, ..] => [Some(v4(12, 13, 14, 15)), None],
+        [0x64, 0xff9b, 1, ..] => [Some(v4(6, 7, 9, 10)), None],
+        [0x2002, ..] => [Some(v4(2, 3, 4, 5)), None],
+        [0x2001, 0, ..] => [
+            Some(v4(4, 5, 6, 7)),
+            Some(Ipv4Addr::from(!u32::from(v4(12, 13, 14, 15)))),
+        ],
+        [0, 0, 0, 0, 0, 0, ..] if !ip.is_unspecified() && !ip.is_loopback() => {
+            [Some(v4(12, 13, 14, 15)), None]
+        }
+        _ => [None, None],
+    }
+}
+
 /// True for addresses a hostname rule must not admit: loopback, RFC 1918,
 /// link-local, unspecified and "this network" (0/8), CGNAT 100.64/10,
-/// multicast, broadcast, IPv6 ULA fc00::/7, fe80::/10, ::1, ::, and the
-/// IPv4-mapped / IPv4-compatible forms of the IPv4 ones.
+/// multicast, broadcast, IPv6 ULA fc00::/7, fe80::/10, ::1, ::, and any
+/// IPv6 address whose IPv4 inside is one of those (IPv4-mapped, and every
+/// form [`embedded_v4`] reads).
 /// Not private: 198.18.0.0/15 and 2001:db8::/32 (test and benchmark origins).
 pub fn is_private(ip: IpAddr) -> bool {
     match ip {
@@ -45,9 +79,8 @@ fn is_private_v6(ip: Ipv6Addr) -> bool {
     if let Some(v4) = ip.to_ipv4_mapped() {
         return is_private_v4(v4);
     }
-    // IPv4-compatible ::a.b.c.d (deprecated, but still routable by some stacks).
-    if seg[..6].iter().all(|s| *s == 0) {
-        return is_private_v4(Ipv4Addr::from(u128::from(ip) as u32));
+    if embedded_v4(ip).into_iter().flatten().any(is_private_v4) {
+        return true;
     }
     (seg[0] & 0xfe00) == 0xfc00 // ULA fc00::/7
         || (seg[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
@@ -116,6 +149,63 @@ mod tests {
     fn documentation_ipv6_and_mapped_public_are_not_private() {
         for a in ["2001:db8::1", "2606:4700::1", "::ffff:198.18.0.1"] {
             assert!(!p(a), "{a} should not be private");
+        }
+    }
+
+    #[test]
+    fn embedded_forms_of_private_ipv4_are_private() {
+        for a in [
+            "64:ff9b::7f00:1",             // NAT64 of 127.0.0.1
+            "64:ff9b::a9fe:a9fe",          // NAT64 of 169.254.169.254
+            "64:ff9b:1:c0a8:1:100::",      // local-use NAT64 of 192.168.1.1
+            "2002:ac10:1::1",              // 6to4 of 172.16.0.1
+            "2001:0:c633:6401::f5ff:fffe", // Teredo client 10.0.0.1
+            "2001:0:a00:1::39ed:fffe",     // Teredo server 10.0.0.1
+            "::7f00:1",                    // IPv4-compatible 127.0.0.1
+        ] {
+            assert!(p(a), "{a} should be private");
+        }
+    }
+
+    #[test]
+    fn embedded_forms_of_public_ipv4_are_not_private() {
+        for a in [
+            "64:ff9b::c612:1",
+            "64:ff9b:1:c612:0:100::",
+            "2002:c612:1::1",
+            "2001:0:c633:6401::39ed:fffe",
+            "::c612:1",
+        ] {
+            assert!(!p(a), "{a} should not be private");
+        }
+    }
+
+    #[test]
+    fn each_embedding_yields_the_ipv4_it_carries() {
+        let got = |s: &str| -> Vec<Ipv4Addr> {
+            embedded_v4(s.parse().unwrap())
+                .into_iter()
+                .flatten()
+                .collect()
+        };
+        let v4 = |s: &str| -> Ipv4Addr { s.parse().unwrap() };
+        assert_eq!(got("64:ff9b::a00:1"), [v4("10.0.0.1")]);
+        assert_eq!(got("64:ff9b:1:a00:0:100::"), [v4("10.0.0.1")]);
+        assert_eq!(got("2002:a00:1::1"), [v4("10.0.0.1")]);
+        // RFC 4380's own example.
+        assert_eq!(
+            got("2001:0:4136:e378:8000:63bf:3fff:fdd2"),
+            [v4("65.54.227.120"), v4("192.0.2.45")]
+        );
+        assert_eq!(got("::a00:1"), [v4("10.0.0.1")]);
+        for none in [
+            "::",
+            "::1",
+            "2001:db8::a00:1",
+            "64:ff9b:2::a00:1",
+            "fe80::1",
+        ] {
+            assert!(got(none).is_empty(), "{none}");
         }
     }
 

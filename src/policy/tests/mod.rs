@@ -1,6 +1,7 @@
 //! Behaviour of the policy module, one behaviour per test.
 
 mod decide;
+mod embedded;
 mod errors;
 mod files;
 mod limits;

@@ -38,20 +38,50 @@ fn matches_host(pattern: &str, name: &str) -> bool {
     }
 }
 
-/// A direct reading of the semantics in DESIGN.md.
+/// The IPv4 addresses docs/policy.md says an IPv6 address embeds, read
+/// straight off the bits.
+fn embedded(ip: IpAddr) -> Vec<IpAddr> {
+    let IpAddr::V6(v6) = ip else {
+        return Vec::new();
+    };
+    let x = u128::from(v6);
+    let v4 = |bits: u128| IpAddr::from(std::net::Ipv4Addr::from(bits as u32));
+    if x >> 32 == 0x0064_ff9b_0000_0000_0000_0000 {
+        vec![v4(x)]
+    } else if x >> 80 == 0x0064_ff9b_0001 {
+        vec![v4((x >> 64 & 0xffff) << 16 | (x >> 40 & 0xffff))]
+    } else if x >> 112 == 0x2002 {
+        vec![v4(x >> 80)]
+    } else if x >> 96 == 0x2001_0000 {
+        vec![v4(x >> 64), v4(!x)]
+    } else if x >> 32 == 0 && x > 1 {
+        vec![v4(x)]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A direct reading of the semantics in DESIGN.md and docs/policy.md.
 fn naive(
     rules: &[Rule],
     ip: IpAddr,
     port: u16,
     host: Option<&str>,
 ) -> (Verdict, Reason, Option<String>) {
+    let inside = embedded(ip);
     let by_cidr = |r: &Rule| r.covers_port(port) && r.cidrs.iter().any(|c| c.contains(&ip));
+    let deny_by_cidr = |r: &Rule| {
+        r.covers_port(port)
+            && r.cidrs
+                .iter()
+                .any(|c| c.contains(&ip) || inside.iter().any(|v4| c.contains(v4)))
+    };
     let by_host = |r: &Rule| {
         r.covers_port(port) && host.is_some_and(|h| r.hosts.iter().any(|p| matches_host(p, h)))
     };
     if let Some(r) = rules
         .iter()
-        .find(|r| r.action == Verdict::Deny && (by_cidr(r) || by_host(r)))
+        .find(|r| r.action == Verdict::Deny && (deny_by_cidr(r) || by_host(r)))
     {
         return (Verdict::Deny, Reason::DenyRule, Some(r.name.clone()));
     }
@@ -84,17 +114,30 @@ fn random_v4(rng: &mut Rng) -> [u8; 4] {
 }
 
 fn random_v6(rng: &mut Rng) -> Ipv6Addr {
-    let top = [0x2001u16, 0xfd00, 0xffff][rng.below(3) as usize];
-    Ipv6Addr::new(
-        top,
-        0xdb8,
-        0,
-        0,
-        0,
-        0,
-        rng.below(3) as u16,
-        rng.below(4) as u16,
-    )
+    let [a, b, c, d] = random_v4(rng).map(u16::from);
+    let (hi, lo) = (a << 8 | b, c << 8 | d);
+    match rng.below(7) {
+        // NAT64 (both prefixes), 6to4, Teredo and IPv4-compatible forms of
+        // the same small IPv4 space, so IPv4 rules meet them.
+        0 => Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo),
+        1 => Ipv6Addr::new(0x64, 0xff9b, 1, hi, c, d << 8, 0, 0),
+        2 => Ipv6Addr::new(0x2002, hi, lo, 0, 0, 0, 0, rng.below(2) as u16),
+        3 => Ipv6Addr::new(0x2001, 0, hi, lo, 0, 0, !hi, !lo),
+        4 => Ipv6Addr::new(0, 0, 0, 0, 0, 0, hi, lo),
+        _ => {
+            let top = [0x2001u16, 0xfd00, 0xffff][rng.below(3) as usize];
+            Ipv6Addr::new(
+                top,
+                0xdb8,
+                0,
+                0,
+                0,
+                0,
+                rng.below(3) as u16,
+                rng.below(4) as u16,
+            )
+        }
+    }
 }
 
 fn random_policy(rng: &mut Rng) -> String {
