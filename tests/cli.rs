@@ -299,3 +299,81 @@ fn a_yaml_syntax_error_in_a_policy_prints_its_position_once() {
     assert!(!text.contains("line 5"), "{text}");
     assert!(!text.contains("column"), "{text}");
 }
+
+/// A hosts rule on 443; every IPv6 address allowed on 8443 except what the
+/// IPv4 deny rule for 10.0.0.0/8 names.
+const EMBEDDED_POLICY: &str = r#"version: 1
+name: embedded
+rules:
+  - name: web
+    action: allow
+    hosts: ["origin.test"]
+    ports: [443]
+  - name: any-v6
+    action: allow
+    cidrs: ["::/0"]
+    ports: [8443]
+  - name: no-internal
+    action: deny
+    cidrs: ["10.0.0.0/8"]
+    ports: [8443]
+"#;
+
+/// `sluice explain` for `ip` on 443 as origin.test, then on 8443: both must
+/// be judged by the IPv4 10.0.0.1 inside it.
+fn explain_is_judged_as_ten_0_0_1(ip: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("embedded.yaml");
+    std::fs::write(&path, EMBEDDED_POLICY).unwrap();
+    let policy = path.to_str().unwrap();
+    let by_name = sluice(&[
+        "explain",
+        "--policy",
+        policy,
+        &format!("[{ip}]:443"),
+        "--host",
+        "origin.test",
+    ]);
+    let text = stdout(&by_name);
+    assert!(by_name.status.success(), "{}", stderr(&by_name));
+    assert!(text.contains("verdict:     deny"), "{ip}:\n{text}");
+    assert!(
+        text.contains("reason:      private-address"),
+        "{ip}:\n{text}"
+    );
+    let by_address = sluice(&["explain", "--policy", policy, &format!("[{ip}]:8443")]);
+    let text = stdout(&by_address);
+    assert!(text.contains("verdict:     deny"), "{ip}:\n{text}");
+    assert!(text.contains("rule:        no-internal"), "{ip}:\n{text}");
+    assert!(text.contains("reason:      deny-rule"), "{ip}:\n{text}");
+}
+
+#[test]
+fn explain_judges_nat64_by_the_ipv4_inside() {
+    explain_is_judged_as_ten_0_0_1("64:ff9b::a00:1");
+}
+
+#[test]
+fn explain_judges_local_use_nat64_by_the_ipv4_inside() {
+    explain_is_judged_as_ten_0_0_1("64:ff9b:1:a00:0:100::");
+}
+
+#[test]
+fn explain_judges_6to4_by_the_ipv4_inside() {
+    explain_is_judged_as_ten_0_0_1("2002:a00:1::1");
+}
+
+#[test]
+fn explain_judges_a_teredo_client_by_the_ipv4_inside() {
+    explain_is_judged_as_ten_0_0_1("2001:0:c633:6401::f5ff:fffe");
+}
+
+#[test]
+fn explain_judges_a_teredo_server_by_the_ipv4_inside() {
+    explain_is_judged_as_ten_0_0_1("2001:0:a00:1::39ed:fffe");
+}
+
+#[test]
+fn explain_judges_ipv4_compatible_by_the_ipv4_inside() {
+    explain_is_judged_as_ten_0_0_1("::a00:1");
+}
