@@ -6,15 +6,15 @@
 //! document, each at its own position. It must never expand an alias or
 //! read on past a bound: hostile input costs at most the bounds.
 //!
-//! Built on saphyr-parser's event stream, chosen over marked-yaml because
-//! its events arrive one at a time, each with its span, so the bounds stop a
-//! hostile file before anything is built (marked-yaml loads the whole
-//! document first, with no bound on depth or size of the tree); because
-//! repeated keys stay in the tree, so validation can say where the first
-//! one was (marked-yaml keeps only the last, or stops at the second); and
-//! because saphyr, from the same project, types plain scalars by the YAML 1.2
-//! core schema, where marked-yaml keeps every scalar as text (so `1.5` and
-//! `"1.5"` would look alike).
+//! Built on saphyr-parser's pull-style event stream rather than on
+//! marked-yaml: sluice takes the events one at a time, each with its span,
+//! so a bound stops reading at the node that crosses it, where marked-yaml's
+//! loader is a receiver that yaml-rust2 drives to the end of the document,
+//! with no bound on depth or node count; repeated keys stay in the tree, so
+//! validation can say where the first one was (marked-yaml keeps only the
+//! last, or stops at the second); and saphyr, from the same project, types
+//! plain scalars by the YAML 1.2 core schema. Refusing anchors, aliases and
+//! tags is one check per event.
 
 mod read;
 
