@@ -5,6 +5,7 @@
 //! Every long-lived task is started here and awaited here; none is detached.
 
 pub mod oci;
+pub mod runtime;
 mod sandbox;
 
 use std::ffi::OsString;

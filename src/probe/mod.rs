@@ -1,56 +1,17 @@
 //! `sluice probe`: a deliberately small network client that the demo and the
 //! tests run inside a sandbox, so neither depends on curl, dig or ping being
-//! installed. Each probe prints one line saying what happened and exits 0 on
-//! success, 1 on failure.
+//! installed. Each probe returns one line saying what happened, as `Ok` on
+//! success and `Err` on failure; the command prints it.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::time::Duration;
 
-use crate::cli::ProbeCommand;
-
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-pub fn run(probe: ProbeCommand) -> i32 {
-    let result = match probe {
-        ProbeCommand::Http {
-            url,
-            body,
-            count,
-            concurrency,
-            timings,
-            label,
-        } => {
-            if count > 1 {
-                http_many(&url, count, concurrency, timings.as_deref(), &label)
-            } else {
-                http(&url, body)
-            }
-        }
-        ProbeCommand::Tls { target, sni, ca } => tls(&target, sni.as_deref(), &ca),
-        ProbeCommand::Tcp {
-            target,
-            send,
-            server_first,
-        } => tcp(&target, &send, server_first),
-        ProbeCommand::Serve { addr } => serve(addr),
-        ProbeCommand::Udp { target } => udp(target),
-        ProbeCommand::Icmp { target } => icmp(target),
-        ProbeCommand::Dns { name, v6, tcp } => dns(&name, v6, tcp),
-    };
-    match result {
-        Ok(line) => {
-            println!("{line}");
-            0
-        }
-        Err(line) => {
-            println!("{line}");
-            1
-        }
-    }
-}
-
-type Outcome = Result<String, String>;
+/// A probe's one line: `Ok` on success, `Err` (starting with FAIL or naming
+/// what went wrong) otherwise.
+pub type Outcome = Result<String, String>;
 
 fn connect(target: &str) -> Result<TcpStream, String> {
     let addrs: Vec<SocketAddr> = target
@@ -155,7 +116,7 @@ fn fetch(url: &str) -> Result<Fetched, String> {
     })
 }
 
-fn http(url: &str, print_body: bool) -> Outcome {
+pub fn http(url: &str, print_body: bool) -> Outcome {
     let fetched = fetch(url)?;
     let (status, body) = (fetched.status, fetched.body.as_slice());
     if print_body {
@@ -175,7 +136,7 @@ fn http(url: &str, print_body: bool) -> Outcome {
 }
 
 /// `count` fresh-connection GETs, `concurrency` at a time: latency summary.
-fn http_many(
+pub fn http_many(
     url: &str,
     count: usize,
     concurrency: usize,
@@ -284,7 +245,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
+pub fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
     let name = sni.map(str::to_string).unwrap_or_else(|| {
         target
@@ -331,7 +292,7 @@ fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     }
 }
 
-fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
+pub fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
     let mut stream = connect(target)?;
     if !send.is_empty() {
         stream
@@ -351,7 +312,7 @@ fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
     }
 }
 
-fn serve(addr: SocketAddr) -> Outcome {
+pub fn serve(addr: SocketAddr) -> Outcome {
     let listener =
         std::net::TcpListener::bind(addr).map_err(|e| format!("FAIL bind {addr}: {e}"))?;
     eprintln!("serving HTTP on {addr}");
@@ -359,7 +320,7 @@ fn serve(addr: SocketAddr) -> Outcome {
     Ok(format!("stopped serving {addr}"))
 }
 
-fn udp(target: SocketAddr) -> Outcome {
+pub fn udp(target: SocketAddr) -> Outcome {
     let bind: SocketAddr = if target.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
     } else {
@@ -372,7 +333,7 @@ fn udp(target: SocketAddr) -> Outcome {
     }
 }
 
-fn icmp(target: IpAddr) -> Outcome {
+pub fn icmp(target: IpAddr) -> Outcome {
     use nix::sys::socket::{
         sendto, socket, AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6,
     };
@@ -420,7 +381,7 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-fn dns(name: &str, v6: bool, use_tcp: bool) -> Outcome {
+pub fn dns(name: &str, v6: bool, use_tcp: bool) -> Outcome {
     use hickory_proto::op::{Message, MessageType, OpCode, Query};
     use hickory_proto::rr::{Name, RecordType};
     let server = system_nameserver();
