@@ -21,4 +21,5 @@ pub mod probe;
 pub mod proxy;
 pub mod reload;
 pub mod report;
+pub mod testbed;
 pub mod timing;

@@ -854,7 +854,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let addr: IpAddr = "198.18.0.10".parse().unwrap();
-    let ns = sluice::demo::topology::OuterNetns::create("sluice-bundle", &[addr]).unwrap();
+    let ns = sluice::testbed::OuterNetns::create("sluice-bundle", &[addr]).unwrap();
     ns.run_in(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -5,14 +5,12 @@
 //! failing (also as root) and the nft drop counter, read through /metrics;
 //! then removes everything it made.
 
-pub mod topology;
-
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
 
-use topology::OuterNetns;
+use crate::testbed::OuterNetns;
 
 /// The policy the demo enforces, embedded so the demo works from any
 /// directory.
@@ -155,18 +153,10 @@ fn wait_for(marker: &std::path::Path, child: &mut std::process::Child) -> bool {
     false
 }
 
-/// GET /metrics from `addr` (a plain HTTP/1.1 request, read to the end).
-fn scrape(addr: &str) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    Ok(text)
+/// The text /metrics at `addr` serves.
+fn scrape(addr: &str) -> std::result::Result<String, String> {
+    let fetched = crate::testbed::load::fetch(&format!("http://{addr}/metrics"))?;
+    Ok(String::from_utf8_lossy(&fetched.body).into_owned())
 }
 
 fn which(tool: &str) -> Option<std::path::PathBuf> {

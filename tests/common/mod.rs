@@ -1,5 +1,5 @@
 //! Shared topology for the end-to-end tests: a throwaway "host" namespace with
-//! origin servers (sluice's own `demo::topology`), a temp dir for policies and
+//! origin servers (sluice's own `testbed`), a temp dir for policies and
 //! audit logs, and helpers that run `sluice run` inside it.
 //!
 //! Privileged tests need root, `ip` and `nft`. Without them they skip loudly,
@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use sluice::demo::topology::{pattern, OuterNetns};
+pub use sluice::testbed::{pattern, OuterNetns};
 
 pub const ORIGIN_V4: &str = "198.18.0.1";
 pub const OTHER_V4: &str = "198.18.0.2";
