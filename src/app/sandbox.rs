@@ -14,7 +14,8 @@ use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
 use crate::dns::{DnsCache, DnsContext};
 use crate::metrics::{Metrics, SandboxTally};
-use crate::proxy::{Limits, ProxyContext};
+use crate::netns::{SANDBOX_V4, SANDBOX_V6};
+use crate::proxy::{InternalAddrs, Limits, ProxyContext, Resolver};
 use crate::timing::TimingLog;
 
 /// How long connections get to finish once a sandbox is stopping.
@@ -68,7 +69,7 @@ impl ServedSandbox {
         let cache = Arc::new(DnsCache::new());
         let mut proxy_ctx = ProxyContext::new(
             policy.clone(),
-            cache.clone(),
+            cache.clone() as Arc<dyn Resolver>,
             shared.audit.clone(),
             identity.id.clone(),
             identity.path,
@@ -81,7 +82,10 @@ impl ServedSandbox {
             .as_ref()
             .map(|m| m.path(identity.path).with_tally(tally.clone()));
         proxy_ctx.timings = shared.timings.clone();
-        proxy_ctx.internal = shared.internal.clone();
+        proxy_ctx.internal = InternalAddrs {
+            ips: vec![SANDBOX_V4.into(), SANDBOX_V6.into()],
+            endpoints: shared.internal.clone(),
+        };
         let proxy_ctx = Arc::new(proxy_ctx);
         let dns_ctx = Arc::new(DnsContext {
             policy: policy.clone(),
@@ -179,6 +183,13 @@ impl ServedSandbox {
         let _ = self.stop.send(true);
         while self.proxies.join_next().await.is_some() {}
         self.dns.shutdown().await;
+    }
+}
+
+/// The proxy asks sluice's resolver which name an address was resolved for.
+impl Resolver for DnsCache {
+    fn name_for(&self, ip: std::net::IpAddr) -> Option<String> {
+        DnsCache::name_for(self, ip)
     }
 }
 
