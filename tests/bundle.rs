@@ -525,7 +525,7 @@ fn reload_config(k: &Keys, source: BundleSource, state: &Path) -> ReloadConfig {
         state: RevisionState::open(state).unwrap(),
         allow_rollback: false,
         sandbox: "test".into(),
-        path: "host",
+        path: sluice::workload::WorkloadPath::Host,
         fetch: FetchConfig::default(),
     }
 }

@@ -57,7 +57,7 @@ async fn sandbox_resolves_allowed_names_and_the_proxy_sees_them() {
         cache: cache.clone(),
         audit,
         sandbox: "it".to_string(),
-        path: "host",
+        path: sluice::workload::WorkloadPath::Host,
         default_upstream: Vec::new(),
         metrics: None,
     });

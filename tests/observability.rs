@@ -17,6 +17,7 @@ use sluice::metrics::{Metrics, ReloadResult};
 use sluice::timing::{
     self, compare, compare::two_clusters, ConnectionClock, Input, TimingRecord, TimingWriter,
 };
+use sluice::workload::WorkloadPath;
 
 // ---------------------------------------------------------------- metrics
 
@@ -82,7 +83,7 @@ fn scrape(registry: &Registry) -> (String, Samples) {
 
 /// 3 allowed by `origin`, 1 denied by `no-metadata`, 2 denied by no rule.
 fn known_sequence(metrics: &Metrics) {
-    let host = metrics.path("host");
+    let host = metrics.path(WorkloadPath::Host);
     for _ in 0..3 {
         let mut c = host.opened();
         c.decided("allow", Some("origin"));
@@ -94,7 +95,7 @@ fn known_sequence(metrics: &Metrics) {
     c.decided("deny", Some("no-metadata"));
     drop(c);
     for _ in 0..2 {
-        let mut c = metrics.path("oci").opened();
+        let mut c = metrics.path(WorkloadPath::Oci).opened();
         c.decided("deny", None);
         c.decided("deny", None); // counted once
     }
@@ -194,7 +195,7 @@ fn connections_are_counted_by_path_verdict_and_rule() {
 fn active_connections_follow_the_guards() {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
-    let vm = metrics.path("vm");
+    let vm = metrics.path(WorkloadPath::Vm);
     let a = vm.opened();
     let b = vm.opened();
     let (_, s) = scrape(&registry);
@@ -414,7 +415,7 @@ async fn metrics_endpoint_serves_text_format_and_404s_elsewhere() {
 fn deny(i: usize) -> AuditEvent {
     AuditEvent {
         sandbox: "sb-test".into(),
-        path: "host",
+        path: WorkloadPath::Host,
         verdict: if i % 7 == 0 { "allow" } else { "deny" },
         rule: (i % 3 == 0).then(|| "no-metadata".to_string()),
         reason: "no-rule",

@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-pub use sandbox::{Identity, ServedSandbox, Shared, DRAIN_GRACE};
+pub use sandbox::{ServedSandbox, Shared, DRAIN_GRACE};
 
 use crate::attach::{self, host};
 use crate::audit::{AuditOptions, AuditWriter};
@@ -316,28 +316,24 @@ impl Session {
         })
     }
 
-    /// A fresh sandbox namespace, enforced (table applied and read back,
-    /// listeners bound).
-    pub(crate) fn fresh_sandbox(&self) -> Result<attach::Sandbox> {
+    /// A fresh sandbox namespace, enforced as `attachment` says (table
+    /// applied and read back, listeners bound).
+    pub(crate) fn fresh_sandbox(&self, attachment: &attach::Attachment) -> Result<attach::Sandbox> {
         let netns =
             SandboxNetns::create().context("cannot create the sandbox network namespace")?;
-        attach::prepare(netns).context("cannot enforce the sandbox")
+        attach::prepare(netns, attachment).context("cannot enforce the sandbox")
     }
 
-    /// Serve `sandbox` as `identity` under this session's policy.
-    pub(crate) fn serve(
-        &self,
-        sandbox: attach::Sandbox,
-        identity: Identity,
-    ) -> Result<ServedSandbox> {
+    /// Serve `sandbox` as sandbox `id` under this session's policy.
+    pub(crate) fn serve(&self, sandbox: attach::Sandbox, id: String) -> Result<ServedSandbox> {
         tracing::info!(
             netns_inode = sandbox.netns.inode(),
-            sandbox = %identity.id,
+            sandbox = %id,
             "sandbox ready"
         );
         ServedSandbox::start(
             sandbox,
-            identity,
+            id,
             self.reloading.handle.clone(),
             &self.services.shared,
         )
@@ -367,18 +363,14 @@ impl Session {
 pub async fn run(opts: RunOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let session = Session::start(opts.services, opts.policy).await?;
-    let sandbox = match session.fresh_sandbox() {
+    let sandbox = match session.fresh_sandbox(&host::attachment()) {
         Ok(sandbox) => sandbox,
         Err(err) => {
             session.finish(None).await;
             return Err(err);
         }
     };
-    let identity = Identity {
-        id: format!("host-{}", std::process::id()),
-        path: "host",
-    };
-    let served = session.serve(sandbox, identity)?;
+    let served = session.serve(sandbox, format!("host-{}", std::process::id()))?;
 
     // Spawned from this (the runtime's main) thread: see host::spawn.
     let mut child = match host::spawn(&served.sandbox, &opts.command, run_as) {

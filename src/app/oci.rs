@@ -16,9 +16,7 @@ use anyhow::{Context, Result};
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-use super::{
-    supervise, supervise_command, CtrlC, Identity, PolicySource, ServedSandbox, ServiceOptions,
-};
+use super::{supervise, supervise_command, CtrlC, PolicySource, ServedSandbox, ServiceOptions};
 use super::{Session, STOP_GRACE};
 use crate::attach::oci::{self as podman, PodmanRun};
 use crate::attach::Sandbox;
@@ -39,7 +37,7 @@ const CIDFILE_POLL: Duration = Duration::from_millis(5);
 pub async fn run(opts: OciOptions) -> Result<i32> {
     let session = Session::start(opts.services, opts.policy).await?;
     let prepared = session
-        .fresh_sandbox()
+        .fresh_sandbox(&podman::attachment())
         .and_then(|sandbox| Ok((PrivateDir::create()?, sandbox)));
     let (workdir, sandbox) = match prepared {
         Ok(prepared) => prepared,
@@ -141,7 +139,7 @@ async fn contain(
     if !run.detach || status != 0 {
         return Ok((status, Some(served)));
     }
-    match wait_detached(session, run, &served.identity.id).await {
+    match wait_detached(session, run, &served.id).await {
         Ok(status) => Ok((status, Some(served))),
         Err(err) => Err((err, Some(served))),
     }
@@ -171,8 +169,7 @@ async fn serve_when_named(
                 sandbox = %id,
                 "sandbox ready"
             );
-            let identity = Identity { id, path: "oci" };
-            return ServedSandbox::start(sandbox, identity, policy, &shared).map(Some);
+            return ServedSandbox::start(sandbox, id, policy, &shared).map(Some);
         }
         if stopping {
             return Ok(None);

@@ -14,7 +14,6 @@ use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
 use crate::dns::{DnsCache, DnsContext};
 use crate::metrics::{Metrics, SandboxTally};
-use crate::netns::{SANDBOX_V4, SANDBOX_V6};
 use crate::proxy::{InternalAddrs, Limits, ProxyContext, Resolver};
 use crate::timing::TimingLog;
 
@@ -35,18 +34,12 @@ pub struct Shared {
     pub default_upstream: Vec<SocketAddr>,
 }
 
-/// Who a sandbox is, for records and metrics.
-pub struct Identity {
-    /// The `sandbox` field of audit and timing records.
-    pub id: String,
-    /// host | oci | vm
-    pub path: &'static str,
-}
-
 /// A sandbox being served. Stop it with [`ServedSandbox::stop`].
 pub struct ServedSandbox {
     pub sandbox: Sandbox,
-    pub identity: Identity,
+    /// The `sandbox` field of audit and timing records (the container id,
+    /// or `host-<pid>`); the path is the sandbox's attachment's.
+    pub id: String,
     pub policy: PolicyHandle,
     /// This sandbox's own connection counts (`sluice status`).
     pub tally: Arc<SandboxTally>,
@@ -62,17 +55,18 @@ impl ServedSandbox {
     /// Start serving `sandbox`'s sockets under `policy`.
     pub fn start(
         sandbox: Sandbox,
-        identity: Identity,
+        id: String,
         policy: PolicyHandle,
         shared: &Shared,
     ) -> Result<ServedSandbox> {
+        let path = sandbox.attachment.path;
         let cache = Arc::new(DnsCache::new());
         let mut proxy_ctx = ProxyContext::new(
             policy.clone(),
             cache.clone() as Arc<dyn Resolver>,
             shared.audit.clone(),
-            identity.id.clone(),
-            identity.path,
+            id.clone(),
+            path,
             shared.limits.clone(),
         );
         proxy_ctx.audit_allows = shared.audit_allows;
@@ -80,10 +74,10 @@ impl ServedSandbox {
         proxy_ctx.metrics = shared
             .metrics
             .as_ref()
-            .map(|m| m.path(identity.path).with_tally(tally.clone()));
+            .map(|m| m.path(path).with_tally(tally.clone()));
         proxy_ctx.timings = shared.timings.clone();
         proxy_ctx.internal = InternalAddrs {
-            ips: vec![SANDBOX_V4.into(), SANDBOX_V6.into()],
+            ips: sandbox.attachment.internal.clone(),
             endpoints: shared.internal.clone(),
         };
         let proxy_ctx = Arc::new(proxy_ctx);
@@ -91,8 +85,8 @@ impl ServedSandbox {
             policy: policy.clone(),
             cache,
             audit: shared.audit.clone(),
-            sandbox: identity.id.clone(),
-            path: identity.path,
+            sandbox: id.clone(),
+            path,
             default_upstream: shared.default_upstream.clone(),
             metrics: shared.metrics.clone(),
         });
@@ -121,7 +115,7 @@ impl ServedSandbox {
         if let Some(metrics) = shared.metrics.as_ref() {
             let netns = sandbox.netns.clone_handle()?;
             metrics.register_drop_source(
-                identity.id.clone(),
+                id.clone(),
                 Box::new(move || {
                     netns
                         .run_in(|| crate::enforce::dropped_packets().ok())
@@ -132,7 +126,7 @@ impl ServedSandbox {
         }
         Ok(ServedSandbox {
             sandbox,
-            identity,
+            id,
             policy,
             tally,
             stop,
@@ -144,6 +138,11 @@ impl ServedSandbox {
         })
     }
 
+    /// How the sandbox's workload is attached.
+    pub fn path(&self) -> crate::workload::WorkloadPath {
+        self.sandbox.attachment.path
+    }
+
     /// sluice's own CPU time (not any workload's) per connection accepted
     /// since this sandbox started: the number DESIGN.md's speed target is
     /// stated in. In a process serving several sandboxes it covers them all.
@@ -151,7 +150,7 @@ impl ServedSandbox {
         let connections = self.connections_accepted();
         let cpu_us = own_cpu_us().saturating_sub(self.cpu_at_start);
         tracing::info!(
-            sandbox = %self.identity.id,
+            sandbox = %self.id,
             connections,
             cpu_us,
             cpu_us_per_connection = cpu_us.checked_div(connections).unwrap_or(0),
@@ -178,7 +177,7 @@ impl ServedSandbox {
     /// Stop accepting, give connections in flight [`DRAIN_GRACE`], stop DNS.
     pub async fn stop(mut self) {
         if let Some(metrics) = self.metrics.as_ref() {
-            metrics.unregister_drop_source(&self.identity.id);
+            metrics.unregister_drop_source(&self.id);
         }
         let _ = self.stop.send(true);
         while self.proxies.join_next().await.is_some() {}

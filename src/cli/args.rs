@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::workload::WorkloadPath;
+
 /// Where the policy comes from: a plain file, or a signed bundle.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false, id = "policy_source")]
@@ -101,7 +103,7 @@ impl RecordArgs {
 /// validated here, so a bad file fails before anything is created.
 pub fn policy_source(
     args: &PolicySourceArgs,
-    path: &'static str,
+    path: WorkloadPath,
 ) -> anyhow::Result<crate::app::PolicySource> {
     use crate::app::PolicySource;
     if let Some(file) = &args.policy {

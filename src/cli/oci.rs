@@ -30,7 +30,7 @@ pub struct OciArgs {
 
 pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
     let podman = crate::attach::oci::PodmanRun::parse(&args.podman).map_err(BadInput::from)?;
-    let policy = policy_source(&args.source, "oci")?;
+    let policy = policy_source(&args.source, crate::workload::WorkloadPath::Oci)?;
     crate::confine::require_root("sluice oci")?;
     let opts = crate::app::oci::OciOptions {
         policy,

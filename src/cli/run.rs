@@ -31,7 +31,7 @@ pub struct RunArgs {
 }
 
 pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
-    let policy = policy_source(&args.source, "host")?;
+    let policy = policy_source(&args.source, crate::workload::WorkloadPath::Host)?;
     crate::confine::require_root("sluice run")?;
     let opts = crate::app::RunOptions {
         policy,

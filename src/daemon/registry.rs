@@ -20,8 +20,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::adopt::{self, Records};
 use super::api::{AttachRequest, Connections, SandboxInfo};
 use super::config::Defaults;
-use crate::app::{ActiveSource, Identity, PolicySource, Reloading, ServedSandbox, Shared};
+use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared};
 use crate::netns::{SandboxNetns, SANDBOX_LINK, SANDBOX_PEER};
+use crate::workload::WorkloadPath;
 
 /// How often a sandbox attached without a pid is checked for processes.
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
@@ -204,23 +205,22 @@ impl Registry {
         let (stop_reload, stop_rx) = watch::channel(false);
         let mut reload_tasks = JoinSet::new();
         let reloading = active.spawn(&mut reload_tasks, stop_rx);
-        let identity = Identity {
-            id: req.id.clone(),
-            path: "oci",
+        let served = match ServedSandbox::start(
+            sandbox,
+            req.id.clone(),
+            reloading.handle().clone(),
+            &self.shared,
+        ) {
+            Ok(served) => served,
+            Err(err) => {
+                let _ = stop_reload.send(true);
+                while reload_tasks.join_next().await.is_some() {}
+                return Err(ApiError::internal(format!(
+                    "cannot serve the sandbox: {}",
+                    crate::report::error_line(&err)
+                )));
+            }
         };
-        let served =
-            match ServedSandbox::start(sandbox, identity, reloading.handle().clone(), &self.shared)
-            {
-                Ok(served) => served,
-                Err(err) => {
-                    let _ = stop_reload.send(true);
-                    while reload_tasks.join_next().await.is_some() {}
-                    return Err(ApiError::internal(format!(
-                        "cannot serve the sandbox: {}",
-                        crate::report::error_line(&err)
-                    )));
-                }
-            };
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let watcher = tokio::spawn(watch_until_gone(
             Arc::downgrade(self),
@@ -275,7 +275,7 @@ impl Registry {
                         state,
                         allow_rollback: false,
                         sandbox: req.id.clone(),
-                        path: "oci",
+                        path: WorkloadPath::Oci,
                         fetch: crate::reload::FetchConfig {
                             interval: self.defaults.poll_interval,
                             ..Default::default()
@@ -419,7 +419,7 @@ impl Registry {
         let tally = entry.served.tally.snapshot();
         SandboxInfo {
             id: id.to_string(),
-            path: entry.served.identity.path.to_string(),
+            path: entry.served.path().as_str().to_string(),
             policy: entry.served.policy.label(),
             netns_inode: entry.netns.inode(),
             pid: entry.pid,
@@ -476,7 +476,7 @@ fn enforce(
             links.join(", ")
         )));
     }
-    let sandbox = crate::attach::prepare(netns)
+    let sandbox = crate::attach::prepare(netns, &crate::attach::oci::attachment())
         .map_err(|e| ApiError::internal(format!("cannot enforce the sandbox: {e}")))?;
     Ok((sandbox, process))
 }

@@ -61,7 +61,7 @@ impl Harness {
             cache: Arc::new(DnsCache::new()),
             audit,
             sandbox: "sb-test".to_string(),
-            path: "host",
+            path: crate::workload::WorkloadPath::Host,
             default_upstream: Vec::new(),
             metrics: None,
         });

@@ -20,6 +20,8 @@ use prometheus::{
     Registry,
 };
 
+use crate::workload::WorkloadPath;
+
 pub use drops::DropSource;
 pub use server::{bind, render, serve, serve_listener, ServeError};
 
@@ -195,7 +197,8 @@ impl Metrics {
 
     /// Pre-resolved handles for one path (host | oci | vm). Resolve once per
     /// listener, not per connection.
-    pub fn path(&self, path: &'static str) -> PathMetrics {
+    pub fn path(&self, path: WorkloadPath) -> PathMetrics {
+        let path = path.as_str();
         PathMetrics {
             tally: None,
             path,

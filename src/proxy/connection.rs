@@ -87,7 +87,7 @@ impl Drop for Outcome<'_> {
             let mut record = self.clock.record(
                 id,
                 &self.ctx.sandbox,
-                self.ctx.path,
+                self.ctx.path.as_str(),
                 self.dst,
                 self.host.as_deref(),
                 self.verdict,

@@ -28,6 +28,7 @@ use crate::bundle::PolicyHandle;
 use crate::metrics::PathMetrics;
 use crate::policy::ResolvedNames;
 use crate::timing::TimingLog;
+use crate::workload::WorkloadPath;
 
 pub use original_dst::original_dst;
 
@@ -93,8 +94,8 @@ pub struct ProxyContext {
     pub audit_allows: bool,
     /// The sandbox id audit records carry.
     pub sandbox: String,
-    /// host | oci | vm
-    pub path: &'static str,
+    /// How the sandbox's workload is attached.
+    pub path: WorkloadPath,
     pub limits: Limits,
     /// This path's metric handles (`None` when metrics are off).
     pub metrics: Option<PathMetrics>,
@@ -116,7 +117,7 @@ impl ProxyContext {
         resolver: Arc<dyn Resolver>,
         audit: AuditLog,
         sandbox: String,
-        path: &'static str,
+        path: WorkloadPath,
         limits: Limits,
     ) -> ProxyContext {
         ProxyContext {

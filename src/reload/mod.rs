@@ -65,7 +65,7 @@ pub struct ReloadConfig {
     pub allow_rollback: bool,
     /// For audit records: the sandbox name and its path (host|oci|vm).
     pub sandbox: String,
-    pub path: &'static str,
+    pub path: crate::workload::WorkloadPath,
     pub fetch: FetchConfig,
 }
 

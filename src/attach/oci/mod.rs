@@ -30,6 +30,9 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
+use super::Attachment;
+use crate::workload::WorkloadPath;
+
 /// Annotation the hook reads: a plain policy file.
 pub const ANNOTATION_POLICY: &str = "io.sluice.policy";
 /// Annotation the hook reads: a signed bundle (directory, .tar.gz or URL).
@@ -94,6 +97,13 @@ impl OciError {
                 | OciError::Netns { .. }
         )
     }
+}
+
+/// A container's attachment: its network namespace is its own (the
+/// wrapper's fresh one, or one the daemon checked has no link out), path
+/// `oci`.
+pub fn attachment() -> Attachment {
+    Attachment::dedicated_namespace(WorkloadPath::Oci)
 }
 
 /// What a podman option does to the sandbox, if it is refused.
