@@ -16,24 +16,46 @@
 //! any layer may use: `workload` (the path enum), `confine` (root check,
 //! capabilities, descriptor limits), `report` (one-line errors). `policy`
 //! and `bundle` import no tokio and no nftables.
+//!
+//! `unsafe` is forbidden in every module but the few where an API demands
+//! it (the `pre_exec` hooks that confine a workload before exec, the
+//! capability drop, registering a pidfd with the reactor); each such block
+//! says why it is sound, and clippy's `undocumented_unsafe_blocks` is denied.
 
+#[forbid(unsafe_code)]
 pub mod app;
 pub mod attach;
+#[forbid(unsafe_code)]
 pub mod audit;
+#[forbid(unsafe_code)]
 pub mod bundle;
+#[forbid(unsafe_code)]
 pub mod cli;
 pub mod confine;
 pub mod daemon;
+#[forbid(unsafe_code)]
 pub mod demo;
+#[forbid(unsafe_code)]
 pub mod dns;
+#[forbid(unsafe_code)]
 pub mod enforce;
+#[forbid(unsafe_code)]
 pub mod metrics;
+#[forbid(unsafe_code)]
 pub mod netns;
+#[forbid(unsafe_code)]
 pub mod policy;
+#[forbid(unsafe_code)]
 pub mod probe;
+#[forbid(unsafe_code)]
 pub mod proxy;
+#[forbid(unsafe_code)]
 pub mod reload;
+#[forbid(unsafe_code)]
 pub mod report;
+#[forbid(unsafe_code)]
 pub mod testbed;
+#[forbid(unsafe_code)]
 pub mod timing;
+#[forbid(unsafe_code)]
 pub mod workload;

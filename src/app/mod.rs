@@ -496,12 +496,15 @@ pub(crate) async fn supervise_command(
 /// is the foreground job of its controlling terminal, so that a Ctrl-C
 /// there reached the workload directly.
 fn terminal_interrupts_the_workload() -> bool {
-    // SAFETY: getpgrp, isatty and tcgetpgrp take plain integers and only
-    // return values; they touch no memory of ours.
-    let group = unsafe { libc::getpgrp() };
-    [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO]
-        .into_iter()
-        .any(|fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == group })
+    use std::io::IsTerminal;
+    use std::os::fd::AsFd;
+    let group = nix::unistd::getpgrp();
+    let foreground = |fd: std::os::fd::BorrowedFd<'_>| {
+        fd.is_terminal() && nix::unistd::tcgetpgrp(fd) == Ok(group)
+    };
+    foreground(std::io::stdin().as_fd())
+        || foreground(std::io::stdout().as_fd())
+        || foreground(std::io::stderr().as_fd())
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -3,7 +3,7 @@
 //! with hyper. Routes are in `api`.
 
 use std::convert::Infallible;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -125,9 +125,7 @@ async fn connection(stream: UnixStream, registry: Arc<Registry>) {
         if stream.readable().await.is_err() {
             return;
         }
-        match stream.try_io(tokio::io::Interest::READABLE, || {
-            recv_opening(stream.as_raw_fd())
-        }) {
+        match stream.try_io(tokio::io::Interest::READABLE, || recv_opening(&stream)) {
             Ok(opening) => break opening,
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(err) => {

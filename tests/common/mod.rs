@@ -398,28 +398,12 @@ pub fn audit_records(path: &Path) -> Vec<serde_json::Value> {
 /// where the test types (b"\x03" is Ctrl-C) and reads. Drop `cmd` after
 /// spawning it, or the terminal never ends.
 pub fn in_terminal(cmd: &mut Command) -> std::fs::File {
-    use std::os::fd::FromRawFd;
     use std::os::unix::process::CommandExt;
-    let (mut master, mut slave) = (0, 0);
-    // SAFETY: openpty writes two descriptors into the two ints and reads
-    // nothing else (the name, termios and winsize pointers are null).
-    let rc = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: both descriptors are fresh and owned by nothing else.
-    let (master, slave) = unsafe {
-        (
-            std::fs::File::from_raw_fd(master),
-            std::fs::File::from_raw_fd(slave),
-        )
-    };
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let (master, slave) = (
+        std::fs::File::from(pty.master),
+        std::fs::File::from(pty.slave),
+    );
     cmd.stdin(slave.try_clone().unwrap())
         .stdout(slave.try_clone().unwrap())
         .stderr(slave);

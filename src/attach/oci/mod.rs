@@ -22,6 +22,7 @@
 //! OCI hook is installed the `io.sluice.netns` annotation added here lets the
 //! hook refuse a start in any namespace but the one sluice enforced.
 
+#[forbid(unsafe_code)]
 pub mod hook;
 
 use std::ffi::{OsStr, OsString};
@@ -392,9 +393,9 @@ pub fn spawn_podman(argv: &[OsString]) -> Result<Child, OciError> {
     let program = argv[0].to_string_lossy().into_owned();
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
+    let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and only makes
     // async-signal-safe calls (setrlimit, prctl, getppid).
-    let parent = nix::unistd::getpid();
     unsafe {
         cmd.pre_exec(move || {
             crate::confine::fds::restore_for_workload()?;
