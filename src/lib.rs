@@ -38,6 +38,8 @@ pub mod demo;
 #[forbid(unsafe_code)]
 pub mod dns;
 #[forbid(unsafe_code)]
+pub mod drain;
+#[forbid(unsafe_code)]
 pub mod enforce;
 #[forbid(unsafe_code)]
 pub mod metrics;

@@ -63,7 +63,11 @@ async fn sandbox_resolves_allowed_names_and_the_proxy_sees_them() {
     });
     let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
     let server = socket.local_addr().unwrap();
-    let task = tokio::spawn(serve_udp(socket, ctx.clone()));
+    let task = tokio::spawn(serve_udp(
+        socket,
+        ctx.clone(),
+        sluice::drain::Watch::never(),
+    ));
     let client = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
     client.connect(server).await.unwrap();
 

@@ -379,8 +379,8 @@ async fn metrics_endpoint_serves_text_format_and_404s_elsewhere() {
     known_sequence(&metrics);
     let listener = sluice::metrics::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(sluice::metrics::serve_listener(listener, registry, rx));
+    let (trigger, drain) = sluice::drain::trigger();
+    let server = tokio::spawn(sluice::metrics::serve_listener(listener, registry, drain));
     let (ok, missing) =
         tokio::task::spawn_blocking(move || (http_get(addr, "/metrics"), http_get(addr, "/")))
             .await
@@ -402,10 +402,10 @@ async fn metrics_endpoint_serves_text_format_and_404s_elsewhere() {
         Some(3.0)
     );
     assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
-    tx.send(true).unwrap();
+    trigger.drain();
     tokio::time::timeout(Duration::from_secs(5), server)
         .await
-        .expect("server stops on shutdown")
+        .expect("server stops when drained")
         .unwrap()
         .unwrap();
 }

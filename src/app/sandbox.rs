@@ -1,18 +1,18 @@
 //! Serving one enforced sandbox: its proxy and DNS tasks, started together
-//! and stopped together. `sluice run` serves one; the daemon serves many.
+//! and drained together. `sluice run` serves one; the daemon serves many.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::attach::Sandbox;
 use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
 use crate::dns::{DnsCache, DnsContext};
+use crate::drain::Drain;
 use crate::metrics::{Metrics, SandboxTally};
 use crate::proxy::{InternalAddrs, Limits, ProxyContext, Resolver};
 use crate::timing::TimingLog;
@@ -43,9 +43,8 @@ pub struct ServedSandbox {
     pub policy: PolicyHandle,
     /// This sandbox's own connection counts (`sluice status`).
     pub tally: Arc<SandboxTally>,
-    stop: watch::Sender<bool>,
-    proxies: JoinSet<()>,
-    dns: JoinSet<()>,
+    /// Its proxy listeners and DNS servers.
+    drain: Drain,
     metrics: Option<Arc<Metrics>>,
     proxy: Arc<ProxyContext>,
     cpu_at_start: u64,
@@ -91,25 +90,30 @@ impl ServedSandbox {
             metrics: shared.metrics.clone(),
         });
 
-        let (stop, stop_rx) = watch::channel(false);
-        let mut proxies = JoinSet::new();
+        let mut drain = Drain::new("sandbox");
         for listener in &sandbox.sockets.proxy {
             let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-            proxies.spawn(crate::proxy::serve(
+            drain.spawn(crate::proxy::serve(
                 listener,
                 proxy_ctx.clone(),
-                stop_rx.clone(),
-                DRAIN_GRACE,
+                drain.watch(),
             ));
         }
-        let mut dns = JoinSet::new();
         for socket in &sandbox.sockets.dns_udp {
             let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
-            dns.spawn(crate::dns::serve_udp(socket, dns_ctx.clone()));
+            drain.spawn(crate::dns::serve_udp(
+                socket,
+                dns_ctx.clone(),
+                drain.watch(),
+            ));
         }
         for listener in &sandbox.sockets.dns_tcp {
             let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-            dns.spawn(crate::dns::serve_tcp(listener, dns_ctx.clone()));
+            drain.spawn(crate::dns::serve_tcp(
+                listener,
+                dns_ctx.clone(),
+                drain.watch(),
+            ));
         }
 
         if let Some(metrics) = shared.metrics.as_ref() {
@@ -129,9 +133,7 @@ impl ServedSandbox {
             id,
             policy,
             tally,
-            stop,
-            proxies,
-            dns,
+            drain,
             metrics: shared.metrics.clone(),
             proxy: proxy_ctx,
             cpu_at_start: own_cpu_us(),
@@ -174,14 +176,16 @@ impl ServedSandbox {
             .flatten()
     }
 
-    /// Stop accepting, give connections in flight [`DRAIN_GRACE`], stop DNS.
-    pub async fn stop(mut self) {
+    /// Drain: the listeners stop accepting, connections and DNS queries in
+    /// flight get until `deadline` (usually [`DRAIN_GRACE`] from now), and
+    /// those still open then are closed. Every reference to the namespace
+    /// goes with `self`.
+    pub async fn stop(self, deadline: Instant) {
         if let Some(metrics) = self.metrics.as_ref() {
             metrics.unregister_drop_source(&self.id);
         }
-        let _ = self.stop.send(true);
-        while self.proxies.join_next().await.is_some() {}
-        self.dns.shutdown().await;
+        let drained = self.drain.drain(deadline).await;
+        tracing::debug!(sandbox = %self.id, ?drained, "sandbox drained");
     }
 }
 

@@ -20,11 +20,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
+use crate::drain::Watch;
 use crate::metrics::PathMetrics;
 use crate::policy::ResolvedNames;
 use crate::timing::TimingLog;
@@ -139,20 +140,19 @@ impl ProxyContext {
     }
 }
 
-/// Accept connections on `listener` until `shutdown` turns true, then give
-/// the connections in flight `grace` to finish before aborting them.
-pub async fn serve(
-    listener: TcpListener,
-    ctx: Arc<ProxyContext>,
-    mut shutdown: watch::Receiver<bool>,
-    grace: Duration,
-) {
+/// Accept connections on `listener` until the drain starts, then let the
+/// connections in flight finish until the drain's deadline, when those
+/// still open are closed.
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) {
     let mut connections = JoinSet::new();
+    // One future for the whole accept loop: nothing is set up per connection.
+    let draining = drain.draining();
+    tokio::pin!(draining);
     loop {
         while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = shutdown.wait_for(|stop| *stop) => break,
+            _ = &mut draining => break,
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
@@ -186,7 +186,7 @@ pub async fn serve(
                         Ok(permit) => permit,
                         Err(_) => break,
                     },
-                    _ = shutdown.wait_for(|stop| *stop) => break,
+                    _ = &mut draining => break,
                 }
             }
         };
@@ -197,16 +197,19 @@ pub async fn serve(
             drop(permit);
         });
     }
+    // Stop accepting: new connections are refused from here on.
     drop(listener);
-    let drained = tokio::time::timeout(grace, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::debug!(
-            left = connections.len(),
-            "connections still open at the shutdown deadline: closing them"
+    let overdue = tokio::select! {
+        _ = async { while connections.join_next().await.is_some() {} } => false,
+        _ = drain.overdue() => true,
+    };
+    if overdue {
+        tracing::info!(
+            sandbox = %ctx.sandbox,
+            closed = connections.len(),
+            "connections still open at the drain deadline: closing them"
         );
+        // Each connection's outcome guard records it as it is dropped.
         connections.shutdown().await;
     }
 }

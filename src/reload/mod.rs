@@ -17,10 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use time::OffsetDateTime;
-use tokio::sync::{mpsc, watch as tokio_watch};
+use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditLog, Proto};
 use crate::bundle::{Bundle, BundleError, PolicyHandle, RevisionState, TrustStore, VerifiedBundle};
+use crate::drain::Watch;
 
 pub use fetch::{FetchConfig, SYSTEM_ROOTS};
 pub use watch::DEBOUNCE;
@@ -293,24 +294,19 @@ impl Reloader {
     }
 
     /// Reloads on every trigger, file change (path sources) or poll (URL
-    /// sources) until `shutdown` turns true or its sender is dropped.
-    pub async fn run(mut self, mut shutdown: tokio_watch::Receiver<bool>) {
+    /// sources) until the drain starts. A reload in progress finishes
+    /// first: a swap is never left half done.
+    pub async fn run(mut self, drain: Watch) {
         let mut watcher = self.watcher.take();
         let polling = self.fetcher.is_some();
         let interval = self.config.fetch.interval;
         let mut delay = interval;
         let mut failures = 0u32;
+        let draining = drain.draining();
+        tokio::pin!(draining);
         loop {
-            if *shutdown.borrow() {
-                return;
-            }
             tokio::select! {
-                changed = shutdown.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    continue;
-                }
+                _ = &mut draining => return,
                 _ = self.trigger_rx.recv() => {}
                 Some(()) = next_change(&mut watcher) => {}
                 _ = tokio::time::sleep(delay), if polling => {}
