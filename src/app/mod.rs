@@ -110,10 +110,13 @@ impl Services {
             let listener = crate::metrics::bind(addr)
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
             tracing::info!(%addr, "serving /metrics");
-            let registry = registry.clone();
-            let watch = drain.watch();
+            // On a thread of its own: a scrape never waits for connections
+            // to yield, and connections never wait for a scrape.
+            let serving =
+                crate::metrics::serve_on_thread(listener, registry.clone(), drain.watch())
+                    .context("cannot start the metrics thread")?;
             drain.spawn(async move {
-                if let Err(err) = crate::metrics::serve_listener(listener, registry, watch).await {
+                if let Err(err) = serving.await {
                     tracing::error!(%err, "metrics endpoint failed");
                 }
             });

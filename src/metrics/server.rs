@@ -1,6 +1,9 @@
 //! The `/metrics` endpoint: GET /metrics in the Prometheus text format
 //! (0.0.4), 404 for anything else. It runs in sluice's own namespace; the
-//! caller binds the socket there (`bind`) before handing it over.
+//! caller binds the socket there (`bind`) before handing it over. sluice
+//! serves it with [`serve_on_thread`]: gathering and encoding the registry
+//! then happens on a thread of its own, never on the runtime that relays
+//! connections (`sluice run`'s is a single thread).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -100,6 +103,34 @@ pub async fn serve_listener(
         conns.shutdown().await;
     }
     Ok(())
+}
+
+/// Serve `registry` on `listener` (as [`serve_listener`]) on a new thread
+/// `sluice-metrics` with a runtime of its own. The returned future ends
+/// when that thread does, after the drain; the thread itself never
+/// outlives the drain's trigger.
+pub fn serve_on_thread(
+    listener: std::net::TcpListener,
+    registry: Registry,
+    drain: Watch,
+) -> std::io::Result<impl std::future::Future<Output = Result<(), ServeError>>> {
+    let (done, finished) = tokio::sync::oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("sluice-metrics".into())
+        .spawn(move || {
+            let result = runtime.block_on(serve_listener(listener, registry, drain));
+            let _ = done.send(result);
+        })?;
+    Ok(async move {
+        finished.await.unwrap_or_else(|_| {
+            Err(ServeError::Accept(std::io::Error::other(
+                "the metrics thread ended without a word",
+            )))
+        })
+    })
 }
 
 fn respond(req: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
