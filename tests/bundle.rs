@@ -654,9 +654,10 @@ async fn writing_a_new_bundle_at_the_watched_path_swaps_the_policy() {
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let seen = outcomes.clone();
     reloader.on_outcome(move |o| seen.lock().unwrap().push(o.clone()));
+    // The watch is armed once start returned: no need to wait for run.
+    assert!(reloader.is_watching());
     let (stop, stopped) = sluice::drain::trigger();
     let task = tokio::spawn(reloader.run(stopped));
-    tokio::time::sleep(Duration::from_millis(100)).await;
 
     // sign_bytes writes a temp file and renames it into place.
     k.sign(&policy_v(2), 2, &out);
@@ -689,9 +690,9 @@ async fn directory_bundle_is_watched_too() {
     let cfg = reload_config(&k, BundleSource::Path(out.clone()), &k.path("state"));
     let reloader = Reloader::start(cfg, None).await.unwrap();
     let handle = reloader.handle();
+    assert!(reloader.is_watching());
     let (stop, stopped) = sluice::drain::trigger();
     let task = tokio::spawn(reloader.run(stopped));
-    tokio::time::sleep(Duration::from_millis(100)).await;
     k.sign(&policy_v(2), 2, &out);
     wait_for(&handle, 8002).await;
     drop(stop);

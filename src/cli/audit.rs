@@ -15,7 +15,7 @@ last hash elsewhere and compare it later.";
 
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
-    /// Check the hash chain; exit 1 with the first bad line (FILE:LINE: what) if broken.
+    /// Check the hash chain; exit 1 with the first bad line (FILE:LINE: what) if broken, 2 if a file cannot be read.
     #[command(after_help = VERIFY_AFTER_HELP)]
     Verify {
         file: PathBuf,
@@ -66,6 +66,9 @@ pub fn execute(cmd: AuditCommand) -> anyhow::Result<i32> {
                     );
                     Ok(0)
                 }
+                // Nothing could be checked: the user's input (exit 2).
+                Err(err) if err.is_unreadable() => Err(BadInput(err.into()).into()),
+                // A broken chain: where it breaks, on stdout (exit 1).
                 Err(err) => {
                     println!("{err}");
                     Ok(1)

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 
-use super::{exit, BadInput};
+use super::BadInput;
 use crate::bundle;
 
 #[derive(Debug, Subcommand)]
@@ -39,7 +39,7 @@ pub enum BundleCommand {
         #[arg(long, value_name = "DIR|FILE.tar.gz")]
         out: PathBuf,
     },
-    /// Verify a bundle against a trust file; exit 0 if valid, else one line saying why.
+    /// Verify a bundle against a trust file; exit 0 if valid, else exit 2 with one line on stderr saying why.
     Verify {
         #[arg(long, value_name = "FILE")]
         trust: PathBuf,
@@ -98,10 +98,8 @@ pub fn execute(cmd: BundleCommand) -> anyhow::Result<i32> {
                     println!("{}: valid bundle {}", path.display(), verified.label());
                     Ok(0)
                 }
-                Err(err) => {
-                    println!("refused: {err}");
-                    Ok(exit::BAD_INPUT)
-                }
+                // The error names the bundle (and the key or file at fault).
+                Err(err) => Err(BadInput(anyhow::Error::new(err).context("bundle refused")).into()),
             }
         }
         BundleCommand::Inspect { path } => {

@@ -27,6 +27,8 @@ pub mod exit {
     /// The environment cannot enforce: not root, nft or ip missing, the
     /// ruleset did not read back as applied.
     pub const CANNOT_ENFORCE: i32 = 3;
+    /// `sluice status`: no daemon answers at the control socket.
+    pub const NO_DAEMON: i32 = 4;
     /// The wrapped command exists but cannot be run (as `env` and shells say).
     pub const COMMAND_CANNOT_RUN: i32 = 126;
     /// The wrapped command was not found.
@@ -45,7 +47,8 @@ Start with `sluice demo` (as root) to see it work.",
     after_help = "Exit status: `sluice run` exits with the wrapped command's status (128+N if signal N \
 ended it; 127 if it was not found, 126 if it could not be run). sluice's own failures: 2 bad \
 input (policy, bundle, arguments, an audit or timings file that cannot be written), 3 cannot \
-enforce (not root, nft/ip missing, ruleset read-back mismatch).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
+enforce (not root, nft/ip missing, ruleset read-back mismatch), 4 no daemon answers (`sluice \
+status`).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
 )]
 pub struct Cli {
     /// More log output (-v info, -vv debug). Logs go to stderr.
@@ -84,6 +87,7 @@ pub enum Command {
     #[command(after_help = oci_hook::AFTER_HELP)]
     OciHook(oci_hook::OciHookArgs),
     /// List the sandboxes the daemon serves: path, id, policy, connections, drops.
+    #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
     /// Show sluice at work on a throwaway topology (needs root; touches nothing outside it).
     Demo,
@@ -140,6 +144,9 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
             }
             Some(AttachError::UnknownUser(_)) => return exit::BAD_INPUT,
             _ => {}
+        }
+        if cause.is::<status::NoDaemon>() {
+            return exit::NO_DAEMON;
         }
     }
     let bad_input = err.chain().any(|e| {

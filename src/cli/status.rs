@@ -4,6 +4,21 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::daemon::ClientError;
+
+pub const AFTER_HELP: &str = "Exit status: 0 with the list (empty when no sandbox is attached), \
+4 when no daemon answers at the socket (start one with `sluice daemon --config FILE`, or give its \
+socket with --socket).";
+
+/// No daemon answers at the socket: `sluice status` exits
+/// [`super::exit::NO_DAEMON`].
+#[derive(Debug, thiserror::Error)]
+#[error("no sluice daemon answers at {}: {cause}; start one with `sluice daemon --config FILE`, or give the socket its config names with --socket", socket.display())]
+pub struct NoDaemon {
+    socket: PathBuf,
+    cause: std::io::Error,
+}
+
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The daemon's control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
@@ -18,8 +33,13 @@ pub struct StatusArgs {
 }
 
 pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
-    let client = crate::daemon::Client::new(crate::daemon::socket_path(args.socket.as_deref()));
-    let sandboxes = client.list()?;
+    let socket = crate::daemon::socket_path(args.socket.as_deref());
+    let client = crate::daemon::Client::new(socket.clone());
+    let sandboxes = match client.list() {
+        Ok(sandboxes) => sandboxes,
+        Err(ClientError::Connect { cause, .. }) => return Err(NoDaemon { socket, cause }.into()),
+        Err(err) => return Err(err.into()),
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&sandboxes)?);
         return Ok(0);

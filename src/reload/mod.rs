@@ -131,6 +131,10 @@ impl Reloader {
     /// back to the last good copy under the state dir when the fetch fails
     /// or is refused), checks rollback, remembers the revision, and builds
     /// the [`PolicyHandle`]. The workload must not start if this fails.
+    ///
+    /// A local path's watch is armed before the first load, so by the time
+    /// this returns every later change is seen (changes made before
+    /// [`run`](Self::run) polls are queued, not lost).
     pub async fn start(
         mut config: ReloadConfig,
         audit: Option<AuditLog>,
@@ -184,6 +188,12 @@ impl Reloader {
             observer: None,
             watcher,
         })
+    }
+
+    /// Whether a local bundle path is watched for changes (false for a URL,
+    /// or when the watch could not be set up: then SIGHUP still reloads).
+    pub fn is_watching(&self) -> bool {
+        self.watcher.is_some()
     }
 
     /// The handle proxies and the DNS responder read the policy from.

@@ -293,6 +293,33 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// Wait (bounded) until `counter` reaches `at_least`; its value then.
+pub fn wait_for_count(counter: &std::sync::atomic::AtomicU64, at_least: u64) -> u64 {
+    let load = || counter.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(20), || load() >= at_least),
+        "the count never reached {at_least} (it is {})",
+        load()
+    );
+    load()
+}
+
+/// Wait (bounded) until process `pid` has exited (a zombie not yet reaped
+/// counts as exited).
+pub fn wait_until_exited(pid: u32) {
+    let exited = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state == "Z" || state == "X")
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(20), exited),
+        "process {pid} did not exit"
+    );
+}
+
 /// The sandbox namespace inode sluice logged (`netns_inode=N`).
 pub fn logged_netns_inode(stderr: &str) -> Option<u64> {
     stderr
@@ -349,6 +376,21 @@ impl World {
             })
             .ok()
             .flatten()
+    }
+
+    /// A positive canary for "nothing arrived": one datagram to `addr`
+    /// from the outer namespace, where it does arrive. Once the sink has
+    /// counted it, anything the sandbox sent before it would have been
+    /// counted too.
+    pub fn udp_canary(&self, addr: &str) {
+        let addr: SocketAddr = addr.parse().unwrap();
+        self.outer
+            .run_in(move || {
+                let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+                socket.send_to(b"canary", addr).map(drop)
+            })
+            .unwrap()
+            .expect("send the canary datagram");
     }
 
     /// A marker file the workload waits for (see `wait_for_go`).
