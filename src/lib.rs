@@ -12,9 +12,11 @@
 //! vm) into an `Attachment` that one `prepare` enforces; `proxy` learns
 //! sluice's internal addresses and its resolver only through its context.
 //! `testbed` (throwaway topology, fast origin, load client) serves the demo,
-//! the probe and the tests and is on no enforcement path. Small leaves that
-//! any layer may use: `workload` (the path enum), `confine` (root check,
-//! capabilities, descriptor limits), `report` (one-line errors). `policy`
+//! the probe and the tests and is on no enforcement path. `app` owns
+//! shutdown: one deadline, which every long-lived task meets through
+//! `drain`. Small leaves that any layer may use: `workload` (the path enum),
+//! `drain`, `confine` (root check, capabilities, descriptor limits),
+//! `report` (one-line errors). `policy`
 //! and `bundle` import no tokio and no nftables.
 //!
 //! `unsafe` is forbidden in every module but the few where an API demands
