@@ -1,24 +1,65 @@
 //! sluice: a transparent egress proxy for sandboxes.
 //!
-//! Module layout and dependency direction follow DESIGN.md:
-//! cli -> app -> attach -> {enforce, netns, proxy, dns} -> {audit} -> bundle -> policy.
-//! `policy` and `bundle` import no tokio and no nftables.
+//! Module layout and dependency direction follow DESIGN.md ("Architecture"),
+//! top to bottom:
+//!
+//! ```text
+//! cli -> {app, daemon, demo} -> attach -> {enforce, netns, proxy, dns}
+//!     -> {metrics, audit, timing} -> bundle -> policy
+//! ```
+//!
+//! Nothing imports `cli`. `attach` turns each way in (host, oci, and next
+//! vm) into an `Attachment` that one `prepare` enforces; `proxy` learns
+//! sluice's internal addresses and its resolver only through its context.
+//! `testbed` (throwaway topology, fast origin, load client) serves the demo,
+//! the probe and the tests and is on no enforcement path. `app` owns
+//! shutdown: one deadline, which every long-lived task meets through
+//! `drain`. Small leaves that any layer may use: `workload` (the path enum),
+//! `drain`, `confine` (root check, capabilities, descriptor limits),
+//! `report` (one-line errors). `policy`
+//! and `bundle` import no tokio and no nftables.
+//!
+//! `unsafe` is forbidden in every module but the few where an API demands
+//! it (the `pre_exec` hooks that confine a workload before exec, the
+//! capability drop, registering a pidfd with the reactor); each such block
+//! says why it is sound, and clippy's `undocumented_unsafe_blocks` is denied.
 
+#[forbid(unsafe_code)]
 pub mod app;
 pub mod attach;
+#[forbid(unsafe_code)]
 pub mod audit;
+#[forbid(unsafe_code)]
 pub mod bundle;
+#[forbid(unsafe_code)]
 pub mod cli;
 pub mod confine;
 pub mod daemon;
+#[forbid(unsafe_code)]
 pub mod demo;
+#[forbid(unsafe_code)]
 pub mod dns;
+#[forbid(unsafe_code)]
+pub mod drain;
+#[forbid(unsafe_code)]
 pub mod enforce;
+#[forbid(unsafe_code)]
 pub mod metrics;
+#[forbid(unsafe_code)]
 pub mod netns;
+#[forbid(unsafe_code)]
 pub mod policy;
+#[forbid(unsafe_code)]
 pub mod probe;
+#[forbid(unsafe_code)]
 pub mod proxy;
+#[forbid(unsafe_code)]
 pub mod reload;
+#[forbid(unsafe_code)]
 pub mod report;
+#[forbid(unsafe_code)]
+pub mod testbed;
+#[forbid(unsafe_code)]
 pub mod timing;
+#[forbid(unsafe_code)]
+pub mod workload;

@@ -1,7 +1,7 @@
 //! The sluice binary: parse, set up logging, run, map errors to exit codes.
 
 use clap::Parser;
-use sluice::cli::{exit, Cli};
+use sluice::cli::Cli;
 
 fn main() {
     let cli = Cli::parse();
@@ -10,39 +10,10 @@ fn main() {
         Ok(code) => code,
         Err(err) => {
             eprintln!("sluice: error: {}", sluice::report::error_line(&err));
-            exit_status(&err)
+            sluice::cli::exit_status(&err)
         }
     };
     std::process::exit(code);
-}
-
-/// The exit status for one of sluice's own failures.
-fn exit_status(err: &anyhow::Error) -> i32 {
-    use sluice::attach::AttachError;
-    for cause in err.chain() {
-        match cause.downcast_ref::<AttachError>() {
-            Some(AttachError::Spawn { source, .. }) => {
-                return match source.kind() {
-                    std::io::ErrorKind::NotFound => exit::COMMAND_NOT_FOUND,
-                    _ => exit::COMMAND_CANNOT_RUN,
-                }
-            }
-            Some(AttachError::UnknownUser(_)) => return exit::BAD_INPUT,
-            _ => {}
-        }
-    }
-    let bad_input = err.chain().any(|e| {
-        e.is::<sluice::policy::PolicyError>()
-            || e.is::<sluice::bundle::BundleError>()
-            || e.is::<sluice::cli::BadInput>()
-            || e.is::<sluice::audit::AuditError>()
-            || e.is::<sluice::timing::TimingError>()
-    });
-    if bad_input {
-        exit::BAD_INPUT
-    } else {
-        exit::CANNOT_ENFORCE
-    }
 }
 
 fn init_logging(verbose: u8) {

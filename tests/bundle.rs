@@ -525,7 +525,7 @@ fn reload_config(k: &Keys, source: BundleSource, state: &Path) -> ReloadConfig {
         state: RevisionState::open(state).unwrap(),
         allow_rollback: false,
         sandbox: "test".into(),
-        path: "host",
+        path: sluice::workload::WorkloadPath::Host,
         fetch: FetchConfig::default(),
     }
 }
@@ -654,9 +654,10 @@ async fn writing_a_new_bundle_at_the_watched_path_swaps_the_policy() {
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let seen = outcomes.clone();
     reloader.on_outcome(move |o| seen.lock().unwrap().push(o.clone()));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // The watch is armed once start returned: no need to wait for run.
+    assert!(reloader.is_watching());
+    let (stop, stopped) = sluice::drain::trigger();
     let task = tokio::spawn(reloader.run(stopped));
-    tokio::time::sleep(Duration::from_millis(100)).await;
 
     // sign_bytes writes a temp file and renames it into place.
     k.sign(&policy_v(2), 2, &out);
@@ -670,7 +671,7 @@ async fn writing_a_new_bundle_at_the_watched_path_swaps_the_policy() {
         .unwrap();
     wait_for(&handle, 8003).await;
 
-    stop.send(true).unwrap();
+    stop.drain();
     tokio::time::timeout(Duration::from_secs(2), task)
         .await
         .unwrap()
@@ -689,9 +690,9 @@ async fn directory_bundle_is_watched_too() {
     let cfg = reload_config(&k, BundleSource::Path(out.clone()), &k.path("state"));
     let reloader = Reloader::start(cfg, None).await.unwrap();
     let handle = reloader.handle();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    assert!(reloader.is_watching());
+    let (stop, stopped) = sluice::drain::trigger();
     let task = tokio::spawn(reloader.run(stopped));
-    tokio::time::sleep(Duration::from_millis(100)).await;
     k.sign(&policy_v(2), 2, &out);
     wait_for(&handle, 8002).await;
     drop(stop);
@@ -710,14 +711,14 @@ async fn trigger_reloads_now() {
     let reloader = Reloader::start(cfg, None).await.unwrap();
     let handle = reloader.handle();
     let trigger = reloader.trigger();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = sluice::drain::trigger();
     let task = tokio::spawn(reloader.run(stopped));
     // Replace the file behind the watcher's back via a hard link swap is not
     // needed: the trigger alone must reload.
     k.sign(&policy_v(2), 2, &out);
     trigger.reload_now();
     wait_for(&handle, 8002).await;
-    stop.send(true).unwrap();
+    stop.drain();
     task.await.unwrap();
 }
 
@@ -854,7 +855,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let addr: IpAddr = "198.18.0.10".parse().unwrap();
-    let ns = sluice::demo::topology::OuterNetns::create("sluice-bundle", &[addr]).unwrap();
+    let ns = sluice::testbed::OuterNetns::create("sluice-bundle", &[addr]).unwrap();
     ns.run_in(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -925,7 +926,7 @@ fn https_200_applies_and_304_does_not_reload() {
         assert_eq!(rule_port(&handle), 8002);
 
         // The poller: unchanged polls are all 304s.
-        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (stop, stopped) = sluice::drain::trigger();
         let task = tokio::spawn(reloader.run(stopped));
         let waited = Instant::now();
         while served.not_modified.load(Ordering::SeqCst) < 2
@@ -937,7 +938,7 @@ fn https_200_applies_and_304_does_not_reload() {
         assert!(polls >= 2, "expected polls answered 304, got {polls}");
         *served.body.lock().unwrap() = (signed_archive(&k, 3, 3), "\"v3\"".into());
         wait_for(&handle, 8003).await;
-        stop.send(true).unwrap();
+        stop.drain();
         task.await.unwrap();
         server.abort();
     });

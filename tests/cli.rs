@@ -377,3 +377,77 @@ fn explain_judges_a_teredo_server_by_the_ipv4_inside() {
 fn explain_judges_ipv4_compatible_by_the_ipv4_inside() {
     explain_is_judged_as_ten_0_0_1("::a00:1");
 }
+
+#[test]
+fn audit_verify_of_a_missing_file_is_bad_input_on_stderr() {
+    let out = sluice(&["audit", "verify", "/nonexistent/audit.jsonl"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(text.contains("/nonexistent/audit.jsonl"), "{text}");
+    assert!(text.contains("give the file `--audit` wrote"), "{text}");
+    assert!(!text.contains("audit.jsonl:0:"), "{text}");
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+}
+
+#[test]
+fn a_refused_bundle_is_said_on_stderr_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (key, trust, other_trust, bundle) = (
+        path("key"),
+        path("trust.yaml"),
+        path("other-trust.yaml"),
+        path("b.tar.gz"),
+    );
+    let ok = |out: &Output| assert!(out.status.success(), "{}", stderr(out));
+    ok(&sluice(&[
+        "bundle", "keygen", "--key", &key, "--trust", &trust, "--id", "ops",
+    ]));
+    ok(&sluice(&[
+        "bundle",
+        "keygen",
+        "--key",
+        &path("other-key"),
+        "--trust",
+        &other_trust,
+        "--id",
+        "stranger",
+    ]));
+    ok(&sluice(&[
+        "bundle",
+        "sign",
+        "--key",
+        &key,
+        "--policy",
+        "policies/dev.yaml",
+        "--revision",
+        "1",
+        "--out",
+        &bundle,
+    ]));
+    let valid = sluice(&["bundle", "verify", "--trust", &trust, &bundle]);
+    ok(&valid);
+    assert!(
+        stdout(&valid).contains("valid bundle"),
+        "{}",
+        stdout(&valid)
+    );
+
+    let refused = sluice(&["bundle", "verify", "--trust", &other_trust, &bundle]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(stdout(&refused).is_empty(), "{}", stdout(&refused));
+    let text = stderr(&refused);
+    assert!(text.contains("bundle refused"), "{text}");
+    assert!(text.contains(&bundle), "{text}");
+}
+
+#[test]
+fn status_without_a_daemon_says_to_start_one_and_exits_4() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("no-daemon.sock");
+    let out = sluice(&["status", "--socket", socket.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(text.contains("no sluice daemon answers"), "{text}");
+    assert!(text.contains("sluice daemon --config FILE"), "{text}");
+}

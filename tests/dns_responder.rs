@@ -57,13 +57,17 @@ async fn sandbox_resolves_allowed_names_and_the_proxy_sees_them() {
         cache: cache.clone(),
         audit,
         sandbox: "it".to_string(),
-        path: "host",
+        path: sluice::workload::WorkloadPath::Host,
         default_upstream: Vec::new(),
         metrics: None,
     });
     let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
     let server = socket.local_addr().unwrap();
-    let task = tokio::spawn(serve_udp(socket, ctx.clone()));
+    let task = tokio::spawn(serve_udp(
+        socket,
+        ctx.clone(),
+        sluice::drain::Watch::never(),
+    ));
     let client = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
     client.connect(server).await.unwrap();
 

@@ -17,6 +17,7 @@ use sluice::metrics::{Metrics, ReloadResult};
 use sluice::timing::{
     self, compare, compare::two_clusters, ConnectionClock, Input, TimingRecord, TimingWriter,
 };
+use sluice::workload::WorkloadPath;
 
 // ---------------------------------------------------------------- metrics
 
@@ -80,9 +81,26 @@ fn scrape(registry: &Registry) -> (String, Samples) {
     (text, samples)
 }
 
+/// Scrape until `ready` holds (bounded): for the drop counters, which a
+/// background thread refreshes.
+fn scrape_until(registry: &Registry, ready: impl Fn(&Samples) -> bool) -> (String, Samples) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (text, samples) = scrape(registry);
+        if ready(&samples) {
+            return (text, samples);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scrape never got there:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// 3 allowed by `origin`, 1 denied by `no-metadata`, 2 denied by no rule.
 fn known_sequence(metrics: &Metrics) {
-    let host = metrics.path("host");
+    let host = metrics.path(WorkloadPath::Host);
     for _ in 0..3 {
         let mut c = host.opened();
         c.decided("allow", Some("origin"));
@@ -94,7 +112,7 @@ fn known_sequence(metrics: &Metrics) {
     c.decided("deny", Some("no-metadata"));
     drop(c);
     for _ in 0..2 {
-        let mut c = metrics.path("oci").opened();
+        let mut c = metrics.path(WorkloadPath::Oci).opened();
         c.decided("deny", None);
         c.decided("deny", None); // counted once
     }
@@ -194,7 +212,7 @@ fn connections_are_counted_by_path_verdict_and_rule() {
 fn active_connections_follow_the_guards() {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
-    let vm = metrics.path("vm");
+    let vm = metrics.path(WorkloadPath::Vm);
     let a = vm.opened();
     let b = vm.opened();
     let (_, s) = scrape(&registry);
@@ -217,7 +235,7 @@ fn active_connections_follow_the_guards() {
 }
 
 #[test]
-fn dropped_packets_are_read_from_sources_at_scrape_time() {
+fn dropped_packets_are_refreshed_from_their_sources_in_the_background() {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
     let counter = Arc::new(std::sync::atomic::AtomicU64::new(7));
@@ -227,16 +245,54 @@ fn dropped_packets_are_read_from_sources_at_scrape_time() {
         Box::new(move || Some(c.load(std::sync::atomic::Ordering::Relaxed))),
     );
     metrics.register_drop_source("sb-gone".into(), Box::new(|| None));
-    let (_, s) = scrape(&registry);
     let name = "sluice_dropped_packets_total";
-    assert_eq!(value(&s, name, &[("sandbox", "sb-1")]), Some(7.0));
+    let (_, s) = scrape_until(&registry, |s| {
+        value(s, name, &[("sandbox", "sb-1")]) == Some(7.0)
+    });
     assert_eq!(value(&s, name, &[("sandbox", "sb-gone")]), None);
     counter.store(9, std::sync::atomic::Ordering::Relaxed);
-    let (_, s) = scrape(&registry);
-    assert_eq!(value(&s, name, &[("sandbox", "sb-1")]), Some(9.0));
+    scrape_until(&registry, |s| {
+        value(s, name, &[("sandbox", "sb-1")]) == Some(9.0)
+    });
     metrics.unregister_drop_source("sb-1");
     let (_, s) = scrape(&registry);
     assert_eq!(value(&s, name, &[("sandbox", "sb-1")]), None);
+}
+
+#[test]
+fn a_scrape_never_waits_for_a_drop_counter_being_read() {
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry).unwrap();
+    metrics.register_drop_source("sb-fast".into(), Box::new(|| Some(1)));
+    let name = "sluice_dropped_packets_total";
+    scrape_until(&registry, |s| {
+        value(s, name, &[("sandbox", "sb-fast")]) == Some(1.0)
+    });
+    // A source that blocks (as entering a namespace and asking nft can)
+    // until the test lets it go.
+    let (reading_tx, reading) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = std::sync::Mutex::new(released);
+    metrics.register_drop_source(
+        "sb-slow".into(),
+        Box::new(move || {
+            let _ = reading_tx.send(());
+            let _ = released.lock().unwrap().recv();
+            Some(5)
+        }),
+    );
+    reading.recv().unwrap();
+    // The refresher is stuck in that read: scrapes still answer at once,
+    // with the last values read.
+    let (_, s) = scrape(&registry);
+    assert_eq!(value(&s, name, &[("sandbox", "sb-fast")]), Some(1.0));
+    assert_eq!(value(&s, name, &[("sandbox", "sb-slow")]), None);
+    release.send(()).unwrap();
+    scrape_until(&registry, |s| {
+        value(s, name, &[("sandbox", "sb-slow")]) == Some(5.0)
+    });
+    // Unblock any later read, so the refresher can stop.
+    drop(release);
 }
 
 #[test]
@@ -286,7 +342,9 @@ fn every_metric_has_help_and_type() {
     metrics.register_drop_source("sb".into(), Box::new(|| Some(1)));
     metrics.set_bundle_revision("b", 1);
     metrics.dns_query("allow");
-    let (text, _) = scrape(&registry);
+    let (text, _) = scrape_until(&registry, |s| {
+        value(s, "sluice_dropped_packets_total", &[("sandbox", "sb")]).is_some()
+    });
     for name in [
         "sluice_connections_total",
         "sluice_active_connections",
@@ -378,8 +436,8 @@ async fn metrics_endpoint_serves_text_format_and_404s_elsewhere() {
     known_sequence(&metrics);
     let listener = sluice::metrics::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(sluice::metrics::serve_listener(listener, registry, rx));
+    let (trigger, drain) = sluice::drain::trigger();
+    let server = tokio::spawn(sluice::metrics::serve_listener(listener, registry, drain));
     let (ok, missing) =
         tokio::task::spawn_blocking(move || (http_get(addr, "/metrics"), http_get(addr, "/")))
             .await
@@ -401,10 +459,10 @@ async fn metrics_endpoint_serves_text_format_and_404s_elsewhere() {
         Some(3.0)
     );
     assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
-    tx.send(true).unwrap();
+    trigger.drain();
     tokio::time::timeout(Duration::from_secs(5), server)
         .await
-        .expect("server stops on shutdown")
+        .expect("server stops when drained")
         .unwrap()
         .unwrap();
 }
@@ -414,7 +472,7 @@ async fn metrics_endpoint_serves_text_format_and_404s_elsewhere() {
 fn deny(i: usize) -> AuditEvent {
     AuditEvent {
         sandbox: "sb-test".into(),
-        path: "host",
+        path: WorkloadPath::Host,
         verdict: if i % 7 == 0 { "allow" } else { "deny" },
         rule: (i % 3 == 0).then(|| "no-metadata".to_string()),
         reason: "no-rule",

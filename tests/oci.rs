@@ -704,8 +704,9 @@ fn udp_and_icmp_never_reach_the_origin() {
             ran.stderr()
         );
         assert_eq!(text.matches("FAIL ICMP send to").count(), 2, "{text}");
-        std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(hits.load(Ordering::Relaxed), 0);
+        // Only the canary sent from outside after the container arrives.
+        w.udp_canary("198.18.0.1:5353");
+        assert_eq!(wait_for_count(&hits, 1), 1);
     });
 }
 
@@ -737,10 +738,12 @@ fn a_root_container_with_net_admin_that_flushes_the_ruleset_still_reaches_nothin
         );
         assert!(text.contains("flushed"), "{text}\n{}", ran.stderr());
         assert!(text.contains("after=1"), "{text}");
-        std::thread::sleep(Duration::from_millis(200));
-        // Only the one request made while sluice was in the path arrived.
-        assert_eq!(http_hits.load(Ordering::Relaxed), 1);
-        assert_eq!(udp_hits.load(Ordering::Relaxed), 0);
+        // Only the one request made while sluice was in the path arrived,
+        // and the canaries sent from outside after the container.
+        w.udp_canary("198.18.0.1:5353");
+        assert_eq!(wait_for_count(&udp_hits, 1), 1);
+        assert!(w.http_get_outer("198.18.0.1:8080", "/").is_some());
+        assert_eq!(wait_for_count(&http_hits, 2), 2);
     });
 }
 
@@ -821,7 +824,7 @@ fn once_sluice_is_killed_the_container_reaches_nothing() {
             nix::sys::signal::Signal::SIGKILL,
         )
         .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        wait_until_exited(sluice);
         std::fs::write(w.go_path(), b"").unwrap();
         let result = w.dir.path().join("result");
         assert!(eventually(Duration::from_secs(30), || result.exists()));

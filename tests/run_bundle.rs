@@ -190,6 +190,12 @@ fn bundles_swapped_20_times_under_load_never_break_an_allowed_connection() {
         .audit()
         .iter()
         .any(|r| r["bundle"] == "swap@1")));
+    let batches = || {
+        std::fs::read_to_string(&traffic)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
     for revision in 2..=21u64 {
         let next = signer.sign(&policy(revision % 2), revision);
         let staged = signer.dir.join("staged.tar.gz");
@@ -204,15 +210,14 @@ fn bundles_swapped_20_times_under_load_never_break_an_allowed_connection() {
             "reload to {label} never applied; sluice said:\n{}",
             std::fs::read_to_string(&log).unwrap_or_default()
         );
-        std::thread::sleep(Duration::from_millis(150));
+        // Traffic under this revision: one more batch before the next swap.
+        let before = batches();
+        assert!(
+            eventually(Duration::from_secs(20), || batches() > before),
+            "no traffic after the swap to {label}"
+        );
     }
     // However slow this machine, at least 20 batches ran across the swaps.
-    let batches = || {
-        std::fs::read_to_string(&traffic)
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
     assert!(
         eventually(Duration::from_secs(60), || batches() >= 20),
         "too little traffic: {} batches",

@@ -75,10 +75,17 @@ fn metrics_count_allowed_and_denied_connections_by_rule() {
         w.wait_for_go()
     );
     let (child, _) = start(&w, &["--metrics", "127.0.0.1:19464"], &script);
-    let text = w
-        .http_get_outer("127.0.0.1:19464", "/metrics")
-        .expect("scrape");
+    // The drop counter is read in the background: scrape until it has
+    // caught up with the UDP datagram the workload tried to send.
+    let mut text = String::new();
+    let caught_up = eventually(Duration::from_secs(20), || {
+        text = w
+            .http_get_outer("127.0.0.1:19464", "/metrics")
+            .expect("scrape");
+        metric_value(&text, "sluice_dropped_packets_total", &[]).is_some_and(|v| v >= 1.0)
+    });
     let _ = finish(&w, child);
+    assert!(caught_up, "the drop counter never showed the drop:\n{text}");
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     let v = |name: &str, labels: &[&str]| metric_value(&text, name, labels);
     assert_eq!(
@@ -288,4 +295,58 @@ fn a_real_prometheus_server_scrapes_sluice() {
     let _ = finish(&w, child);
     assert!(scraped, "Prometheus never returned the counter: {answer}");
     assert!(answer.contains(r#""1"]"#), "{answer}");
+}
+
+#[test]
+fn scrapes_and_connections_both_succeed_at_once() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let bin = sluice_bin();
+    let stop = w.dir.path().join("stop");
+    let result = w.dir.path().join("result");
+    // Fresh connections one after another until the test says stop.
+    let script = format!(
+        "echo ready; {}; i=0; fails=0; \
+         while [ ! -e {stop} ] && [ $i -lt 5000 ]; do \
+           {bin} probe http http://198.18.0.1:8080/ >/dev/null || fails=$((fails+1)); i=$((i+1)); \
+         done; echo requests=$i fails=$fails > {result}",
+        w.wait_for_go(),
+        stop = stop.display(),
+        result = result.display()
+    );
+    let (child, _) = start(&w, &["--metrics", "127.0.0.1:19466"], &script);
+    std::fs::write(w.go_path(), b"").unwrap();
+    // Scrape while the connections go on, until the scrapes have seen the
+    // count of connections grow twice: both were served at the same time.
+    let mut seen: Vec<f64> = Vec::new();
+    let mut scrapes = 0;
+    let both = eventually(Duration::from_secs(60), || {
+        let text = w
+            .http_get_outer("127.0.0.1:19466", "/metrics")
+            .expect("a scrape during the connections failed");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        scrapes += 1;
+        let allowed =
+            metric_value(&text, "sluice_connections_total", &[r#"verdict="allow""#]).unwrap_or(0.0);
+        if seen.last() != Some(&allowed) {
+            seen.push(allowed);
+        }
+        seen.len() >= 3
+    });
+    std::fs::write(&stop, b"").unwrap();
+    let out = finish(&w, child);
+    assert!(
+        both,
+        "connections were not counted while scraping: {seen:?}"
+    );
+    let text = std::fs::read_to_string(&result).unwrap_or_default();
+    let requests: u64 = text
+        .split("requests=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no request count: {text}\n{}", stderr(&out)));
+    assert!(requests >= 2, "{text}");
+    assert!(text.contains("fails=0"), "{text}\n{}", stderr(&out));
+    assert!(scrapes >= 3);
 }

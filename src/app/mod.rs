@@ -1,10 +1,15 @@
 //! The supervisor: owns the tasks of one `sluice run`, its signals, and the
-//! one shutdown path (stop accepting, drain with a deadline, flush audit and
-//! timings).
+//! one shutdown path. Every long-lived task belongs to a [`Drain`]: the
+//! sandbox's (its proxy listeners and DNS), the reloaders', and the
+//! services' (metrics endpoint, audit and timing writers). At shutdown the
+//! listeners stop accepting, connections and queries in flight get
+//! [`DRAIN_GRACE`], and the writers flush what the producers left until
+//! [`DRAIN_DEADLINE`], then say what they could not write.
 //!
 //! Every long-lived task is started here and awaited here; none is detached.
 
 pub mod oci;
+pub mod runtime;
 mod sandbox;
 
 use std::ffi::OsString;
@@ -15,13 +20,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::watch;
+use tokio::time::Instant;
 
-pub use sandbox::{Identity, ServedSandbox, Shared, DRAIN_GRACE};
+pub use sandbox::{ServedSandbox, Shared, DRAIN_GRACE};
 
 use crate::attach::{self, host};
 use crate::audit::{AuditOptions, AuditWriter};
 use crate::bundle::PolicyHandle;
+use crate::drain::Drain;
 use crate::metrics::{Metrics, ReloadResult};
 use crate::netns::SandboxNetns;
 use crate::policy::Policy;
@@ -31,6 +37,11 @@ use crate::timing::{TimingLog, TimingWriter};
 
 /// How long the workload gets between SIGTERM and SIGKILL.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The hard deadline of a shutdown, counted from its start: connections get
+/// [`DRAIN_GRACE`] of it, the audit and timing writers the rest to write
+/// what the connections left them.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Where the policy in force comes from.
 pub enum PolicySource {
@@ -54,8 +65,8 @@ pub struct RunOptions {
 pub struct Services {
     pub shared: Shared,
     pub registry: prometheus::Registry,
-    stop: watch::Sender<bool>,
-    tasks: tokio::task::JoinSet<()>,
+    /// The metrics endpoint and the writers.
+    drain: Drain,
 }
 
 /// What the process-wide services are asked to do.
@@ -92,19 +103,20 @@ impl Services {
         }
         let registry = prometheus::Registry::new();
         let metrics = Arc::new(Metrics::new(&registry).context("cannot register metrics")?);
-        let (stop, stop_rx) = watch::channel(false);
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut drain = Drain::new("services");
 
         if let Some(addr) = opts.metrics {
             // Bound here, in sluice's own namespace: the sandbox cannot reach it.
             let listener = crate::metrics::bind(addr)
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
             tracing::info!(%addr, "serving /metrics");
-            let registry = registry.clone();
-            let stop_rx = stop_rx.clone();
-            tasks.spawn(async move {
-                if let Err(err) = crate::metrics::serve_listener(listener, registry, stop_rx).await
-                {
+            // On a thread of its own: a scrape never waits for connections
+            // to yield, and connections never wait for a scrape.
+            let serving =
+                crate::metrics::serve_on_thread(listener, registry.clone(), drain.watch())
+                    .context("cannot start the metrics thread")?;
+            drain.spawn(async move {
+                if let Err(err) = serving.await {
                     tracing::error!(%err, "metrics endpoint failed");
                 }
             });
@@ -119,16 +131,18 @@ impl Services {
                 capacity: 0,
             },
         );
-        tasks.spawn(async move {
-            if let Err(err) = audit_writer.run().await {
+        let watch = drain.watch();
+        drain.spawn(async move {
+            if let Err(err) = audit_writer.run_until(watch).await {
                 tracing::error!(%err, "audit log incomplete");
             }
         });
         let timings = match opts.timings.as_deref() {
             Some(path) => {
                 let (log, writer) = TimingWriter::new(path);
-                tasks.spawn(async move {
-                    if let Err(err) = writer.run().await {
+                let watch = drain.watch();
+                drain.spawn(async move {
+                    if let Err(err) = writer.run_until(watch).await {
                         tracing::error!(%err, "timing records incomplete");
                     }
                 });
@@ -147,16 +161,17 @@ impl Services {
                 default_upstream: opts.default_upstream,
             },
             registry,
-            stop,
-            tasks,
+            drain,
         })
     }
 
-    /// Flush and stop: the writers finish once every producer is gone.
-    pub async fn finish(mut self) {
-        let _ = self.stop.send(true);
+    /// Flush and stop, by `deadline`: the metrics endpoint stops accepting,
+    /// and the writers finish once every producer is gone (drop every
+    /// sandbox first), or say at the deadline what they could not write.
+    pub async fn finish(self, deadline: Instant) {
         drop(self.shared);
-        while self.tasks.join_next().await.is_some() {}
+        let drained = self.drain.drain(deadline).await;
+        tracing::debug!(?drained, "services stopped");
     }
 }
 
@@ -214,15 +229,12 @@ impl ActiveSource {
         }
     }
 
-    /// Keep the policy current until `stop`: a bundle's watcher/poller.
-    pub(crate) fn spawn(
-        self,
-        tasks: &mut tokio::task::JoinSet<()>,
-        stop: watch::Receiver<bool>,
-    ) -> Reloading {
+    /// Keep the policy current until `drain` drains: a bundle's
+    /// watcher/poller.
+    pub(crate) fn spawn(self, drain: &mut Drain) -> Reloading {
         match self.reload {
             Reload::Bundle(reloader) => {
-                tasks.spawn(reloader.run(stop));
+                drain.spawn(reloader.run(drain.watch()));
                 Reloading {
                     handle: self.handle,
                     file: None,
@@ -286,8 +298,8 @@ pub(crate) struct Session {
     pub signals: Signals,
     pub services: Services,
     reloading: Reloading,
-    stop_reload: watch::Sender<bool>,
-    reload_tasks: tokio::task::JoinSet<()>,
+    /// The reloaders.
+    reload: Drain,
 }
 
 impl Session {
@@ -299,52 +311,47 @@ impl Session {
         let source = match ActiveSource::load(policy, &services.shared).await {
             Ok(source) => source,
             Err(err) => {
-                services.finish().await;
+                services.finish(Instant::now() + DRAIN_DEADLINE).await;
                 return Err(err.context("the workload was not started"));
             }
         };
-        let (stop_reload, stop_reload_rx) = watch::channel(false);
-        let mut reload_tasks = tokio::task::JoinSet::new();
-        let reloading = source.spawn(&mut reload_tasks, stop_reload_rx);
+        let mut reload = Drain::new("reloaders");
+        let reloading = source.spawn(&mut reload);
         Ok(Session {
             signals,
             services,
             reloading,
-            stop_reload,
-            reload_tasks,
+            reload,
         })
     }
 
-    /// A fresh sandbox namespace, enforced (table applied and read back,
-    /// listeners bound).
-    pub(crate) fn fresh_sandbox(&self) -> Result<attach::Sandbox> {
+    /// A fresh sandbox namespace, enforced as `attachment` says (table
+    /// applied and read back, listeners bound).
+    pub(crate) fn fresh_sandbox(&self, attachment: &attach::Attachment) -> Result<attach::Sandbox> {
         let netns =
             SandboxNetns::create().context("cannot create the sandbox network namespace")?;
-        attach::prepare(netns).context("cannot enforce the sandbox")
+        attach::prepare(netns, attachment).context("cannot enforce the sandbox")
     }
 
-    /// Serve `sandbox` as `identity` under this session's policy.
-    pub(crate) fn serve(
-        &self,
-        sandbox: attach::Sandbox,
-        identity: Identity,
-    ) -> Result<ServedSandbox> {
+    /// Serve `sandbox` as sandbox `id` under this session's policy.
+    pub(crate) fn serve(&self, sandbox: attach::Sandbox, id: String) -> Result<ServedSandbox> {
         tracing::info!(
             netns_inode = sandbox.netns.inode(),
-            sandbox = %identity.id,
+            sandbox = %id,
             "sandbox ready"
         );
         ServedSandbox::start(
             sandbox,
-            identity,
+            id,
             self.reloading.handle.clone(),
             &self.services.shared,
         )
     }
 
     /// The workload is gone: take anything it left running in the namespace
-    /// with it, then drain and flush.
-    pub(crate) async fn finish(mut self, served: Option<ServedSandbox>) {
+    /// with it, then drain (connections get [`DRAIN_GRACE`]) and flush (by
+    /// [`DRAIN_DEADLINE`]).
+    pub(crate) async fn finish(self, served: Option<ServedSandbox>) {
         if let Some(served) = &served {
             served.sandbox.netns.kill_processes_inside();
             if let Some(dropped) = served.dropped_packets() {
@@ -352,12 +359,16 @@ impl Session {
             }
             served.log_cpu_per_connection();
         }
-        let _ = self.stop_reload.send(true);
-        while self.reload_tasks.join_next().await.is_some() {}
-        if let Some(served) = served {
-            served.stop().await;
-        }
-        self.services.finish().await;
+        let start = Instant::now();
+        let grace = start + DRAIN_GRACE.min(DRAIN_DEADLINE);
+        let reloaders = self.reload.drain(grace);
+        let sandbox = async {
+            if let Some(served) = served {
+                served.stop(grace).await;
+            }
+        };
+        let _ = tokio::join!(reloaders, sandbox);
+        self.services.finish(start + DRAIN_DEADLINE).await;
     }
 }
 
@@ -366,18 +377,14 @@ impl Session {
 pub async fn run(opts: RunOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let session = Session::start(opts.services, opts.policy).await?;
-    let sandbox = match session.fresh_sandbox() {
+    let sandbox = match session.fresh_sandbox(&host::attachment()) {
         Ok(sandbox) => sandbox,
         Err(err) => {
             session.finish(None).await;
             return Err(err);
         }
     };
-    let identity = Identity {
-        id: format!("host-{}", std::process::id()),
-        path: "host",
-    };
-    let served = session.serve(sandbox, identity)?;
+    let served = session.serve(sandbox, format!("host-{}", std::process::id()))?;
 
     // Spawned from this (the runtime's main) thread: see host::spawn.
     let mut child = match host::spawn(&served.sandbox, &opts.command, run_as) {
@@ -503,12 +510,15 @@ pub(crate) async fn supervise_command(
 /// is the foreground job of its controlling terminal, so that a Ctrl-C
 /// there reached the workload directly.
 fn terminal_interrupts_the_workload() -> bool {
-    // SAFETY: getpgrp, isatty and tcgetpgrp take plain integers and only
-    // return values; they touch no memory of ours.
-    let group = unsafe { libc::getpgrp() };
-    [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO]
-        .into_iter()
-        .any(|fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == group })
+    use std::io::IsTerminal;
+    use std::os::fd::AsFd;
+    let group = nix::unistd::getpgrp();
+    let foreground = |fd: std::os::fd::BorrowedFd<'_>| {
+        fd.is_terminal() && nix::unistd::tcgetpgrp(fd) == Ok(group)
+    };
+    foreground(std::io::stdin().as_fd())
+        || foreground(std::io::stdout().as_fd())
+        || foreground(std::io::stderr().as_fd())
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

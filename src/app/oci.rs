@@ -14,14 +14,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::io::AsyncReadExt;
-use tokio::sync::watch;
 
-use super::{
-    supervise, supervise_command, CtrlC, Identity, PolicySource, ServedSandbox, ServiceOptions,
-};
+use super::{supervise, supervise_command, CtrlC, PolicySource, ServedSandbox, ServiceOptions};
 use super::{Session, STOP_GRACE};
 use crate::attach::oci::{self as podman, PodmanRun};
 use crate::attach::Sandbox;
+use crate::drain::Watch;
 
 /// Everything `sluice oci` was asked to do.
 pub struct OciOptions {
@@ -39,7 +37,7 @@ const CIDFILE_POLL: Duration = Duration::from_millis(5);
 pub async fn run(opts: OciOptions) -> Result<i32> {
     let session = Session::start(opts.services, opts.policy).await?;
     let prepared = session
-        .fresh_sandbox()
+        .fresh_sandbox(&podman::attachment())
         .and_then(|sandbox| Ok((PrivateDir::create()?, sandbox)));
     let (workdir, sandbox) = match prepared {
         Ok(prepared) => prepared,
@@ -88,7 +86,8 @@ async fn contain(
         Err(err) => return Err((err.into(), None)),
     };
 
-    let (stop_naming, stop_rx) = watch::channel(false);
+    // Drained once podman has returned: the id is then written, or never.
+    let (stop_naming, stop_rx) = crate::drain::trigger();
     let own_cidfile = run.cidfile.is_none().then(|| ours.clone());
     let naming = tokio::spawn(serve_when_named(
         cidfile,
@@ -103,7 +102,7 @@ async fn contain(
     // A detached container runs on after podman returns: wait for it.
     let named = if run.detach && matches!(status, Ok(0)) {
         let named = tokio::time::timeout(Duration::from_secs(10), naming).await;
-        let _ = stop_naming.send(true);
+        stop_naming.drain();
         match named {
             Ok(joined) => joined,
             Err(_) => {
@@ -115,7 +114,7 @@ async fn contain(
             }
         }
     } else {
-        let _ = stop_naming.send(true);
+        stop_naming.drain();
         naming.await
     };
     let served = match named {
@@ -141,7 +140,7 @@ async fn contain(
     if !run.detach || status != 0 {
         return Ok((status, Some(served)));
     }
-    match wait_detached(session, run, &served.identity.id).await {
+    match wait_detached(session, run, &served.id).await {
         Ok(status) => Ok((status, Some(served))),
         Err(err) => Err((err, Some(served))),
     }
@@ -156,10 +155,10 @@ async fn serve_when_named(
     sandbox: Sandbox,
     policy: crate::bundle::PolicyHandle,
     shared: super::Shared,
-    mut stop: watch::Receiver<bool>,
+    stop: Watch,
 ) -> Result<Option<ServedSandbox>> {
     loop {
-        let stopping = *stop.borrow();
+        let stopping = stop.is_draining();
         if let Some(id) = podman::read_cidfile(&cidfile) {
             if let Some(ours) = own_cidfile.as_deref() {
                 // Read: nothing needs it any more, so nothing can be left.
@@ -171,15 +170,14 @@ async fn serve_when_named(
                 sandbox = %id,
                 "sandbox ready"
             );
-            let identity = Identity { id, path: "oci" };
-            return ServedSandbox::start(sandbox, identity, policy, &shared).map(Some);
+            return ServedSandbox::start(sandbox, id, policy, &shared).map(Some);
         }
         if stopping {
             return Ok(None);
         }
         tokio::select! {
             _ = tokio::time::sleep(CIDFILE_POLL) => {}
-            _ = stop.changed() => {}
+            _ = stop.draining() => {}
         }
     }
 }

@@ -1,20 +1,20 @@
 //! Serving one enforced sandbox: its proxy and DNS tasks, started together
-//! and stopped together. `sluice run` serves one; the daemon serves many.
+//! and drained together. `sluice run` serves one; the daemon serves many.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::attach::Sandbox;
 use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
 use crate::dns::{DnsCache, DnsContext};
+use crate::drain::Drain;
 use crate::metrics::{Metrics, SandboxTally};
-use crate::proxy::{Limits, ProxyContext};
+use crate::proxy::{InternalAddrs, Limits, ProxyContext, Resolver};
 use crate::timing::TimingLog;
 
 /// How long connections get to finish once a sandbox is stopping.
@@ -34,24 +34,17 @@ pub struct Shared {
     pub default_upstream: Vec<SocketAddr>,
 }
 
-/// Who a sandbox is, for records and metrics.
-pub struct Identity {
-    /// The `sandbox` field of audit and timing records.
-    pub id: String,
-    /// host | oci | vm
-    pub path: &'static str,
-}
-
 /// A sandbox being served. Stop it with [`ServedSandbox::stop`].
 pub struct ServedSandbox {
     pub sandbox: Sandbox,
-    pub identity: Identity,
+    /// The `sandbox` field of audit and timing records (the container id,
+    /// or `host-<pid>`); the path is the sandbox's attachment's.
+    pub id: String,
     pub policy: PolicyHandle,
     /// This sandbox's own connection counts (`sluice status`).
     pub tally: Arc<SandboxTally>,
-    stop: watch::Sender<bool>,
-    proxies: JoinSet<()>,
-    dns: JoinSet<()>,
+    /// Its proxy listeners and DNS servers.
+    drain: Drain,
     metrics: Option<Arc<Metrics>>,
     proxy: Arc<ProxyContext>,
     cpu_at_start: u64,
@@ -61,17 +54,18 @@ impl ServedSandbox {
     /// Start serving `sandbox`'s sockets under `policy`.
     pub fn start(
         sandbox: Sandbox,
-        identity: Identity,
+        id: String,
         policy: PolicyHandle,
         shared: &Shared,
     ) -> Result<ServedSandbox> {
+        let path = sandbox.attachment.path;
         let cache = Arc::new(DnsCache::new());
         let mut proxy_ctx = ProxyContext::new(
             policy.clone(),
-            cache.clone(),
+            cache.clone() as Arc<dyn Resolver>,
             shared.audit.clone(),
-            identity.id.clone(),
-            identity.path,
+            id.clone(),
+            path,
             shared.limits.clone(),
         );
         proxy_ctx.audit_allows = shared.audit_allows;
@@ -79,45 +73,53 @@ impl ServedSandbox {
         proxy_ctx.metrics = shared
             .metrics
             .as_ref()
-            .map(|m| m.path(identity.path).with_tally(tally.clone()));
+            .map(|m| m.path(path).with_tally(tally.clone()));
         proxy_ctx.timings = shared.timings.clone();
-        proxy_ctx.internal = shared.internal.clone();
+        proxy_ctx.internal = InternalAddrs {
+            ips: sandbox.attachment.internal.clone(),
+            endpoints: shared.internal.clone(),
+        };
         let proxy_ctx = Arc::new(proxy_ctx);
         let dns_ctx = Arc::new(DnsContext {
             policy: policy.clone(),
             cache,
             audit: shared.audit.clone(),
-            sandbox: identity.id.clone(),
-            path: identity.path,
+            sandbox: id.clone(),
+            path,
             default_upstream: shared.default_upstream.clone(),
             metrics: shared.metrics.clone(),
         });
 
-        let (stop, stop_rx) = watch::channel(false);
-        let mut proxies = JoinSet::new();
+        let mut drain = Drain::new("sandbox");
         for listener in &sandbox.sockets.proxy {
             let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-            proxies.spawn(crate::proxy::serve(
+            drain.spawn(crate::proxy::serve(
                 listener,
                 proxy_ctx.clone(),
-                stop_rx.clone(),
-                DRAIN_GRACE,
+                drain.watch(),
             ));
         }
-        let mut dns = JoinSet::new();
         for socket in &sandbox.sockets.dns_udp {
             let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
-            dns.spawn(crate::dns::serve_udp(socket, dns_ctx.clone()));
+            drain.spawn(crate::dns::serve_udp(
+                socket,
+                dns_ctx.clone(),
+                drain.watch(),
+            ));
         }
         for listener in &sandbox.sockets.dns_tcp {
             let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-            dns.spawn(crate::dns::serve_tcp(listener, dns_ctx.clone()));
+            drain.spawn(crate::dns::serve_tcp(
+                listener,
+                dns_ctx.clone(),
+                drain.watch(),
+            ));
         }
 
         if let Some(metrics) = shared.metrics.as_ref() {
             let netns = sandbox.netns.clone_handle()?;
             metrics.register_drop_source(
-                identity.id.clone(),
+                id.clone(),
                 Box::new(move || {
                     netns
                         .run_in(|| crate::enforce::dropped_packets().ok())
@@ -128,16 +130,19 @@ impl ServedSandbox {
         }
         Ok(ServedSandbox {
             sandbox,
-            identity,
+            id,
             policy,
             tally,
-            stop,
-            proxies,
-            dns,
+            drain,
             metrics: shared.metrics.clone(),
             proxy: proxy_ctx,
             cpu_at_start: own_cpu_us(),
         })
+    }
+
+    /// How the sandbox's workload is attached.
+    pub fn path(&self) -> crate::workload::WorkloadPath {
+        self.sandbox.attachment.path
     }
 
     /// sluice's own CPU time (not any workload's) per connection accepted
@@ -147,7 +152,7 @@ impl ServedSandbox {
         let connections = self.connections_accepted();
         let cpu_us = own_cpu_us().saturating_sub(self.cpu_at_start);
         tracing::info!(
-            sandbox = %self.identity.id,
+            sandbox = %self.id,
             connections,
             cpu_us,
             cpu_us_per_connection = cpu_us.checked_div(connections).unwrap_or(0),
@@ -171,14 +176,23 @@ impl ServedSandbox {
             .flatten()
     }
 
-    /// Stop accepting, give connections in flight [`DRAIN_GRACE`], stop DNS.
-    pub async fn stop(mut self) {
+    /// Drain: the listeners stop accepting, connections and DNS queries in
+    /// flight get until `deadline` (usually [`DRAIN_GRACE`] from now), and
+    /// those still open then are closed. Every reference to the namespace
+    /// goes with `self`.
+    pub async fn stop(self, deadline: Instant) {
         if let Some(metrics) = self.metrics.as_ref() {
-            metrics.unregister_drop_source(&self.identity.id);
+            metrics.unregister_drop_source(&self.id);
         }
-        let _ = self.stop.send(true);
-        while self.proxies.join_next().await.is_some() {}
-        self.dns.shutdown().await;
+        let drained = self.drain.drain(deadline).await;
+        tracing::debug!(sandbox = %self.id, ?drained, "sandbox drained");
+    }
+}
+
+/// The proxy asks sluice's resolver which name an address was resolved for.
+impl Resolver for DnsCache {
+    fn name_for(&self, ip: std::net::IpAddr) -> Option<String> {
+        DnsCache::name_for(self, ip)
     }
 }
 

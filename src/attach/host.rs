@@ -9,7 +9,13 @@ use std::ffi::OsString;
 use nix::unistd::{Gid, Uid, User};
 use tokio::process::{Child, Command};
 
-use super::{AttachError, Sandbox};
+use super::{AttachError, Attachment, Sandbox};
+use crate::workload::WorkloadPath;
+
+/// A host command's attachment: a namespace of its own, path `host`.
+pub fn attachment() -> Attachment {
+    Attachment::dedicated_namespace(WorkloadPath::Host)
+}
 
 /// Who the workload runs as.
 #[derive(Debug, Clone, Copy)]

@@ -1,18 +1,23 @@
 //! Turning "a workload" into "a namespace sluice enforces".
 //!
-//! `prepare` does the part every path shares: install and read back the
-//! `inet sluice` table in a namespace and bind the proxy and DNS sockets
-//! inside it. `host` runs a command in a fresh namespace (`sluice run`);
-//! `oci` puts a podman container in one (`sluice oci`) or hands a container's
-//! namespace to the daemon (`sluice oci-hook`).
+//! Each way in is a small module that describes its [`Attachment`]: which
+//! ruleset the namespace gets, where sluice's listeners bind in it, which
+//! path the records carry, and sluice's own addresses there. `host` runs a
+//! command in a fresh namespace (`sluice run`); `oci` puts a podman
+//! container in one (`sluice oci`) or checks a container for the OCI hook;
+//! a VM attachment asks for the tap ruleset. [`prepare`] does the rest for
+//! all of them: install and read back the `inet sluice` table in the
+//! namespace and bind the listeners inside it. Nothing here serves
+//! connections (`app` does) or decides policy.
 
 pub mod host;
 pub mod oci;
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::enforce::{self, SandboxSpec};
-use crate::netns::{NetnsError, SandboxNetns};
+use crate::netns::{NetnsError, SandboxNetns, SANDBOX_V4, SANDBOX_V6};
+use crate::workload::WorkloadPath;
 
 /// Ports of sluice's listeners inside every sandbox namespace. The namespace
 /// is fresh, so fixed ports cannot collide, and fixed ports keep the ruleset
@@ -41,6 +46,43 @@ pub enum AttachError {
     UnknownUser(String),
 }
 
+/// How one kind of workload is attached: what [`prepare`] installs and
+/// binds in its namespace, and how its records are labelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    /// The `path` of every record and metric of this sandbox.
+    pub path: WorkloadPath,
+    /// The ruleset the namespace gets (host-style output hooks, or a tap's).
+    pub spec: SandboxSpec,
+    /// Where the transparent proxy listens inside the namespace.
+    pub proxy_binds: Vec<SocketAddr>,
+    /// Where the DNS responder listens (UDP and TCP) inside the namespace.
+    pub dns_binds: Vec<SocketAddr>,
+    /// sluice's own addresses in the namespace: never a destination.
+    pub internal: Vec<IpAddr>,
+}
+
+impl Attachment {
+    /// A namespace that is the workload's alone (`sluice run`'s, a
+    /// container's): its output hooks redirect every TCP connection and DNS
+    /// query to listeners on its loopback, v4 and v6.
+    pub fn dedicated_namespace(path: WorkloadPath) -> Attachment {
+        let on_loopback = |port| {
+            vec![
+                SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+                SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
+            ]
+        };
+        Attachment {
+            path,
+            spec: SandboxSpec::host(PROXY_PORT, DNS_PORT),
+            proxy_binds: on_loopback(PROXY_PORT),
+            dns_binds: on_loopback(DNS_PORT),
+            internal: vec![SANDBOX_V4.into(), SANDBOX_V6.into()],
+        }
+    }
+}
+
 /// The sockets sluice serves inside one sandbox namespace.
 pub struct SandboxSockets {
     pub proxy: Vec<std::net::TcpListener>,
@@ -48,40 +90,38 @@ pub struct SandboxSockets {
     pub dns_tcp: Vec<std::net::TcpListener>,
 }
 
-/// An enforced sandbox: the namespace, its verified table, its sockets.
+/// An enforced sandbox: the namespace, how it is attached (its verified
+/// table among it), its sockets.
 pub struct Sandbox {
     pub netns: SandboxNetns,
-    pub spec: SandboxSpec,
+    pub attachment: Attachment,
     pub sockets: SandboxSockets,
 }
 
-/// Install the table in `netns`, read it back, and bind the listeners there.
-/// Only when this returns Ok is the namespace non-bypassable.
-pub fn prepare(netns: SandboxNetns) -> Result<Sandbox, AttachError> {
-    let spec = SandboxSpec::host(PROXY_PORT, DNS_PORT);
-    let spec_in = spec.clone();
+/// Install `attachment`'s table in `netns`, read it back, and bind its
+/// listeners there. Only when this returns Ok is the namespace
+/// non-bypassable.
+pub fn prepare(netns: SandboxNetns, attachment: &Attachment) -> Result<Sandbox, AttachError> {
+    let inside = attachment.clone();
     let sockets = netns.run_in(move || -> Result<SandboxSockets, AttachError> {
-        enforce::apply(&spec_in)?;
-        enforce::verify(&spec_in)?;
-        bind_sockets()
+        enforce::apply(&inside.spec)?;
+        enforce::verify(&inside.spec)?;
+        bind_sockets(&inside)
     })??;
     tracing::info!(
         network_non_bypassable = true,
+        path = %attachment.path,
         "sandbox table applied and read back"
     );
     Ok(Sandbox {
         netns,
-        spec,
+        attachment: attachment.clone(),
         sockets,
     })
 }
 
 /// Runs on a thread inside the sandbox namespace.
-fn bind_sockets() -> Result<SandboxSockets, AttachError> {
-    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, PROXY_PORT));
-    let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, PROXY_PORT));
-    let dns4 = SocketAddr::from((Ipv4Addr::LOCALHOST, DNS_PORT));
-    let dns6 = SocketAddr::from((Ipv6Addr::LOCALHOST, DNS_PORT));
+fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> {
     let tcp = |what, addr| {
         let l = std::net::TcpListener::bind(addr).map_err(|source| AttachError::Bind {
             what,
@@ -115,9 +155,39 @@ fn bind_sockets() -> Result<SandboxSockets, AttachError> {
             })?;
         Ok::<_, AttachError>(s)
     };
-    Ok(SandboxSockets {
-        proxy: vec![tcp("proxy", v4)?, tcp("proxy", v6)?],
-        dns_udp: vec![udp(dns4)?, udp(dns6)?],
-        dns_tcp: vec![tcp("DNS (TCP)", dns4)?, tcp("DNS (TCP)", dns6)?],
-    })
+    let mut sockets = SandboxSockets {
+        proxy: Vec::new(),
+        dns_udp: Vec::new(),
+        dns_tcp: Vec::new(),
+    };
+    for &addr in &attachment.proxy_binds {
+        sockets.proxy.push(tcp("proxy", addr)?);
+    }
+    for &addr in &attachment.dns_binds {
+        sockets.dns_udp.push(udp(addr)?);
+        sockets.dns_tcp.push(tcp("DNS (TCP)", addr)?);
+    }
+    Ok(sockets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dedicated_namespace_redirects_to_loopback_listeners_with_the_host_ruleset() {
+        let a = Attachment::dedicated_namespace(WorkloadPath::Oci);
+        assert_eq!(a.path, WorkloadPath::Oci);
+        assert_eq!(a.spec, SandboxSpec::host(PROXY_PORT, DNS_PORT));
+        assert!(a
+            .proxy_binds
+            .iter()
+            .all(|b| b.ip().is_loopback() && b.port() == PROXY_PORT));
+        assert!(a
+            .dns_binds
+            .iter()
+            .all(|b| b.ip().is_loopback() && b.port() == DNS_PORT));
+        assert_eq!(a.proxy_binds.len(), 2);
+        assert!(a.internal.contains(&IpAddr::from(SANDBOX_V4)));
+    }
 }

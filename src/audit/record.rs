@@ -22,7 +22,7 @@ pub enum Proto {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEvent {
     pub sandbox: String,
-    pub path: &'static str,
+    pub path: crate::workload::WorkloadPath,
     pub verdict: &'static str,
     pub rule: Option<String>,
     pub reason: &'static str,
@@ -58,7 +58,7 @@ impl AuditRecord {
             ts,
             seq,
             sandbox: event.sandbox,
-            path: event.path.to_string(),
+            path: event.path.as_str().to_string(),
             verdict: event.verdict.to_string(),
             rule: event.rule,
             reason: event.reason.to_string(),

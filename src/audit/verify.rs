@@ -47,14 +47,35 @@ pub struct VerifySummary {
     pub last_hash: String,
 }
 
-/// Where the chain first breaks: a file, a 1-based line number, and what.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}:{line}: {what}", path.display())]
+/// Where the chain first breaks: a file, a 1-based line number, and what;
+/// or line 0 when a file could not be read at all
+/// ([`VerifyError::is_unreadable`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyError {
     pub path: PathBuf,
     pub line: usize,
     pub what: String,
 }
+
+impl VerifyError {
+    /// The file could not be read (missing, no permission): nothing was
+    /// checked, which is not the same as a broken chain.
+    pub fn is_unreadable(&self) -> bool {
+        self.line == 0
+    }
+}
+
+impl std::fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_unreadable() {
+            write!(f, "{}: {}", self.path.display(), self.what)
+        } else {
+            write!(f, "{}:{}: {}", self.path.display(), self.line, self.what)
+        }
+    }
+}
+
+impl std::error::Error for VerifyError {}
 
 /// Verify one file that must start a fresh log.
 pub fn verify(path: &Path) -> Result<VerifySummary, VerifyError> {
@@ -176,7 +197,7 @@ fn read(path: &Path) -> Result<Vec<u8>, VerifyError> {
     std::fs::read(path).map_err(|e| VerifyError {
         path: path.to_path_buf(),
         line: 0,
-        what: format!("cannot read: {e}"),
+        what: format!("cannot read the audit log: {e}; give the file `--audit` wrote"),
     })
 }
 

@@ -10,6 +10,7 @@ use tokio::sync::mpsc::error::TrySendError;
 
 use super::record::{line_hash, AuditEvent, AuditRecord, GENESIS};
 use super::rotate::{rotate_files, rotated_path, Rotation};
+use crate::drain::Watch;
 
 /// Records queued before producers start waiting.
 const CHANNEL_CAPACITY: usize = 4096;
@@ -44,6 +45,8 @@ pub enum AuditError {
         source: std::io::Error,
         lost_bytes: usize,
     },
+    #[error("audit log {path} is incomplete: {records} records were still queued at the shutdown deadline and were not written")]
+    Unwritten { path: PathBuf, records: usize },
 }
 
 /// Check, before anything depends on it, that the audit log at `path` can
@@ -142,7 +145,14 @@ impl AuditWriter {
 
     /// Write records until all producers are gone. Continues an existing
     /// file's chain (its last line's hash and seq).
-    pub async fn run(mut self) -> Result<u64, AuditError> {
+    pub async fn run(self) -> Result<u64, AuditError> {
+        self.run_until(Watch::never()).await
+    }
+
+    /// [`run`](Self::run) as a task of a drain: records keep being written
+    /// while the drain waits for the producers to go; at its deadline the
+    /// writer stops and says how many records it could not write.
+    pub async fn run_until(mut self, drain: Watch) -> Result<u64, AuditError> {
         let Some(path) = self.path.clone() else {
             let mut n = 0;
             while self.rx.recv().await.is_some() {
@@ -155,7 +165,22 @@ impl AuditWriter {
         let mut size = file.metadata().map(|m| m.len()).unwrap_or(0);
         let mut written = 0;
         let mut buf = Vec::with_capacity(64 * 1024);
-        while let Some(event) = self.rx.recv().await {
+        loop {
+            let event = tokio::select! {
+                // Past the deadline, stop at once rather than race the queue.
+                biased;
+                _ = drain.overdue() => {
+                    file.sync_data().ok();
+                    return Err(AuditError::Unwritten {
+                        path,
+                        records: self.rx.len(),
+                    });
+                }
+                event = self.rx.recv() => match event {
+                    Some(event) => event,
+                    None => break,
+                },
+            };
             // Drain whatever else is queued into one write.
             let mut next = Some(event);
             while let Some(event) = next.take() {
@@ -167,7 +192,7 @@ impl AuditWriter {
                         // This line would overflow the file: finish it and
                         // start the next one. `prev` and `seq` carry over, so
                         // the new file's first line chains from this one's last.
-                        (file, buf) = write_out(file, buf, &path, &self.rx).await?;
+                        (file, buf) = write_out(file, buf, &path, &self.rx, &drain).await?;
                         file.sync_data().ok();
                         match rotate_files(&path, rotation.keep) {
                             Ok(()) => file = open_append(&path)?,
@@ -192,7 +217,7 @@ impl AuditWriter {
                 }
             }
             size += buf.len() as u64;
-            (file, buf) = write_out(file, buf, &path, &self.rx).await?;
+            (file, buf) = write_out(file, buf, &path, &self.rx, &drain).await?;
         }
         file.sync_data().ok();
         Ok(written)
@@ -202,12 +227,14 @@ impl AuditWriter {
 /// Write all of `buf` (on the blocking pool), then clear it. A failure
 /// keeps what is not written yet and retries every [`RETRY_EVERY`], so the
 /// chain stays whole and no record is lost while the disk is full; only at
-/// shutdown (`rx` closed) does it give up, after [`RETRIES_AT_SHUTDOWN`].
+/// shutdown does it give up: after [`RETRIES_AT_SHUTDOWN`] once `rx` is
+/// closed, or at the drain's deadline.
 async fn write_out<F: Write + Send + 'static>(
     mut file: F,
     mut buf: Vec<u8>,
     path: &Path,
     rx: &mpsc::Receiver<AuditEvent>,
+    drain: &Watch,
 ) -> Result<(F, Vec<u8>), AuditError> {
     let mut failures = 0u32;
     loop {
@@ -240,14 +267,18 @@ async fn write_out<F: Write + Send + 'static>(
                 "cannot write the audit log; retrying every second, and connections that need a record wait until it is written"
             );
         }
-        if rx.is_closed() && failures > RETRIES_AT_SHUTDOWN {
+        let give_up = (rx.is_closed() && failures > RETRIES_AT_SHUTDOWN)
+            || tokio::select! {
+                _ = tokio::time::sleep(RETRY_EVERY) => false,
+                _ = drain.overdue() => true,
+            };
+        if give_up {
             return Err(AuditError::Write {
                 path: path.to_path_buf(),
                 source: error,
                 lost_bytes: buf.len(),
             });
         }
-        tokio::time::sleep(RETRY_EVERY).await;
     }
 }
 
@@ -343,9 +374,15 @@ mod tests {
             failures: 3,
             accept: 5,
         };
-        let (disk, rest) = write_out(disk, records.clone(), Path::new("audit.jsonl"), &rx)
-            .await
-            .unwrap();
+        let (disk, rest) = write_out(
+            disk,
+            records.clone(),
+            Path::new("audit.jsonl"),
+            &rx,
+            &Watch::never(),
+        )
+        .await
+        .unwrap();
         assert!(rest.is_empty());
         assert_eq!(disk.written, records);
     }
@@ -359,7 +396,33 @@ mod tests {
             failures: usize::MAX,
             accept: 5,
         };
-        let err = write_out(disk, vec![b'x'; 42], Path::new("audit.jsonl"), &rx)
+        let err = write_out(
+            disk,
+            vec![b'x'; 42],
+            Path::new("audit.jsonl"),
+            &rx,
+            &Watch::never(),
+        )
+        .await
+        .err()
+        .unwrap();
+        assert!(
+            matches!(err, AuditError::Write { lost_bytes: 42, .. }),
+            "{err}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_drain_deadline_a_failing_write_gives_up_though_producers_remain() {
+        let (_producer, rx) = open_channel();
+        let (trigger, drain) = crate::drain::trigger();
+        trigger.overdue();
+        let disk = FillingDisk {
+            written: Vec::new(),
+            failures: usize::MAX,
+            accept: 5,
+        };
+        let err = write_out(disk, vec![b'x'; 42], Path::new("audit.jsonl"), &rx, &drain)
             .await
             .err()
             .unwrap();
@@ -367,6 +430,38 @@ mod tests {
             matches!(err, AuditError::Write { lost_bytes: 42, .. }),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn at_the_drain_deadline_the_writer_says_how_many_records_it_did_not_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let (log, writer) = AuditWriter::new(Some(&path));
+        let (trigger, drain) = crate::drain::trigger();
+        // The drain is overdue before the writer ever runs, and a producer
+        // is still alive: the queued records are reported, not waited for.
+        trigger.overdue();
+        for _ in 0..3 {
+            log.record(AuditEvent {
+                sandbox: "sb".into(),
+                path: crate::workload::WorkloadPath::Host,
+                verdict: "deny",
+                rule: None,
+                reason: "no-rule",
+                proto: super::super::record::Proto::Tcp,
+                src: None,
+                dst: None,
+                host: None,
+                bundle: "b@1".into(),
+            })
+            .await;
+        }
+        let err = writer.run_until(drain).await.unwrap_err();
+        assert!(
+            matches!(err, AuditError::Unwritten { records: 3, .. }),
+            "{err}"
+        );
+        drop(log);
     }
 
     #[test]

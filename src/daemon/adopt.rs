@@ -11,7 +11,7 @@
 //! through a pidfd) and still live in the same namespace (same inode).
 //! Anything else is a container that ended meanwhile, and its record goes.
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -166,26 +166,22 @@ fn parse_start_ticks(stat: &str) -> Option<u64> {
 /// A pidfd for `pid`: readable once that process exits, and immune to the
 /// pid being reused.
 pub(super) fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new
-    // descriptor or -1; it touches no memory of ours.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+    let pid = rustix::process::Pid::from_raw(pid)
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok(rustix::process::pidfd_open(
+        pid,
+        rustix::process::PidfdFlags::empty(),
+    )?)
 }
 
 /// Whether the process behind `pidfd` has exited.
 pub(super) fn exited(pidfd: &OwnedFd) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: std::os::fd::AsRawFd::as_raw_fd(pidfd),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, timeout 0: poll(2) only writes `revents`.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    n > 0 && pfd.revents & libc::POLLIN != 0
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN))
 }
 
 #[cfg(test)]

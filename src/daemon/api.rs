@@ -54,6 +54,19 @@ pub struct AttachRequest {
     pub trust: Option<PathBuf>,
 }
 
+impl From<&crate::attach::oci::hook::ContainerAttach> for AttachRequest {
+    /// What the OCI hook asks for a starting container.
+    fn from(c: &crate::attach::oci::hook::ContainerAttach) -> AttachRequest {
+        AttachRequest {
+            id: c.id.clone(),
+            pid: Some(c.pid),
+            policy: c.policy.clone(),
+            bundle: c.bundle.clone(),
+            trust: c.trust.clone(),
+        }
+    }
+}
+
 /// One attached sandbox, as `sluice status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxInfo {

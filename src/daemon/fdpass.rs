@@ -2,9 +2,11 @@
 //! may carry (SCM_RIGHTS). See `api` for the protocol.
 
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
 use super::api::{WITHOUT_FD, WITH_FD};
 
@@ -37,27 +39,21 @@ pub enum Opening {
 /// Read exactly the opening byte (never more: the HTTP request follows) and
 /// any descriptors sent with it. Extra descriptors are closed. Call when the
 /// socket is readable; returns `WouldBlock` otherwise.
-pub fn recv_opening(socket: RawFd) -> std::io::Result<Opening> {
+pub fn recv_opening(socket: impl AsFd) -> std::io::Result<Opening> {
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let msg = recvmsg::<()>(
-        socket,
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
-    let mut fds = Vec::new();
-    for cmsg in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(received) = cmsg {
-            for raw in received {
-                // SAFETY: the kernel just installed `raw` in this process for
-                // us (SCM_RIGHTS); nothing else owns it.
-                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
-            }
+    // rustix hands received descriptors over as OwnedFd: nothing here has to
+    // vouch for raw descriptor numbers.
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for cmsg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = cmsg {
+            fds.extend(received);
         }
     }
-    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+    let truncated = msg.flags.contains(ReturnFlags::CTRUNC);
     if msg.bytes == 0 {
         return Ok(Opening::Closed);
     }
@@ -95,7 +91,7 @@ mod tests {
         send_opening(a.as_raw_fd(), Some(file.as_fd())).unwrap();
         use std::io::Write;
         (&a).write_all(b"GET / HTTP/1.1\r\n").unwrap();
-        let Opening::Open(Some(fd)) = recv_opening(b.as_raw_fd()).unwrap() else {
+        let Opening::Open(Some(fd)) = recv_opening(&b).unwrap() else {
             panic!("no descriptor");
         };
         let ours = nix::sys::stat::fstat(&file).unwrap();
@@ -110,13 +106,10 @@ mod tests {
     fn an_opening_without_a_descriptor() {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         send_opening(a.as_raw_fd(), None).unwrap();
-        let Opening::Open(None) = recv_opening(b.as_raw_fd()).unwrap() else {
+        let Opening::Open(None) = recv_opening(&b).unwrap() else {
             panic!("unexpected descriptor");
         };
         drop(a);
-        assert!(matches!(
-            recv_opening(b.as_raw_fd()).unwrap(),
-            Opening::Closed
-        ));
+        assert!(matches!(recv_opening(&b).unwrap(), Opening::Closed));
     }
 }

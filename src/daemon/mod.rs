@@ -9,23 +9,30 @@
 //! alive after its container ended: every reference it holds (descriptor,
 //! listeners, counters) goes with the sandbox's release.
 
+#[forbid(unsafe_code)]
 mod adopt;
+#[forbid(unsafe_code)]
 pub mod api;
+#[forbid(unsafe_code)]
 pub mod client;
+#[forbid(unsafe_code)]
 pub mod config;
+#[forbid(unsafe_code)]
 mod fdpass;
 mod registry;
+#[forbid(unsafe_code)]
 mod server;
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::watch;
+use tokio::time::Instant;
 
 pub use client::{socket_path, Client, ClientError};
 pub use config::DaemonConfig;
 pub use registry::{ApiError, Registry};
 
-use crate::app::{host_nameservers, ServiceOptions, Services};
+use crate::app::{host_nameservers, ServiceOptions, Services, DRAIN_DEADLINE, DRAIN_GRACE};
+use crate::drain::Drain;
 
 /// Run the daemon until SIGINT or SIGTERM; SIGHUP re-reads every sandbox's
 /// policy. Returns the exit status.
@@ -45,15 +52,22 @@ pub async fn run(config: DaemonConfig) -> Result<i32> {
     let listener = match server::bind(&config.socket) {
         Ok(listener) => listener,
         Err(err) => {
-            services.finish().await;
+            services.finish(Instant::now() + DRAIN_DEADLINE).await;
             return Err(err).context("cannot open the control socket");
         }
     };
     tracing::info!(socket = %config.socket.display(), "sluice daemon ready");
     let registry = Registry::new(services.shared.clone(), config.defaults.clone());
     registry.readopt().await;
-    let (stop, stop_rx) = watch::channel(false);
-    let mut control = tokio::spawn(server::serve(listener, registry.clone(), stop_rx));
+    let mut control = Drain::new("control socket");
+    let (ended, mut control_ended) = tokio::sync::oneshot::channel::<()>();
+    control.spawn({
+        let (registry, watch) = (registry.clone(), control.watch());
+        async move {
+            server::serve(listener, registry, watch).await;
+            let _ = ended.send(());
+        }
+    });
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -66,8 +80,8 @@ pub async fn run(config: DaemonConfig) -> Result<i32> {
                 tracing::info!("SIGHUP received: reloading every sandbox's policy");
                 registry.reload_all();
             }
-            joined = &mut control => {
-                tracing::error!(?joined, "the control socket stopped");
+            _ = &mut control_ended => {
+                tracing::error!("the control socket stopped");
                 break;
             }
         }
@@ -76,11 +90,14 @@ pub async fn run(config: DaemonConfig) -> Result<i32> {
         sandboxes = registry.len(),
         "stopping: releasing every sandbox"
     );
-    let _ = stop.send(true);
-    let _ = (&mut control).await;
-    registry.release_all().await;
+    // One deadline for the whole shutdown: requests in flight and every
+    // sandbox's connections get DRAIN_GRACE, the writers the rest.
+    let start = Instant::now();
+    let grace = start + DRAIN_GRACE.min(DRAIN_DEADLINE);
+    control.drain(grace).await;
+    registry.release_all(grace).await;
     let _ = std::fs::remove_file(&config.socket);
     drop(registry);
-    services.finish().await;
+    services.finish(start + DRAIN_DEADLINE).await;
     Ok(0)
 }

@@ -14,14 +14,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper::StatusCode;
-use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 
 use super::adopt::{self, Records};
 use super::api::{AttachRequest, Connections, SandboxInfo};
 use super::config::Defaults;
-use crate::app::{ActiveSource, Identity, PolicySource, Reloading, ServedSandbox, Shared};
+use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, DRAIN_GRACE};
+use crate::drain::Drain;
 use crate::netns::{SandboxNetns, SANDBOX_LINK, SANDBOX_PEER};
+use crate::workload::WorkloadPath;
 
 /// How often a sandbox attached without a pid is checked for processes.
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
@@ -68,16 +70,15 @@ struct Entry {
     pid: Option<i32>,
     attached: u64,
     reloading: Reloading,
-    stop_reload: watch::Sender<bool>,
-    reload_tasks: JoinSet<()>,
+    /// The sandbox's reloader.
+    reload: Drain,
     watcher: Option<JoinHandle<()>>,
 }
 
 impl Entry {
-    async fn stop(mut self) {
-        let _ = self.stop_reload.send(true);
-        while self.reload_tasks.join_next().await.is_some() {}
-        self.served.stop().await;
+    /// Drain the reloader and the sandbox together, by `deadline`.
+    async fn stop(self, deadline: Instant) {
+        tokio::join!(self.reload.drain(deadline), self.served.stop(deadline));
     }
 }
 
@@ -127,7 +128,7 @@ impl Registry {
         let stale = self.reserve(&req.id, &fd)?;
         if let Some(stale) = stale {
             tracing::info!(sandbox = %req.id, "the container restarted in a new namespace: releasing the old one");
-            stale.stop().await;
+            stale.stop(Instant::now() + DRAIN_GRACE).await;
         }
         let id = req.id.clone();
         let remembered = req.clone();
@@ -201,26 +202,23 @@ impl Registry {
                 .map_err(|e| ApiError::internal(e.to_string()))?,
         );
 
-        let (stop_reload, stop_rx) = watch::channel(false);
-        let mut reload_tasks = JoinSet::new();
-        let reloading = active.spawn(&mut reload_tasks, stop_rx);
-        let identity = Identity {
-            id: req.id.clone(),
-            path: "oci",
+        let mut reload = Drain::new("reloader");
+        let reloading = active.spawn(&mut reload);
+        let served = match ServedSandbox::start(
+            sandbox,
+            req.id.clone(),
+            reloading.handle().clone(),
+            &self.shared,
+        ) {
+            Ok(served) => served,
+            Err(err) => {
+                reload.drain(Instant::now() + DRAIN_GRACE).await;
+                return Err(ApiError::internal(format!(
+                    "cannot serve the sandbox: {}",
+                    crate::report::error_line(&err)
+                )));
+            }
         };
-        let served =
-            match ServedSandbox::start(sandbox, identity, reloading.handle().clone(), &self.shared)
-            {
-                Ok(served) => served,
-                Err(err) => {
-                    let _ = stop_reload.send(true);
-                    while reload_tasks.join_next().await.is_some() {}
-                    return Err(ApiError::internal(format!(
-                        "cannot serve the sandbox: {}",
-                        crate::report::error_line(&err)
-                    )));
-                }
-            };
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let watcher = tokio::spawn(watch_until_gone(
             Arc::downgrade(self),
@@ -242,8 +240,7 @@ impl Registry {
             pid,
             attached: unix_now(),
             reloading,
-            stop_reload,
-            reload_tasks,
+            reload,
             watcher: Some(watcher),
         }))
     }
@@ -275,7 +272,7 @@ impl Registry {
                         state,
                         allow_rollback: false,
                         sandbox: req.id.clone(),
-                        path: "oci",
+                        path: WorkloadPath::Oci,
                         fetch: crate::reload::FetchConfig {
                             interval: self.defaults.poll_interval,
                             ..Default::default()
@@ -324,6 +321,25 @@ impl Registry {
         why: &str,
         afterwards: Afterwards,
     ) -> Option<SandboxInfo> {
+        self.release_by(
+            id,
+            generation,
+            why,
+            afterwards,
+            Instant::now() + DRAIN_GRACE,
+        )
+        .await
+    }
+
+    /// [`release`](Self::release), its connections drained by `deadline`.
+    async fn release_by(
+        &self,
+        id: &str,
+        generation: Option<u64>,
+        why: &str,
+        afterwards: Afterwards,
+        deadline: Instant,
+    ) -> Option<SandboxInfo> {
         let entry = {
             let mut slots = self.lock();
             match slots.get(id) {
@@ -345,7 +361,7 @@ impl Registry {
                 watcher.abort();
             }
         }
-        entry.stop().await;
+        entry.stop(deadline).await;
         if afterwards == Afterwards::Forget {
             self.records.remove(id);
         }
@@ -353,18 +369,24 @@ impl Registry {
         Some(info)
     }
 
-    /// Release everything (daemon shutdown). The namespaces keep their
-    /// tables: with the listeners gone, their connections are refused until
-    /// the next daemon adopts them again.
-    pub async fn release_all(self: &Arc<Self>) {
+    /// Release everything (daemon shutdown), every sandbox's connections
+    /// drained by the same `deadline`. The namespaces keep their tables:
+    /// with the listeners gone, their connections are refused until the
+    /// next daemon adopts them again.
+    pub async fn release_all(self: &Arc<Self>, deadline: Instant) {
         let ids: Vec<String> = self.lock().keys().cloned().collect();
-        // Together: each drains its connections for up to DRAIN_GRACE.
         let mut releases = JoinSet::new();
         for id in ids {
             let registry = self.clone();
             releases.spawn(async move {
                 registry
-                    .release(&id, None, "the daemon is stopping", Afterwards::Remember)
+                    .release_by(
+                        &id,
+                        None,
+                        "the daemon is stopping",
+                        Afterwards::Remember,
+                        deadline,
+                    )
                     .await;
             });
         }
@@ -419,7 +441,7 @@ impl Registry {
         let tally = entry.served.tally.snapshot();
         SandboxInfo {
             id: id.to_string(),
-            path: entry.served.identity.path.to_string(),
+            path: entry.served.path().as_str().to_string(),
             policy: entry.served.policy.label(),
             netns_inode: entry.netns.inode(),
             pid: entry.pid,
@@ -476,7 +498,7 @@ fn enforce(
             links.join(", ")
         )));
     }
-    let sandbox = crate::attach::prepare(netns)
+    let sandbox = crate::attach::prepare(netns, &crate::attach::oci::attachment())
         .map_err(|e| ApiError::internal(format!("cannot enforce the sandbox: {e}")))?;
     Ok((sandbox, process))
 }

@@ -3,7 +3,7 @@
 //! with hyper. Routes are in `api`.
 
 use std::convert::Infallible;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -14,12 +14,12 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::api::{AttachRequest, ErrorBody, SANDBOXES};
 use super::fdpass::{recv_opening, Opening};
 use super::registry::{Afterwards, ApiError, Registry};
+use crate::drain::Watch;
 
 /// Largest request body accepted (an attach request is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
@@ -72,23 +72,15 @@ pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     Ok(listener)
 }
 
-/// Serve the control API on `listener` until `shutdown` turns true.
-pub async fn serve(
-    listener: UnixListener,
-    registry: Arc<Registry>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+/// Serve the control API on `listener` until the drain starts; requests
+/// in flight then get until the drain's deadline.
+pub async fn serve(listener: UnixListener, registry: Arc<Registry>, drain: Watch) {
     let mut conns = JoinSet::new();
+    let draining = drain.draining();
+    tokio::pin!(draining);
     loop {
-        if *shutdown.borrow() {
-            break;
-        }
         tokio::select! {
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    break;
-                }
-            }
+            _ = &mut draining => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     conns.spawn(connection(stream, registry.clone()));
@@ -101,7 +93,18 @@ pub async fn serve(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
-    conns.shutdown().await;
+    drop(listener);
+    let overdue = tokio::select! {
+        _ = async { while conns.join_next().await.is_some() {} } => false,
+        _ = drain.overdue() => true,
+    };
+    if overdue {
+        tracing::warn!(
+            requests = conns.len(),
+            "control requests still in flight at the shutdown deadline: dropped"
+        );
+        conns.shutdown().await;
+    }
 }
 
 async fn connection(stream: UnixStream, registry: Arc<Registry>) {
@@ -125,9 +128,7 @@ async fn connection(stream: UnixStream, registry: Arc<Registry>) {
         if stream.readable().await.is_err() {
             return;
         }
-        match stream.try_io(tokio::io::Interest::READABLE, || {
-            recv_opening(stream.as_raw_fd())
-        }) {
+        match stream.try_io(tokio::io::Interest::READABLE, || recv_opening(&stream)) {
             Ok(opening) => break opening,
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(err) => {

@@ -5,14 +5,12 @@
 //! failing (also as root) and the nft drop counter, read through /metrics;
 //! then removes everything it made.
 
-pub mod topology;
-
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
 
-use topology::OuterNetns;
+use crate::testbed::OuterNetns;
 
 /// The policy the demo enforces, embedded so the demo works from any
 /// directory.
@@ -94,7 +92,7 @@ exit 0
     // The counter is read from outside: inside, even root may not look at
     // the rules.
     if wait_for(&attempted, &mut child) {
-        match outer.run_in(|| scrape(METRICS)) {
+        match outer.run_in(|| scrape_drops(METRICS)) {
             Ok(Ok(text)) => {
                 // The step's heading already indented the first line.
                 let lines: Vec<&str> = text
@@ -155,18 +153,28 @@ fn wait_for(marker: &std::path::Path, child: &mut std::process::Child) -> bool {
     false
 }
 
-/// GET /metrics from `addr` (a plain HTTP/1.1 request, read to the end).
-fn scrape(addr: &str) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    Ok(text)
+/// The bypass attempts of the demo's script that the ruleset drops (the UDP
+/// datagram and the ICMP echo; the TCP attempt is redirected, not dropped).
+const DROPPED_ATTEMPTS: f64 = 2.0;
+
+/// The text /metrics at `addr` serves, once the drop counter (read in the
+/// background, every second or so) has caught up with the demo's dropped
+/// attempts, or after a few seconds.
+fn scrape_drops(addr: &str) -> std::result::Result<String, String> {
+    let url = format!("http://{addr}/metrics");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let text = String::from_utf8_lossy(&crate::testbed::load::fetch(&url)?.body).into_owned();
+        let dropped: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("sluice_dropped_packets_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if dropped >= DROPPED_ATTEMPTS || std::time::Instant::now() >= deadline {
+            return Ok(text);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 fn which(tool: &str) -> Option<std::path::PathBuf> {

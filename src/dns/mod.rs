@@ -39,8 +39,8 @@ pub struct DnsContext {
     pub cache: std::sync::Arc<DnsCache>,
     pub audit: AuditLog,
     pub sandbox: String,
-    /// `host`, `oci` or `vm` (audit records' `path`).
-    pub path: &'static str,
+    /// How the sandbox's workload is attached (audit records' `path`).
+    pub path: crate::workload::WorkloadPath,
     /// Upstreams used when the policy says nothing (`dns.upstream` absent):
     /// the host's resolv.conf nameservers, read once at startup.
     pub default_upstream: Vec<SocketAddr>,

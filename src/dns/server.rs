@@ -1,6 +1,7 @@
 //! The UDP and TCP front ends: bounded concurrency, per-query tasks owned
-//! by the server (aborting the server aborts them), answers sized for the
-//! transport.
+//! by the server, answers sized for the transport. When the sandbox drains
+//! they stop reading new queries, answer those in flight until the drain's
+//! deadline, and drop what is left then.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use tokio::task::JoinSet;
 use tokio::time::timeout;
 
 use super::{answer, DnsContext};
+use crate::drain::Watch;
 
 /// UDP queries answered at once; more wait in the socket buffer.
 pub const MAX_UDP_IN_FLIGHT: usize = 256;
@@ -28,18 +30,28 @@ const UDP_CLASSIC: usize = 512;
 /// Pause after a socket error, so a persistent one cannot spin.
 const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 
-/// Answer queries on `socket` until the task is aborted.
-pub async fn serve_udp(socket: UdpSocket, ctx: Arc<DnsContext>) {
+/// Answer queries on `socket` until the drain starts, then finish those
+/// in flight (until the drain's deadline).
+pub async fn serve_udp(socket: UdpSocket, ctx: Arc<DnsContext>, drain: Watch) {
     let socket = Arc::new(socket);
     let permits = Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT));
     let mut tasks = JoinSet::new();
     let mut buf = vec![0u8; UDP_READ];
+    let draining = drain.draining();
+    tokio::pin!(draining);
     loop {
         reap(&mut tasks);
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return; // the semaphore is never closed
+        let received = tokio::select! {
+            got = async {
+                let permit = permits.clone().acquire_owned().await;
+                (permit, socket.recv_from(&mut buf).await)
+            } => got,
+            _ = &mut draining => break,
         };
-        let (n, client) = match socket.recv_from(&mut buf).await {
+        let (Ok(permit), received) = received else {
+            break; // the semaphore is never closed
+        };
+        let (n, client) = match received {
             Ok(got) => got,
             Err(err) => {
                 tracing::warn!(%err, "DNS: UDP receive failed");
@@ -62,19 +74,30 @@ pub async fn serve_udp(socket: UdpSocket, ctx: Arc<DnsContext>) {
             }
         });
     }
+    finish_in_flight(tasks, &drain, "UDP queries").await;
 }
 
-/// Answer queries on connections accepted from `listener` until the task is
-/// aborted: 2-byte length framing, several queries per connection.
-pub async fn serve_tcp(listener: TcpListener, ctx: Arc<DnsContext>) {
+/// Answer queries on connections accepted from `listener` (2-byte length
+/// framing, several queries per connection) until the drain starts, then
+/// finish the queries in flight; idle connections close.
+pub async fn serve_tcp(listener: TcpListener, ctx: Arc<DnsContext>, drain: Watch) {
     let permits = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
     let mut tasks = JoinSet::new();
+    let draining = drain.draining();
+    tokio::pin!(draining);
     loop {
         reap(&mut tasks);
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
+        let accepted = tokio::select! {
+            got = async {
+                let permit = permits.clone().acquire_owned().await;
+                (permit, listener.accept().await)
+            } => got,
+            _ = &mut draining => break,
         };
-        let (stream, client) = match listener.accept().await {
+        let (Ok(permit), accepted) = accepted else {
+            break;
+        };
+        let (stream, client) = match accepted {
             Ok(got) => got,
             Err(err) => {
                 tracing::warn!(%err, "DNS: TCP accept failed");
@@ -82,18 +105,31 @@ pub async fn serve_tcp(listener: TcpListener, ctx: Arc<DnsContext>) {
                 continue;
             }
         };
-        let ctx = ctx.clone();
+        let (ctx, drain) = (ctx.clone(), drain.clone());
         tasks.spawn(async move {
             let _permit = permit;
-            serve_connection(stream, client, &ctx).await;
+            serve_connection(stream, client, &ctx, &drain).await;
         });
     }
+    drop(listener);
+    finish_in_flight(tasks, &drain, "TCP queries").await;
 }
 
-async fn serve_connection(mut stream: TcpStream, client: SocketAddr, ctx: &DnsContext) {
+async fn serve_connection(
+    mut stream: TcpStream,
+    client: SocketAddr,
+    ctx: &DnsContext,
+    drain: &Watch,
+) {
     let _ = stream.set_nodelay(true);
     loop {
-        let len = match timeout(TCP_IDLE_TIMEOUT, stream.read_u16()).await {
+        // A connection waiting for its next query closes once the sandbox
+        // drains; one whose query is being answered finishes it first.
+        let len = tokio::select! {
+            len = timeout(TCP_IDLE_TIMEOUT, stream.read_u16()) => len,
+            _ = drain.draining() => return,
+        };
+        let len = match len {
             Ok(Ok(len)) => usize::from(len),
             _ => return, // closed, failed or idle
         };
@@ -140,13 +176,37 @@ fn fit_udp(query: &[u8], response: Vec<u8>) -> Option<Vec<u8>> {
     Message::from_vec(&response).ok()?.truncate().to_vec().ok()
 }
 
+/// Wait for the queries in flight until the drain's deadline, then drop
+/// those left.
+async fn finish_in_flight(mut tasks: JoinSet<()>, drain: &Watch, what: &str) {
+    let overdue = tokio::select! {
+        _ = async {
+            while let Some(done) = tasks.join_next().await {
+                report(done);
+            }
+        } => false,
+        _ = drain.overdue() => true,
+    };
+    if overdue && !tasks.is_empty() {
+        tracing::info!(
+            left = tasks.len(),
+            "DNS: {what} still unanswered at the drain deadline: dropping them"
+        );
+        tasks.shutdown().await;
+    }
+}
+
 /// Collect finished per-query tasks, reporting any that panicked.
 fn reap(tasks: &mut JoinSet<()>) {
     while let Some(done) = tasks.try_join_next() {
-        if let Err(err) = done {
-            if err.is_panic() {
-                tracing::error!(%err, "DNS: a query task panicked");
-            }
+        report(done);
+    }
+}
+
+fn report(done: Result<(), tokio::task::JoinError>) {
+    if let Err(err) = done {
+        if err.is_panic() {
+            tracing::error!(%err, "DNS: a query task panicked");
         }
     }
 }

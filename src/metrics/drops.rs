@@ -1,23 +1,65 @@
-//! `sluice_dropped_packets_total{sandbox}`: read from each sandbox's nft
-//! counter at scrape time through a closure the sandbox's owner registers.
+//! `sluice_dropped_packets_total{sandbox}`: each sandbox's nft drop counter,
+//! read in the background and exported as last read.
+//!
+//! Reading a counter means entering the sandbox's namespace (a thread, and
+//! for now an `nft` process): milliseconds, and more with many sandboxes. A
+//! scrape must never wait for that, so scrapes read a cache that one
+//! refresher thread (`sluice-drops`) keeps current, every [`REFRESH`] while
+//! someone scrapes. It starts with the first scrape (a sluice nobody
+//! scrapes never reads a counter) and rests once nobody has scraped for
+//! [`IDLE`]. This module never reads a counter on a scrape's thread.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus::core::Desc;
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 
 /// Reads one sandbox's dropped-packet count; `None` when it cannot be read
-/// right now (the series is then left out of that scrape).
+/// right now (the series is then left out until it can). Called on the
+/// refresher thread, never on a scrape's.
 pub type DropSource = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
+/// How often the counters are read while someone scrapes.
+pub const REFRESH: Duration = Duration::from_secs(1);
+/// No scrape for this long: the refresher rests until the next one.
+pub const IDLE: Duration = Duration::from_secs(60);
 
 const NAME: &str = "sluice_dropped_packets_total";
 const HELP: &str =
-    "Packets the sandbox's nftables output filter dropped (everything that is not redirected to sluice), read from the nft counter at scrape time.";
+    "Packets the sandbox's nftables output filter dropped (everything that is not redirected to sluice), read from the nft counter in the background (at most a second or two old).";
+
+struct Source {
+    read: Arc<DropSource>,
+    /// The last value read (`None`: not read yet, or unreadable).
+    last: Option<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    sources: BTreeMap<String, Source>,
+    /// When the last scrape asked; `None` before the first.
+    last_scrape: Option<Instant>,
+    refresher_started: bool,
+    stopping: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the refresher: a scrape after a rest, a new source, shutdown.
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 pub(super) struct DroppedPackets {
     desc: Desc,
-    sources: Mutex<BTreeMap<String, Arc<DropSource>>>,
+    shared: Arc<Shared>,
 }
 
 impl DroppedPackets {
@@ -29,20 +71,115 @@ impl DroppedPackets {
                 vec!["sandbox".to_string()],
                 Default::default(),
             )?,
-            sources: Mutex::new(BTreeMap::new()),
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                wake: Condvar::new(),
+            }),
         })
     }
 
-    pub(super) fn register(&self, sandbox: String, f: DropSource) {
-        self.lock().insert(sandbox, Arc::new(f));
+    pub(super) fn register(&self, sandbox: String, read: DropSource) {
+        let mut state = self.shared.lock();
+        state.sources.insert(
+            sandbox,
+            Source {
+                read: Arc::new(read),
+                last: None,
+            },
+        );
+        drop(state);
+        self.shared.wake.notify_all();
     }
 
     pub(super) fn unregister(&self, sandbox: &str) {
-        self.lock().remove(sandbox);
+        self.shared.lock().sources.remove(sandbox);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<DropSource>>> {
-        self.sources.lock().unwrap_or_else(|e| e.into_inner())
+    /// The cached values; notes the scrape and starts or wakes the
+    /// refresher. Never reads a counter itself.
+    fn scrape(&self) -> Vec<(String, u64)> {
+        let mut state = self.shared.lock();
+        let rested = state.last_scrape.is_none_or(|at| at.elapsed() >= IDLE);
+        state.last_scrape = Some(Instant::now());
+        if !state.refresher_started {
+            state.refresher_started = true;
+            let shared = self.shared.clone();
+            let started = std::thread::Builder::new()
+                .name("sluice-drops".into())
+                .spawn(move || refresh(&shared));
+            if let Err(err) = started {
+                state.refresher_started = false;
+                tracing::warn!(%err, "cannot start the drop counter refresher; sluice_dropped_packets_total stays empty");
+            }
+        } else if rested {
+            self.shared.wake.notify_all();
+        }
+        state
+            .sources
+            .iter()
+            .filter_map(|(sandbox, s)| s.last.map(|v| (sandbox.clone(), v)))
+            .collect()
+    }
+}
+
+impl Drop for DroppedPackets {
+    fn drop(&mut self) {
+        self.shared.lock().stopping = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+/// The refresher thread: read every source, then wait [`REFRESH`] (or,
+/// when nobody scraped for [`IDLE`], until someone does).
+fn refresh(shared: &Shared) {
+    loop {
+        let sources: Vec<(String, Arc<DropSource>)> = {
+            let state = shared.lock();
+            if state.stopping {
+                return;
+            }
+            state
+                .sources
+                .iter()
+                .map(|(k, s)| (k.clone(), s.read.clone()))
+                .collect()
+        };
+        // Read without the lock: a read may take a while, and scrapes and
+        // registrations must not wait for it.
+        let values: Vec<(String, Arc<DropSource>, Option<u64>)> = sources
+            .into_iter()
+            .map(|(sandbox, read)| {
+                let value = read();
+                (sandbox, read, value)
+            })
+            .collect();
+        let mut state = shared.lock();
+        for (sandbox, read, value) in values {
+            // Only if it is still the same source (not unregistered, or
+            // replaced by a sandbox of the same id meanwhile).
+            if let Some(source) = state.sources.get_mut(&sandbox) {
+                if Arc::ptr_eq(&source.read, &read) {
+                    source.last = value;
+                }
+            }
+        }
+        let idle = state.last_scrape.is_none_or(|at| at.elapsed() >= IDLE);
+        state = if idle {
+            shared
+                .wake
+                .wait_while(state, |s| {
+                    !s.stopping && s.last_scrape.is_none_or(|at| at.elapsed() >= IDLE)
+                })
+                .unwrap_or_else(|e| e.into_inner())
+        } else {
+            // A new source wakes this early, so its series appears at once.
+            shared
+                .wake
+                .wait_timeout(state, REFRESH)
+                .unwrap_or_else(|e| e.into_inner())
+                .0
+        };
+        drop(state);
     }
 }
 
@@ -56,28 +193,21 @@ impl prometheus::core::Collector for Collector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        // Call the sources without holding the lock: a source may enter a
-        // namespace and take a while.
-        let sources: Vec<(String, Arc<DropSource>)> = self
+        let metrics = self
             .0
-            .lock()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .scrape()
+            .into_iter()
+            .map(|(sandbox, value)| {
+                let mut label = LabelPair::default();
+                label.set_name("sandbox".to_string());
+                label.set_value(sandbox);
+                let mut counter = Counter::default();
+                counter.set_value(value as f64);
+                let mut metric = Metric::from_label(vec![label]);
+                metric.set_counter(counter);
+                metric
+            })
             .collect();
-        let mut metrics = Vec::with_capacity(sources.len());
-        for (sandbox, source) in sources {
-            let Some(value) = source() else {
-                continue;
-            };
-            let mut label = LabelPair::default();
-            label.set_name("sandbox".to_string());
-            label.set_value(sandbox);
-            let mut counter = Counter::default();
-            counter.set_value(value as f64);
-            let mut metric = Metric::from_label(vec![label]);
-            metric.set_counter(counter);
-            metrics.push(metric);
-        }
         let mut family = MetricFamily::default();
         family.set_name(NAME.to_string());
         family.set_help(HELP.to_string());

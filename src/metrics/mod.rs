@@ -1,6 +1,9 @@
 //! Prometheus metrics: the metric set of DESIGN.md ("Records"), registered in
 //! a registry the caller passes in (tests get their own), and the `/metrics`
-//! endpoint that serves it (`server`).
+//! endpoint that serves it (`server`), on a thread and runtime of its own so
+//! that a scrape never runs where connections are handled; the one metric
+//! that needs a system call to read (the nft drop counters, `drops`) is
+//! read in the background, never by a scrape.
 //!
 //! Each metric's name and help text sit next to the field that updates it.
 //! Label values are bounded: paths (host|oci|vm), verdicts, rule names from
@@ -20,8 +23,10 @@ use prometheus::{
     Registry,
 };
 
-pub use drops::DropSource;
-pub use server::{bind, render, serve, serve_listener, ServeError};
+use crate::workload::WorkloadPath;
+
+pub use drops::{DropSource, REFRESH as DROPS_REFRESH};
+pub use server::{bind, render, serve, serve_listener, serve_on_thread, ServeError};
 
 /// Histogram buckets for a loopback proxy: 10 µs up to a minute.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -71,7 +76,7 @@ pub struct Metrics {
     bytes: IntCounterVec,
     /// sluice_dns_queries_total{verdict}
     dns_queries: IntCounterVec,
-    /// sluice_dropped_packets_total{sandbox}, read at scrape time.
+    /// sluice_dropped_packets_total{sandbox}, read in the background.
     drops: Arc<drops::DroppedPackets>,
     /// sluice_bundle_revision{bundle}
     bundle_revision: IntGaugeVec,
@@ -195,7 +200,8 @@ impl Metrics {
 
     /// Pre-resolved handles for one path (host | oci | vm). Resolve once per
     /// listener, not per connection.
-    pub fn path(&self, path: &'static str) -> PathMetrics {
+    pub fn path(&self, path: WorkloadPath) -> PathMetrics {
+        let path = path.as_str();
         PathMetrics {
             tally: None,
             path,
@@ -245,8 +251,10 @@ impl Metrics {
         self.audit_waits.clone()
     }
 
-    /// Read `sandbox`'s dropped-packet counter with `f` at every scrape
-    /// (`None` = could not be read this time: the series is left out).
+    /// Read `sandbox`'s dropped-packet counter with `f`, in the background
+    /// (every [`DROPS_REFRESH`] while someone scrapes; never on a scrape's
+    /// thread): scrapes export the last value read, and leave the series
+    /// out while there is none (`f` returned `None`, or has not run yet).
     /// Registering the same sandbox again replaces its source.
     pub fn register_drop_source(&self, sandbox: String, f: DropSource) {
         self.drops.register(sandbox, f);

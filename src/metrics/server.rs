@@ -1,6 +1,9 @@
 //! The `/metrics` endpoint: GET /metrics in the Prometheus text format
 //! (0.0.4), 404 for anything else. It runs in sluice's own namespace; the
-//! caller binds the socket there (`bind`) before handing it over.
+//! caller binds the socket there (`bind`) before handing it over. sluice
+//! serves it with [`serve_on_thread`]: gathering and encoding the registry
+//! then happens on a thread of its own, never on the runtime that relays
+//! connections (`sluice run`'s is a single thread).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -12,8 +15,9 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, Registry, TextEncoder};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
+
+use crate::drain::Watch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -35,36 +39,28 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
     Ok(listener)
 }
 
-/// Bind `addr` and serve `registry` until `shutdown` turns true.
-pub async fn serve(
-    addr: SocketAddr,
-    registry: Registry,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), ServeError> {
-    serve_listener(bind(addr)?, registry, shutdown).await
+/// Bind `addr` and serve `registry` until the drain starts.
+pub async fn serve(addr: SocketAddr, registry: Registry, drain: Watch) -> Result<(), ServeError> {
+    serve_listener(bind(addr)?, registry, drain).await
 }
 
-/// Serve `registry` on an already-bound listener until `shutdown` turns
-/// true; scrapes in flight are then abandoned (they are short and
-/// idempotent).
+/// Serve `registry` on an already-bound listener until the drain starts:
+/// then stop accepting, let scrapes in flight finish and close idle
+/// connections, and drop whatever is left at the drain's deadline (scrapes
+/// are short and idempotent).
 pub async fn serve_listener(
     listener: std::net::TcpListener,
     registry: Registry,
-    mut shutdown: watch::Receiver<bool>,
+    drain: Watch,
 ) -> Result<(), ServeError> {
     listener.set_nonblocking(true).map_err(ServeError::Accept)?;
     let listener = tokio::net::TcpListener::from_std(listener).map_err(ServeError::Accept)?;
     let mut conns = JoinSet::new();
+    let draining = drain.draining();
+    tokio::pin!(draining);
     loop {
-        if *shutdown.borrow() {
-            break;
-        }
         tokio::select! {
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    break;
-                }
-            }
+            _ = &mut draining => break,
             accepted = listener.accept() => {
                 let stream = match accepted {
                     Ok((stream, _)) => stream,
@@ -76,21 +72,65 @@ pub async fn serve_listener(
                     }
                 };
                 let registry = registry.clone();
+                let drain = drain.clone();
                 conns.spawn(async move {
                     let service = service_fn(move |req| {
                         let registry = registry.clone();
                         async move { Ok::<_, Infallible>(respond(&req, &registry)) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = drain.draining() => {
+                            // Finish the scrape in flight, then close.
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
                 });
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
-    conns.shutdown().await;
+    drop(listener);
+    let overdue = tokio::select! {
+        _ = async { while conns.join_next().await.is_some() {} } => false,
+        _ = drain.overdue() => true,
+    };
+    if overdue {
+        conns.shutdown().await;
+    }
     Ok(())
+}
+
+/// Serve `registry` on `listener` (as [`serve_listener`]) on a new thread
+/// `sluice-metrics` with a runtime of its own. The returned future ends
+/// when that thread does, after the drain; the thread itself never
+/// outlives the drain's trigger.
+pub fn serve_on_thread(
+    listener: std::net::TcpListener,
+    registry: Registry,
+    drain: Watch,
+) -> std::io::Result<impl std::future::Future<Output = Result<(), ServeError>>> {
+    let (done, finished) = tokio::sync::oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("sluice-metrics".into())
+        .spawn(move || {
+            let result = runtime.block_on(serve_listener(listener, registry, drain));
+            let _ = done.send(result);
+        })?;
+    Ok(async move {
+        finished.await.unwrap_or_else(|_| {
+            Err(ServeError::Accept(std::io::Error::other(
+                "the metrics thread ended without a word",
+            )))
+        })
+    })
 }
 
 fn respond(req: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {

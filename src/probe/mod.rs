@@ -1,162 +1,19 @@
 //! `sluice probe`: a deliberately small network client that the demo and the
 //! tests run inside a sandbox, so neither depends on curl, dig or ping being
-//! installed. Each probe prints one line saying what happened and exits 0 on
-//! success, 1 on failure.
+//! installed. Each probe returns one line saying what happened, as `Ok` on
+//! success and `Err` on failure; the command prints it.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 
-use crate::cli::ProbeCommand;
+use crate::testbed::load::{self, connect, TIMEOUT};
 
-const TIMEOUT: Duration = Duration::from_secs(5);
+/// A probe's one line: `Ok` on success, `Err` (starting with FAIL or naming
+/// what went wrong) otherwise.
+pub type Outcome = Result<String, String>;
 
-pub fn run(probe: ProbeCommand) -> i32 {
-    let result = match probe {
-        ProbeCommand::Http {
-            url,
-            body,
-            count,
-            concurrency,
-            timings,
-            label,
-        } => {
-            if count > 1 {
-                http_many(&url, count, concurrency, timings.as_deref(), &label)
-            } else {
-                http(&url, body)
-            }
-        }
-        ProbeCommand::Tls { target, sni, ca } => tls(&target, sni.as_deref(), &ca),
-        ProbeCommand::Tcp {
-            target,
-            send,
-            server_first,
-        } => tcp(&target, &send, server_first),
-        ProbeCommand::Serve { addr } => serve(addr),
-        ProbeCommand::Udp { target } => udp(target),
-        ProbeCommand::Icmp { target } => icmp(target),
-        ProbeCommand::Dns { name, v6, tcp } => dns(&name, v6, tcp),
-    };
-    match result {
-        Ok(line) => {
-            println!("{line}");
-            0
-        }
-        Err(line) => {
-            println!("{line}");
-            1
-        }
-    }
-}
-
-type Outcome = Result<String, String>;
-
-fn connect(target: &str) -> Result<TcpStream, String> {
-    let addrs: Vec<SocketAddr> = target
-        .to_socket_addrs()
-        .map_err(|e| format!("FAIL resolve {target}: {e}"))?
-        .collect();
-    let mut last = format!("FAIL resolve {target}: no addresses");
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, TIMEOUT) {
-            Ok(s) => {
-                let _ = s.set_read_timeout(Some(TIMEOUT));
-                let _ = s.set_write_timeout(Some(TIMEOUT));
-                return Ok(s);
-            }
-            Err(e) => last = format!("FAIL connect {addr}: {e}"),
-        }
-    }
-    Err(last)
-}
-
-/// One GET on a fresh connection, with its phases measured by the client.
-struct Fetched {
-    status: u16,
-    body: Vec<u8>,
-    dst: SocketAddr,
-    start_us: u64,
-    connect_us: u64,
-    first_byte_us: u64,
-    total_us: u64,
-    bytes_up: u64,
-}
-
-fn fetch(url: &str) -> Result<Fetched, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("FAIL {url}: only http:// URLs"))?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let target = if authority
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        && !authority.ends_with(']')
-    {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
-    };
-    let host = authority;
-    let start_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0);
-    let started = std::time::Instant::now();
-    let us = |since: std::time::Instant| since.elapsed().as_micros() as u64;
-    let mut stream = connect(&target)?;
-    let connect_us = us(started);
-    let _ = stream.set_nodelay(true);
-    let dst = stream
-        .peer_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: sluice-probe\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| format!("FAIL send: {e}"))?;
-    let mut response = Vec::new();
-    let mut buf = [0u8; 64 * 1024];
-    let mut first_byte_us = 0;
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                if response.is_empty() {
-                    first_byte_us = us(started);
-                }
-                response.extend_from_slice(&buf[..n]);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("FAIL read: {e}")),
-        }
-    }
-    let total_us = us(started);
-    let head_end = find(&response, b"\r\n\r\n").ok_or("FAIL no HTTP response".to_string())?;
-    let head = String::from_utf8_lossy(&response[..head_end]).to_string();
-    let status: u16 = head
-        .lines()
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    response.drain(..head_end + 4);
-    Ok(Fetched {
-        status,
-        body: response,
-        dst,
-        start_us,
-        connect_us,
-        first_byte_us,
-        total_us,
-        bytes_up: request.len() as u64,
-    })
-}
-
-fn http(url: &str, print_body: bool) -> Outcome {
-    let fetched = fetch(url)?;
+pub fn http(url: &str, print_body: bool) -> Outcome {
+    let fetched = load::fetch(url)?;
     let (status, body) = (fetched.status, fetched.body.as_slice());
     if print_body {
         let _ = std::io::stdout().write_all(body);
@@ -175,7 +32,7 @@ fn http(url: &str, print_body: bool) -> Outcome {
 }
 
 /// `count` fresh-connection GETs, `concurrency` at a time: latency summary.
-fn http_many(
+pub fn http_many(
     url: &str,
     count: usize,
     concurrency: usize,
@@ -183,50 +40,19 @@ fn http_many(
     label: &str,
 ) -> Outcome {
     let concurrency = concurrency.clamp(1, count);
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let workers: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let next = next.clone();
-            let url = url.to_string();
-            std::thread::spawn(move || {
-                let mut times = Vec::new();
-                let mut records = Vec::new();
-                let mut failures = 0usize;
-                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
-                    match fetch(&url) {
-                        Ok(f) if (200..300).contains(&f.status) => {
-                            times.push(f.total_us as f64 / 1e3);
-                            records.push(f);
-                        }
-                        _ => failures += 1,
-                    }
-                }
-                (times, records, failures)
-            })
-        })
-        .collect();
-    let mut times = Vec::with_capacity(count);
-    let mut fetched = Vec::with_capacity(count);
-    let mut failures = 0;
-    for worker in workers {
-        let (t, r, f) = worker
-            .join()
-            .map_err(|_| "FAIL worker panicked".to_string())?;
-        times.extend(t);
-        fetched.extend(r);
-        failures += f;
-    }
+    let batch = load::fetch_many(url, count, concurrency)?;
     if let Some(path) = timings {
-        write_timings(path, label, &fetched)
+        load::write_timings(path, &batch.records(label))
             .map_err(|e| format!("FAIL write {}: {e}", path.display()))?;
     }
-    times.sort_by(f64::total_cmp);
+    let times = batch.totals_ms();
     let pick = |q: f64| {
         times
             .get(((times.len() as f64 - 1.0) * q).round() as usize)
             .copied()
             .unwrap_or(f64::NAN)
     };
+    let failures = batch.failures;
     let line = format!(
         "HTTP x{count} ({concurrency} at a time): median {:.3} ms, p95 {:.3} ms, min {:.3} ms, failures {failures}",
         pick(0.5),
@@ -240,51 +66,7 @@ fn http_many(
     }
 }
 
-/// Client-side timing records, in the same format sluice's proxy writes, so
-/// `sluice compare` can set a direct run beside a proxied one.
-fn write_timings(path: &std::path::Path, label: &str, fetched: &[Fetched]) -> std::io::Result<()> {
-    let mut records: Vec<crate::timing::TimingRecord> = fetched
-        .iter()
-        .enumerate()
-        .map(|(i, f)| crate::timing::TimingRecord {
-            id: i as u64,
-            sandbox: "probe".to_string(),
-            path: label.to_string(),
-            dst: f.dst.to_string(),
-            host: None,
-            verdict: "allow".to_string(),
-            start: f.start_us,
-            decide_us: None,
-            connect_us: Some(f.connect_us),
-            first_byte_us: Some(f.first_byte_us),
-            total_us: f.total_us,
-            bytes_up: f.bytes_up,
-            bytes_down: f.body.len() as u64,
-        })
-        .collect();
-    records.sort_by_key(|r| r.start);
-    let mut text = String::new();
-    let csv = path.extension().is_some_and(|e| e == "csv");
-    if csv {
-        text.push_str(crate::timing::CSV_HEADER);
-        text.push('\n');
-    }
-    for r in &records {
-        if csv {
-            crate::timing::push_csv(&mut text, r);
-        } else {
-            text.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
-            text.push('\n');
-        }
-    }
-    std::fs::write(path, text)
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
+pub fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
     let name = sni.map(str::to_string).unwrap_or_else(|| {
         target
@@ -331,7 +113,7 @@ fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     }
 }
 
-fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
+pub fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
     let mut stream = connect(target)?;
     if !send.is_empty() {
         stream
@@ -351,15 +133,15 @@ fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
     }
 }
 
-fn serve(addr: SocketAddr) -> Outcome {
+pub fn serve(addr: SocketAddr) -> Outcome {
     let listener =
         std::net::TcpListener::bind(addr).map_err(|e| format!("FAIL bind {addr}: {e}"))?;
     eprintln!("serving HTTP on {addr}");
-    crate::demo::topology::serve_http_forever(listener);
+    crate::testbed::origin::serve_http_forever(listener);
     Ok(format!("stopped serving {addr}"))
 }
 
-fn udp(target: SocketAddr) -> Outcome {
+pub fn udp(target: SocketAddr) -> Outcome {
     let bind: SocketAddr = if target.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
     } else {
@@ -372,7 +154,7 @@ fn udp(target: SocketAddr) -> Outcome {
     }
 }
 
-fn icmp(target: IpAddr) -> Outcome {
+pub fn icmp(target: IpAddr) -> Outcome {
     use nix::sys::socket::{
         sendto, socket, AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6,
     };
@@ -420,7 +202,7 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-fn dns(name: &str, v6: bool, use_tcp: bool) -> Outcome {
+pub fn dns(name: &str, v6: bool, use_tcp: bool) -> Outcome {
     use hickory_proto::op::{Message, MessageType, OpCode, Query};
     use hickory_proto::rr::{Name, RecordType};
     let server = system_nameserver();

@@ -87,7 +87,7 @@ impl Drop for Outcome<'_> {
             let mut record = self.clock.record(
                 id,
                 &self.ctx.sandbox,
-                self.ctx.path,
+                self.ctx.path.as_str(),
                 self.dst,
                 self.host.as_deref(),
                 self.verdict,
@@ -128,20 +128,20 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
     // The name the sandbox resolved for this address matters to the decision
     // only when a hosts rule covers the port; otherwise it is looked up only
     // for the records, and only if there will be one.
-    let resolved_name = || ctx.dns.name_for(dst.ip()).map(|n| n.to_string());
+    let resolved_name = || ctx.resolver.name_for(dst.ip());
     let mut host = first.host.clone();
     if host.is_none() && peeked {
         host = resolved_name();
     }
 
-    let decision = if is_sluice_internal(dst, ctx) {
+    let decision = if ctx.internal.contains(dst) {
         Decision {
             verdict: Verdict::Deny,
             rule: None,
             reason: Reason::SluiceInternal,
         }
     } else {
-        policy.decide(dst, host.as_deref(), &*ctx.dns)
+        policy.decide(dst, host.as_deref(), &*ctx.resolver)
     };
     let enforce = policy.mode() == Mode::Enforce;
     let verdict = match (decision.verdict, enforce) {
@@ -338,16 +338,4 @@ fn reset(client: TcpStream) {
     };
     let _ = setsockopt(&client, sockopt::Linger, &linger);
     drop(client);
-}
-
-/// sluice's own addresses (in the sandbox, and its endpoints such as
-/// /metrics) are never a destination, whatever the policy says.
-fn is_sluice_internal(dst: SocketAddr, ctx: &ProxyContext) -> bool {
-    let ip = dst.ip();
-    ip == crate::netns::SANDBOX_V4
-        || ip == crate::netns::SANDBOX_V6
-        || ctx
-            .internal
-            .iter()
-            .any(|a| a.port() == dst.port() && (a.ip() == ip || a.ip().is_unspecified()))
 }

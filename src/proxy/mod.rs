@@ -3,28 +3,33 @@
 //! bytes (TLS SNI, HTTP Host), the policy decision, the upstream connect from
 //! sluice's own namespace, and the byte relay.
 //!
-//! It knows nothing of nftables or namespaces: it is handed already-bound
-//! listeners and asks `policy` (through the swappable handle) for decisions,
-//! reporting denies to `audit`.
+//! It knows nothing of nftables, namespaces or how names are resolved: it is
+//! handed already-bound listeners, sluice's own addresses
+//! ([`InternalAddrs`]) and a [`Resolver`] through its [`ProxyContext`], asks
+//! `policy` (through the swappable handle) for decisions, and reports to
+//! `audit`, `metrics` and `timing`.
 
 mod connection;
 mod original_dst;
 pub mod peek;
 mod relay;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
-use crate::dns::DnsCache;
+use crate::drain::Watch;
 use crate::metrics::PathMetrics;
+use crate::policy::ResolvedNames;
 use crate::timing::TimingLog;
+use crate::workload::WorkloadPath;
 
 pub use original_dst::original_dst;
 
@@ -53,25 +58,53 @@ impl Default for Limits {
     }
 }
 
+/// What the sandbox's resolver told it: the policy asks whether a name
+/// resolved to an address ([`ResolvedNames`]); the proxy also asks which
+/// name an address was resolved for, when a connection names none itself.
+pub trait Resolver: ResolvedNames + Send + Sync {
+    /// The name most recently resolved to `ip`, if that answer still holds.
+    fn name_for(&self, ip: IpAddr) -> Option<String>;
+}
+
+/// sluice's own addresses, never a destination whatever the policy says:
+/// its addresses inside the sandbox (any port) and its endpoints such as
+/// /metrics (that port; an unspecified address matches every address).
+#[derive(Debug, Clone, Default)]
+pub struct InternalAddrs {
+    pub ips: Vec<IpAddr>,
+    pub endpoints: Vec<SocketAddr>,
+}
+
+impl InternalAddrs {
+    pub fn contains(&self, dst: SocketAddr) -> bool {
+        let ip = dst.ip();
+        self.ips.contains(&ip)
+            || self
+                .endpoints
+                .iter()
+                .any(|a| a.port() == dst.port() && (a.ip() == ip || a.ip().is_unspecified()))
+    }
+}
+
 /// Everything a connection task needs, shared by all of them.
 pub struct ProxyContext {
     pub policy: PolicyHandle,
-    pub dns: Arc<DnsCache>,
+    pub resolver: Arc<dyn Resolver>,
     pub audit: AuditLog,
     /// Also audit allowed connections (`--audit-allows`).
     pub audit_allows: bool,
     /// The sandbox id audit records carry.
     pub sandbox: String,
-    /// host | oci | vm
-    pub path: &'static str,
+    /// How the sandbox's workload is attached.
+    pub path: WorkloadPath,
     pub limits: Limits,
     /// This path's metric handles (`None` when metrics are off).
     pub metrics: Option<PathMetrics>,
     /// Per-connection timing records (disabled unless `--timings`).
     pub timings: TimingLog,
-    /// sluice's own endpoints (e.g. the metrics address): refused as
-    /// destinations whatever the policy allows.
-    pub internal: Vec<std::net::SocketAddr>,
+    /// sluice's own addresses: refused as destinations whatever the policy
+    /// allows.
+    pub internal: InternalAddrs,
     next_id: AtomicU64,
     /// Connections accepted so far (all listeners of this sandbox).
     pub accepted: AtomicU64,
@@ -82,20 +115,20 @@ pub struct ProxyContext {
 impl ProxyContext {
     pub fn new(
         policy: PolicyHandle,
-        dns: Arc<DnsCache>,
+        resolver: Arc<dyn Resolver>,
         audit: AuditLog,
         sandbox: String,
-        path: &'static str,
+        path: WorkloadPath,
         limits: Limits,
     ) -> ProxyContext {
         ProxyContext {
             policy,
-            dns,
+            resolver,
             audit,
             audit_allows: false,
             metrics: None,
             timings: TimingLog::disabled(),
-            internal: Vec::new(),
+            internal: InternalAddrs::default(),
             next_id: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             sandbox,
@@ -107,20 +140,19 @@ impl ProxyContext {
     }
 }
 
-/// Accept connections on `listener` until `shutdown` turns true, then give
-/// the connections in flight `grace` to finish before aborting them.
-pub async fn serve(
-    listener: TcpListener,
-    ctx: Arc<ProxyContext>,
-    mut shutdown: watch::Receiver<bool>,
-    grace: Duration,
-) {
+/// Accept connections on `listener` until the drain starts, then let the
+/// connections in flight finish until the drain's deadline, when those
+/// still open are closed.
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) {
     let mut connections = JoinSet::new();
+    // One future for the whole accept loop: nothing is set up per connection.
+    let draining = drain.draining();
+    tokio::pin!(draining);
     loop {
         while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = shutdown.wait_for(|stop| *stop) => break,
+            _ = &mut draining => break,
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
@@ -154,7 +186,7 @@ pub async fn serve(
                         Ok(permit) => permit,
                         Err(_) => break,
                     },
-                    _ = shutdown.wait_for(|stop| *stop) => break,
+                    _ = &mut draining => break,
                 }
             }
         };
@@ -165,16 +197,46 @@ pub async fn serve(
             drop(permit);
         });
     }
+    // Stop accepting: new connections are refused from here on.
     drop(listener);
-    let drained = tokio::time::timeout(grace, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::debug!(
-            left = connections.len(),
-            "connections still open at the shutdown deadline: closing them"
+    let overdue = tokio::select! {
+        _ = async { while connections.join_next().await.is_some() {} } => false,
+        _ = drain.overdue() => true,
+    };
+    if overdue {
+        tracing::info!(
+            sandbox = %ctx.sandbox,
+            closed = connections.len(),
+            "connections still open at the drain deadline: closing them"
         );
+        // Each connection's outcome guard records it as it is dropped.
         connections.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_addresses_are_refused_on_every_port_and_endpoints_on_theirs() {
+        let internal = InternalAddrs {
+            ips: vec!["198.19.255.2".parse().unwrap()],
+            endpoints: vec![
+                "127.0.0.1:9464".parse().unwrap(),
+                "[::]:9465".parse().unwrap(),
+            ],
+        };
+        for hit in [
+            "198.19.255.2:1",
+            "198.19.255.2:443",
+            "127.0.0.1:9464",
+            "[2001:db8::1]:9465",
+        ] {
+            assert!(internal.contains(hit.parse().unwrap()), "{hit}");
+        }
+        for miss in ["127.0.0.1:9466", "198.18.0.1:9464", "198.19.255.3:443"] {
+            assert!(!internal.contains(miss.parse().unwrap()), "{miss}");
+        }
     }
 }

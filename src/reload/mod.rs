@@ -17,10 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use time::OffsetDateTime;
-use tokio::sync::{mpsc, watch as tokio_watch};
+use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditLog, Proto};
 use crate::bundle::{Bundle, BundleError, PolicyHandle, RevisionState, TrustStore, VerifiedBundle};
+use crate::drain::Watch;
 
 pub use fetch::{FetchConfig, SYSTEM_ROOTS};
 pub use watch::DEBOUNCE;
@@ -65,7 +66,7 @@ pub struct ReloadConfig {
     pub allow_rollback: bool,
     /// For audit records: the sandbox name and its path (host|oci|vm).
     pub sandbox: String,
-    pub path: &'static str,
+    pub path: crate::workload::WorkloadPath,
     pub fetch: FetchConfig,
 }
 
@@ -130,6 +131,10 @@ impl Reloader {
     /// back to the last good copy under the state dir when the fetch fails
     /// or is refused), checks rollback, remembers the revision, and builds
     /// the [`PolicyHandle`]. The workload must not start if this fails.
+    ///
+    /// A local path's watch is armed before the first load, so by the time
+    /// this returns every later change is seen (changes made before
+    /// [`run`](Self::run) polls are queued, not lost).
     pub async fn start(
         mut config: ReloadConfig,
         audit: Option<AuditLog>,
@@ -183,6 +188,12 @@ impl Reloader {
             observer: None,
             watcher,
         })
+    }
+
+    /// Whether a local bundle path is watched for changes (false for a URL,
+    /// or when the watch could not be set up: then SIGHUP still reloads).
+    pub fn is_watching(&self) -> bool {
+        self.watcher.is_some()
     }
 
     /// The handle proxies and the DNS responder read the policy from.
@@ -293,24 +304,19 @@ impl Reloader {
     }
 
     /// Reloads on every trigger, file change (path sources) or poll (URL
-    /// sources) until `shutdown` turns true or its sender is dropped.
-    pub async fn run(mut self, mut shutdown: tokio_watch::Receiver<bool>) {
+    /// sources) until the drain starts. A reload in progress finishes
+    /// first: a swap is never left half done.
+    pub async fn run(mut self, drain: Watch) {
         let mut watcher = self.watcher.take();
         let polling = self.fetcher.is_some();
         let interval = self.config.fetch.interval;
         let mut delay = interval;
         let mut failures = 0u32;
+        let draining = drain.draining();
+        tokio::pin!(draining);
         loop {
-            if *shutdown.borrow() {
-                return;
-            }
             tokio::select! {
-                changed = shutdown.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    continue;
-                }
+                _ = &mut draining => return,
                 _ = self.trigger_rx.recv() => {}
                 Some(()) = next_change(&mut watcher) => {}
                 _ = tokio::time::sleep(delay), if polling => {}

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
 use super::TimingRecord;
+use crate::drain::Watch;
 
 const CHANNEL_CAPACITY: usize = 4096;
 
@@ -31,6 +32,8 @@ pub enum TimingError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("timings file {path} is incomplete: {records} records were still queued at the shutdown deadline and were not written")]
+    Unwritten { path: PathBuf, records: usize },
     #[error("cannot read timings {path}: {source}")]
     Read {
         path: PathBuf,
@@ -145,7 +148,13 @@ impl TimingWriter {
     }
 
     /// Write until all producers are gone; returns the records written.
-    pub async fn run(mut self) -> Result<u64, TimingError> {
+    pub async fn run(self) -> Result<u64, TimingError> {
+        self.run_until(Watch::never()).await
+    }
+
+    /// [`run`](Self::run) as a task of a drain: at the drain's deadline the
+    /// writer stops and says how many records it could not write.
+    pub async fn run_until(mut self, drain: Watch) -> Result<u64, TimingError> {
         let path = self.path.clone();
         let write_err = |source| TimingError::Write {
             path: path.clone(),
@@ -165,7 +174,23 @@ impl TimingWriter {
             buf.push('\n');
         }
         let mut written = 0;
-        while let Some(record) = self.rx.recv().await {
+        loop {
+            let record = tokio::select! {
+                // Past the deadline, stop at once rather than race the queue.
+                biased;
+                _ = drain.overdue() => {
+                    let _ = file.write_all(buf.as_bytes()).await;
+                    let _ = file.flush().await;
+                    return Err(TimingError::Unwritten {
+                        path: path.clone(),
+                        records: self.rx.len(),
+                    });
+                }
+                record = self.rx.recv() => match record {
+                    Some(record) => record,
+                    None => break,
+                },
+            };
             let mut next = Some(record);
             while let Some(record) = next.take() {
                 match format {

@@ -1,5 +1,5 @@
 //! Shared topology for the end-to-end tests: a throwaway "host" namespace with
-//! origin servers (sluice's own `demo::topology`), a temp dir for policies and
+//! origin servers (sluice's own `testbed`), a temp dir for policies and
 //! audit logs, and helpers that run `sluice run` inside it.
 //!
 //! Privileged tests need root, `ip` and `nft`. Without them they skip loudly,
@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use sluice::demo::topology::{pattern, OuterNetns};
+pub use sluice::testbed::{pattern, OuterNetns};
 
 pub const ORIGIN_V4: &str = "198.18.0.1";
 pub const OTHER_V4: &str = "198.18.0.2";
@@ -293,6 +293,33 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// Wait (bounded) until `counter` reaches `at_least`; its value then.
+pub fn wait_for_count(counter: &std::sync::atomic::AtomicU64, at_least: u64) -> u64 {
+    let load = || counter.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(20), || load() >= at_least),
+        "the count never reached {at_least} (it is {})",
+        load()
+    );
+    load()
+}
+
+/// Wait (bounded) until process `pid` has exited (a zombie not yet reaped
+/// counts as exited).
+pub fn wait_until_exited(pid: u32) {
+    let exited = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state == "Z" || state == "X")
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(20), exited),
+        "process {pid} did not exit"
+    );
+}
+
 /// The sandbox namespace inode sluice logged (`netns_inode=N`).
 pub fn logged_netns_inode(stderr: &str) -> Option<u64> {
     stderr
@@ -351,6 +378,21 @@ impl World {
             .flatten()
     }
 
+    /// A positive canary for "nothing arrived": one datagram to `addr`
+    /// from the outer namespace, where it does arrive. Once the sink has
+    /// counted it, anything the sandbox sent before it would have been
+    /// counted too.
+    pub fn udp_canary(&self, addr: &str) {
+        let addr: SocketAddr = addr.parse().unwrap();
+        self.outer
+            .run_in(move || {
+                let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+                socket.send_to(b"canary", addr).map(drop)
+            })
+            .unwrap()
+            .expect("send the canary datagram");
+    }
+
     /// A marker file the workload waits for (see `wait_for_go`).
     pub fn go_path(&self) -> PathBuf {
         self.dir.path().join("go")
@@ -398,28 +440,12 @@ pub fn audit_records(path: &Path) -> Vec<serde_json::Value> {
 /// where the test types (b"\x03" is Ctrl-C) and reads. Drop `cmd` after
 /// spawning it, or the terminal never ends.
 pub fn in_terminal(cmd: &mut Command) -> std::fs::File {
-    use std::os::fd::FromRawFd;
     use std::os::unix::process::CommandExt;
-    let (mut master, mut slave) = (0, 0);
-    // SAFETY: openpty writes two descriptors into the two ints and reads
-    // nothing else (the name, termios and winsize pointers are null).
-    let rc = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: both descriptors are fresh and owned by nothing else.
-    let (master, slave) = unsafe {
-        (
-            std::fs::File::from_raw_fd(master),
-            std::fs::File::from_raw_fd(slave),
-        )
-    };
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let (master, slave) = (
+        std::fs::File::from(pty.master),
+        std::fs::File::from(pty.slave),
+    );
     cmd.stdin(slave.try_clone().unwrap())
         .stdout(slave.try_clone().unwrap())
         .stderr(slave);

@@ -1,5 +1,5 @@
 //! OCI containers: the podman wrapper (`sluice oci -- podman run ...`) and
-//! the OCI createRuntime hook (`sluice oci-hook`).
+//! the OCI createRuntime hook (`sluice oci-hook`, in `hook`).
 //!
 //! This module owns what is specific to containers: checking a `podman run`
 //! command line for options that would take the container out of the
@@ -22,13 +22,17 @@
 //! OCI hook is installed the `io.sluice.netns` annotation added here lets the
 //! hook refuse a start in any namespace but the one sluice enforced.
 
-use std::collections::BTreeMap;
+#[forbid(unsafe_code)]
+pub mod hook;
+
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
 use tokio::process::{Child, Command};
+
+use super::Attachment;
+use crate::workload::WorkloadPath;
 
 /// Annotation the hook reads: a plain policy file.
 pub const ANNOTATION_POLICY: &str = "io.sluice.policy";
@@ -75,6 +79,32 @@ pub enum OciError {
         path: PathBuf,
         cause: std::io::Error,
     },
+    #[error("the container state names no bundle: cannot check how the container is confined")]
+    NoBundle,
+    #[error("{what}={}: give an absolute path (the daemon reads it on the host)", path.display())]
+    RelativePath { what: &'static str, path: PathBuf },
+}
+
+impl OciError {
+    /// Whether the user's input is at fault (a command line, a container's
+    /// configuration or annotations: exit status 2), rather than the
+    /// environment (podman missing, a namespace gone).
+    pub fn is_bad_input(&self) -> bool {
+        !matches!(
+            self,
+            OciError::Spawn { .. }
+                | OciError::NoPid
+                | OciError::StaleWrapper { .. }
+                | OciError::Netns { .. }
+        )
+    }
+}
+
+/// A container's attachment: its network namespace is its own (the
+/// wrapper's fresh one, or one the daemon checked has no link out), path
+/// `oci`.
+pub fn attachment() -> Attachment {
+    Attachment::dedicated_namespace(WorkloadPath::Oci)
 }
 
 /// What a podman option does to the sandbox, if it is refused.
@@ -363,9 +393,9 @@ pub fn spawn_podman(argv: &[OsString]) -> Result<Child, OciError> {
     let program = argv[0].to_string_lossy().into_owned();
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
+    let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and only makes
     // async-signal-safe calls (setrlimit, prctl, getppid).
-    let parent = nix::unistd::getpid();
     unsafe {
         cmd.pre_exec(move || {
             crate::confine::fds::restore_for_workload()?;
@@ -434,94 +464,6 @@ pub fn spawn_stop(podman: &[OsString], id: &str, grace: Duration) -> Result<Chil
         program: podman[0].to_string_lossy().into_owned(),
         cause: source,
     })
-}
-
-/// The OCI state a runtime passes a hook on stdin (runtime-spec "State").
-#[derive(Debug, Clone, Deserialize)]
-pub struct OciState {
-    pub id: String,
-    #[serde(default)]
-    pub status: String,
-    #[serde(default)]
-    pub pid: Option<i32>,
-    #[serde(default)]
-    pub bundle: Option<PathBuf>,
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
-}
-
-impl OciState {
-    pub fn parse(bytes: &[u8]) -> Result<OciState, OciError> {
-        serde_json::from_slice(bytes).map_err(|e| OciError::State(e.to_string()))
-    }
-
-    /// The hook runs at poststop too (as a hint to release early).
-    pub fn is_stopped(&self) -> bool {
-        self.status == "stopped"
-    }
-}
-
-/// What the hook asks the daemon for, from the container's annotations.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HookPlan {
-    /// Attach the container's namespace under this policy.
-    Attach {
-        policy: Option<PathBuf>,
-        bundle: Option<String>,
-        trust: Option<PathBuf>,
-    },
-    /// A `sluice oci` container: check it starts in the wrapper's namespace.
-    CheckWrapped { inode: String },
-}
-
-impl HookPlan {
-    /// The wrapper's mark wins: that container is already enforced by the
-    /// `sluice oci` that started it (a second enforcement would collide
-    /// with its listeners).
-    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<HookPlan, OciError> {
-        let get = |k: &str| annotations.get(k).filter(|v| !v.trim().is_empty());
-        if let Some(inode) = get(ANNOTATION_NETNS) {
-            return Ok(HookPlan::CheckWrapped {
-                inode: inode.clone(),
-            });
-        }
-        let policy = get(ANNOTATION_POLICY).map(PathBuf::from);
-        let bundle = get(ANNOTATION_BUNDLE).cloned();
-        match (&policy, &bundle) {
-            (None, None) => Err(OciError::NoPolicy),
-            (Some(_), Some(_)) => Err(OciError::TwoPolicies),
-            _ => Ok(HookPlan::Attach {
-                policy,
-                bundle,
-                trust: get(ANNOTATION_TRUST).map(PathBuf::from),
-            }),
-        }
-    }
-}
-
-/// `/proc/PID/ns/net` of the container's process.
-pub fn container_netns_path(pid: i32) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/ns/net"))
-}
-
-/// The wrapper's check: the container starts in namespace `expected`.
-pub fn check_wrapped(pid: i32, expected: &str) -> Result<(), OciError> {
-    let path = container_netns_path(pid);
-    let actual = std::fs::read_link(&path)
-        .map_err(|source| OciError::Netns {
-            path: path.clone(),
-            cause: source,
-        })?
-        .to_string_lossy()
-        .into_owned();
-    if actual == format!("net:[{expected}]") {
-        Ok(())
-    } else {
-        Err(OciError::StaleWrapper {
-            expected: expected.to_string(),
-            actual,
-        })
-    }
 }
 
 /// For messages: an argv as one line.
@@ -684,46 +626,5 @@ mod tests {
                 "{bad}"
             );
         }
-    }
-
-    #[test]
-    fn the_hook_plan_comes_from_annotations() {
-        let mut a = BTreeMap::new();
-        assert!(matches!(
-            HookPlan::from_annotations(&a),
-            Err(OciError::NoPolicy)
-        ));
-        a.insert(ANNOTATION_POLICY.to_string(), "/p.yaml".to_string());
-        assert!(matches!(
-            HookPlan::from_annotations(&a).unwrap(),
-            HookPlan::Attach {
-                policy: Some(_),
-                bundle: None,
-                ..
-            }
-        ));
-        a.insert(ANNOTATION_BUNDLE.to_string(), "/b".to_string());
-        assert!(matches!(
-            HookPlan::from_annotations(&a),
-            Err(OciError::TwoPolicies)
-        ));
-        a.insert(ANNOTATION_NETNS.to_string(), "123".to_string());
-        assert_eq!(
-            HookPlan::from_annotations(&a).unwrap(),
-            HookPlan::CheckWrapped {
-                inode: "123".into()
-            }
-        );
-    }
-
-    #[test]
-    fn oci_state_parses() {
-        let state = OciState::parse(
-            br#"{"ociVersion":"1.0.2","id":"abc","status":"creating","pid":42,"bundle":"/b","annotations":{"io.sluice.policy":"/p"}}"#,
-        )
-        .unwrap();
-        assert_eq!(state.pid, Some(42));
-        assert!(!state.is_stopped());
-        assert!(OciState::parse(b"{").is_err());
     }
 }

@@ -1,0 +1,5 @@
+//! `sluice demo`: sluice at work on a throwaway topology.
+
+pub fn execute() -> anyhow::Result<i32> {
+    crate::demo::run()
+}

@@ -1,0 +1,41 @@
+//! `sluice oci -- podman run ...`: a podman container whose only way out is
+//! sluice.
+
+use std::ffi::OsString;
+
+use clap::Args;
+
+use super::args::{policy_source, PolicySourceArgs, RecordArgs};
+use super::BadInput;
+
+pub const AFTER_HELP: &str = "Example:\n  sluice oci --policy policies/dev.yaml -- podman run --rm IMAGE wget -qO- http://origin.test:8080/\n\n\
+sluice creates the sandbox namespace as `sluice run` does and adds `--network ns:<it>` to podman's \
+options; a --network, --net, --pod, --privileged, --cap-add SYS_ADMIN or --pid host of your own is \
+refused, since the container would no longer be confined to that namespace. Exits with podman's status (the container's). With \
+`podman run -d`, sluice stays until the container stops (`podman stop ID` ends both). Audit, timing \
+and metrics records carry path \"oci\" and the container id. Needs root; podman must use runc \
+here (see containers/containers.conf and docs/oci.md).";
+
+/// `sluice oci`.
+#[derive(Debug, Args)]
+pub struct OciArgs {
+    #[command(flatten)]
+    pub source: PolicySourceArgs,
+    #[command(flatten)]
+    pub records: RecordArgs,
+    /// The podman command, after `--`: `podman run [OPTIONS] IMAGE [COMMAND]`.
+    #[arg(last = true, required = true, value_name = "PODMAN RUN")]
+    pub podman: Vec<OsString>,
+}
+
+pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
+    let podman = crate::attach::oci::PodmanRun::parse(&args.podman).map_err(BadInput::from)?;
+    let policy = policy_source(&args.source, crate::workload::WorkloadPath::Oci)?;
+    crate::confine::require_root("sluice oci")?;
+    let opts = crate::app::oci::OciOptions {
+        policy,
+        services: args.records.services(),
+        podman,
+    };
+    crate::app::runtime::one_sandbox()?.block_on(crate::app::oci::run(opts))
+}

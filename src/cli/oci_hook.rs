@@ -1,0 +1,65 @@
+//! `sluice oci-hook`: the OCI createRuntime (and poststop) hook. The
+//! checks are `attach::oci::hook`'s; this sends their result to the daemon.
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::BadInput;
+use crate::attach::oci::hook::{self, HookStep, OciState};
+use crate::attach::oci::OciError;
+
+pub const AFTER_HELP: &str = "Install containers/hooks.d/sluice.json in podman's hooks dir. The hook runs for \
+containers annotated io.sluice.policy=FILE or io.sluice.bundle=PATH (+ io.sluice.trust=FILE), sends \
+the container's network namespace to the daemon and exits 0 only once the daemon enforces it; any \
+failure exits non-zero, which aborts the container's start. The socket is the annotation \
+io.sluice.socket, else --socket, else $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock. At the \
+poststop stage it tells the daemon to release the sandbox (a hint; failures are ignored).";
+
+#[derive(Debug, Args)]
+pub struct OciHookArgs {
+    /// The daemon's control socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
+    let state = OciState::read(std::io::stdin().lock()).map_err(refusal)?;
+    let socket = crate::daemon::socket_path(state.socket().or(args.socket.as_deref()));
+    let client = crate::daemon::Client::new(socket);
+    match hook::plan(&state).map_err(refusal)? {
+        HookStep::Release { id } => {
+            match client.detach(&id) {
+                Ok(Some(_)) => tracing::info!(container = %id, "sandbox released"),
+                Ok(None) => {}
+                Err(err) => tracing::info!(%err, "poststop: could not tell the daemon"),
+            }
+            Ok(0)
+        }
+        HookStep::Wrapped => Ok(0),
+        HookStep::Attach(container) => {
+            let request = crate::daemon::api::AttachRequest::from(&container);
+            let info = client
+                .attach(&request, container.netns.as_fd())
+                .with_context(|| format!("container {} was not started", container.id))?;
+            tracing::info!(
+                container = %info.id,
+                policy = %info.policy,
+                netns_inode = info.netns_inode,
+                "container attached to the sluice daemon"
+            );
+            Ok(0)
+        }
+    }
+}
+
+/// The user's input is at fault (exit 2), or the environment (exit 3).
+fn refusal(err: OciError) -> anyhow::Error {
+    if err.is_bad_input() {
+        BadInput::from(err).into()
+    } else {
+        err.into()
+    }
+}

@@ -1,0 +1,113 @@
+//! `sluice probe`: the small network client the demo and the tests run in a
+//! sandbox. Each probe prints one line and exits 0 on success, 1 on failure.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Subcommand;
+
+use crate::probe;
+
+#[derive(Debug, Subcommand)]
+pub enum ProbeCommand {
+    /// HTTP GET a URL (http:// only); prints status and body length; exit 0 on a 2xx.
+    Http {
+        url: String,
+        /// Print the body to stdout.
+        #[arg(long)]
+        body: bool,
+        /// Make N requests, each on a fresh connection, and print latency
+        /// statistics instead of one result.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        count: usize,
+        /// With --count: requests in flight at once.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        concurrency: usize,
+        /// With --count: write the client-side timing of each request to FILE
+        /// (.csv or JSONL, the record format of `sluice run --timings`).
+        #[arg(long, value_name = "FILE")]
+        timings: Option<PathBuf>,
+        /// The `path` field of those records (e.g. direct, host).
+        #[arg(long, default_value = "client", value_name = "NAME")]
+        label: String,
+    },
+    /// TLS handshake with HOST:PORT (or ADDR:PORT with --sni), then HTTP GET /.
+    Tls {
+        /// Where to connect (host:port or addr:port).
+        target: String,
+        /// Server name to send (default: the host part of TARGET).
+        #[arg(long)]
+        sni: Option<String>,
+        /// PEM file of the CA to trust.
+        #[arg(long, value_name = "FILE")]
+        ca: PathBuf,
+    },
+    /// Open a TCP connection, send LINE, print what comes back.
+    Tcp {
+        target: String,
+        /// What to send before half-closing the connection.
+        #[arg(long, default_value = "", conflicts_with = "server_first")]
+        send: String,
+        /// Send nothing and keep the write side open, reading until the
+        /// server closes: a server-first protocol such as SSH or SMTP.
+        #[arg(long)]
+        server_first: bool,
+    },
+    /// Serve HTTP on ADDR (`/` says hello, `/bytes/N` sends N bytes) until killed:
+    /// the origin side for trying sluice out and for timing comparisons.
+    Serve { addr: SocketAddr },
+    /// Send one UDP datagram.
+    Udp { target: SocketAddr },
+    /// Send one ICMP echo request over a raw socket.
+    Icmp { target: std::net::IpAddr },
+    /// Resolve NAME through the system's configured DNS server.
+    Dns {
+        name: String,
+        /// AAAA instead of A.
+        #[arg(long)]
+        v6: bool,
+        /// Use TCP instead of UDP.
+        #[arg(long)]
+        tcp: bool,
+    },
+}
+
+/// Run one probe; its line goes to stdout, its status is the exit status.
+pub fn execute(cmd: ProbeCommand) -> i32 {
+    let result = match cmd {
+        ProbeCommand::Http {
+            url,
+            body,
+            count,
+            concurrency,
+            timings,
+            label,
+        } => {
+            if count > 1 {
+                probe::http_many(&url, count, concurrency, timings.as_deref(), &label)
+            } else {
+                probe::http(&url, body)
+            }
+        }
+        ProbeCommand::Tls { target, sni, ca } => probe::tls(&target, sni.as_deref(), &ca),
+        ProbeCommand::Tcp {
+            target,
+            send,
+            server_first,
+        } => probe::tcp(&target, &send, server_first),
+        ProbeCommand::Serve { addr } => probe::serve(addr),
+        ProbeCommand::Udp { target } => probe::udp(target),
+        ProbeCommand::Icmp { target } => probe::icmp(target),
+        ProbeCommand::Dns { name, v6, tcp } => probe::dns(&name, v6, tcp),
+    };
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            0
+        }
+        Err(line) => {
+            println!("{line}");
+            1
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! The load client: HTTP GETs, each on a fresh connection, timed from the
+//! client's side (connect, first byte, total), one at a time or many in
+//! flight, and their timing records in the format `sluice run --timings`
+//! writes, so `sluice compare` can set a direct run beside a proxied one.
+//! `sluice probe http`, the benchmark and the tests use it.
+//!
+//! Blocking sockets on plain threads, on purpose: the client runs beside
+//! the proxy it measures and must not share its runtime. It speaks just
+//! enough HTTP/1.1 for the testbed's origin (`Connection: close`, read to
+//! the end) and never follows redirects or reuses a connection.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::timing::TimingRecord;
+
+/// Connect, read and write timeout of every request.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connect to `target` (`host:port`), trying each address it resolves to.
+/// The error is one line starting with FAIL.
+pub fn connect(target: &str) -> Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = target
+        .to_socket_addrs()
+        .map_err(|e| format!("FAIL resolve {target}: {e}"))?
+        .collect();
+    let mut last = format!("FAIL resolve {target}: no addresses");
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, TIMEOUT) {
+            Ok(s) => {
+                let _ = s.set_read_timeout(Some(TIMEOUT));
+                let _ = s.set_write_timeout(Some(TIMEOUT));
+                return Ok(s);
+            }
+            Err(e) => last = format!("FAIL connect {addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// One GET on a fresh connection, with its phases measured by the client.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    pub status: u16,
+    pub body: Vec<u8>,
+    /// The address connected to.
+    pub dst: SocketAddr,
+    /// When the request started (Unix µs).
+    pub start_us: u64,
+    pub connect_us: u64,
+    pub first_byte_us: u64,
+    pub total_us: u64,
+    pub bytes_up: u64,
+}
+
+impl Fetched {
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
+/// GET `url` (http:// only) on a fresh connection and read the response to
+/// its end. The error is one line starting with FAIL.
+pub fn fetch(url: &str) -> Result<Fetched, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("FAIL {url}: only http:// URLs"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let target = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !authority.ends_with(']')
+    {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    let host = authority;
+    let start_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let started = Instant::now();
+    let us = |since: Instant| since.elapsed().as_micros() as u64;
+    let mut stream = connect(&target)?;
+    let connect_us = us(started);
+    let _ = stream.set_nodelay(true);
+    let dst = stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: sluice-probe\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("FAIL send: {e}"))?;
+    let mut response = Vec::new();
+    let mut buf = [0u8; 64 * 1024];
+    let mut first_byte_us = 0;
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if response.is_empty() {
+                    first_byte_us = us(started);
+                }
+                response.extend_from_slice(&buf[..n]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("FAIL read: {e}")),
+        }
+    }
+    let total_us = us(started);
+    let head_end = find(&response, b"\r\n\r\n").ok_or("FAIL no HTTP response".to_string())?;
+    let head = String::from_utf8_lossy(&response[..head_end]).to_string();
+    let status: u16 = head
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    response.drain(..head_end + 4);
+    Ok(Fetched {
+        status,
+        body: response,
+        dst,
+        start_us,
+        connect_us,
+        first_byte_us,
+        total_us,
+        bytes_up: request.len() as u64,
+    })
+}
+
+/// What a batch of requests gave: the successful ones, and how many failed
+/// (could not connect, or answered other than 2xx).
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub fetched: Vec<Fetched>,
+    pub failures: usize,
+}
+
+impl Batch {
+    /// Total request times in milliseconds, sorted.
+    pub fn totals_ms(&self) -> Vec<f64> {
+        let mut times: Vec<f64> = self
+            .fetched
+            .iter()
+            .map(|f| f.total_us as f64 / 1e3)
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times
+    }
+
+    /// The timing records of the successful requests, oldest first, with
+    /// `label` as their `path`.
+    pub fn records(&self, label: &str) -> Vec<TimingRecord> {
+        let mut records: Vec<TimingRecord> = self
+            .fetched
+            .iter()
+            .enumerate()
+            .map(|(i, f)| TimingRecord {
+                id: i as u64,
+                sandbox: "probe".to_string(),
+                path: label.to_string(),
+                dst: f.dst.to_string(),
+                host: None,
+                verdict: "allow".to_string(),
+                start: f.start_us,
+                decide_us: None,
+                connect_us: Some(f.connect_us),
+                first_byte_us: Some(f.first_byte_us),
+                total_us: f.total_us,
+                bytes_up: f.bytes_up,
+                bytes_down: f.body.len() as u64,
+            })
+            .collect();
+        records.sort_by_key(|r| r.start);
+        records
+    }
+}
+
+/// `count` GETs of `url`, each on a fresh connection, `concurrency` in
+/// flight at once (one thread each).
+pub fn fetch_many(url: &str, count: usize, concurrency: usize) -> Result<Batch, String> {
+    let concurrency = concurrency.clamp(1, count.max(1));
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let next = next.clone();
+            let url = url.to_string();
+            std::thread::spawn(move || {
+                let mut batch = Batch::default();
+                while next.fetch_add(1, Ordering::Relaxed) < count {
+                    match fetch(&url) {
+                        Ok(f) if f.is_success() => batch.fetched.push(f),
+                        _ => batch.failures += 1,
+                    }
+                }
+                batch
+            })
+        })
+        .collect();
+    let mut all = Batch {
+        fetched: Vec::with_capacity(count),
+        failures: 0,
+    };
+    for worker in workers {
+        let batch = worker
+            .join()
+            .map_err(|_| "FAIL worker panicked".to_string())?;
+        all.fetched.extend(batch.fetched);
+        all.failures += batch.failures;
+    }
+    Ok(all)
+}
+
+/// Write `records` to `path`: CSV when it ends in .csv, else JSONL.
+pub fn write_timings(path: &Path, records: &[TimingRecord]) -> std::io::Result<()> {
+    let mut text = String::new();
+    let csv = path.extension().is_some_and(|e| e == "csv");
+    if csv {
+        text.push_str(crate::timing::CSV_HEADER);
+        text.push('\n');
+    }
+    for r in records {
+        if csv {
+            crate::timing::push_csv(&mut text, r);
+        } else {
+            text.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
+            text.push('\n');
+        }
+    }
+    std::fs::write(path, text)
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
