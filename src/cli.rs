@@ -452,13 +452,48 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
 fn run(args: RunArgs) -> anyhow::Result<i32> {
     let policy = policy_source(&args.source, "host")?;
     crate::confine::require_root("sluice run")?;
+    let files = sluice_files(&args.source, &args.records);
     let opts = crate::app::RunOptions {
         policy,
         services: args.records.services(),
         user: args.user,
         command: args.command,
+        files,
     };
     runtime()?.block_on(crate::app::run(opts))
+}
+
+/// The files this run of sluice reads or writes, which its workload must
+/// not change (see `confine::SluiceFiles`).
+fn sluice_files(source: &PolicySourceArgs, records: &RecordArgs) -> crate::confine::SluiceFiles {
+    let bundle = source
+        .bundle
+        .as_deref()
+        .filter(|b| !b.starts_with("https://") && !b.starts_with("http://"));
+    let mut read_only: Vec<PathBuf> = source.policy.iter().cloned().collect();
+    read_only.extend(bundle.map(PathBuf::from));
+    if source.bundle.is_some() {
+        let opts = &source.bundle_opts;
+        read_only.extend(opts.trust.iter().cloned());
+        read_only.extend(opts.ca.iter().cloned());
+        read_only.push(opts.state_dir.clone());
+    }
+    let records_files = [
+        (&records.audit, records.audit_max_bytes.is_some()),
+        (&records.timings, false),
+    ]
+    .into_iter()
+    .filter_map(|(path, rotates)| {
+        path.clone()
+            .map(|path| crate::confine::RecordFile { path, rotates })
+    })
+    .collect();
+    let socket = crate::daemon::socket_path(None);
+    crate::confine::SluiceFiles {
+        read_only,
+        records: records_files,
+        hidden: vec![socket],
+    }
 }
 
 /// One sandbox (`run`, `oci`) is served on one thread: no task ever hops

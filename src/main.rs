@@ -4,6 +4,11 @@ use clap::Parser;
 use sluice::cli::{exit, Cli};
 
 fn main() {
+    // sluice re-executed as a workload's init (see confine::init): before
+    // clap, which knows nothing of it.
+    if std::env::args_os().nth(1).as_deref() == Some(sluice::confine::init::MARKER.as_ref()) {
+        sluice::confine::init::main();
+    }
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let code = match sluice::cli::execute(cli) {
@@ -28,6 +33,7 @@ fn exit_status(err: &anyhow::Error) -> i32 {
                 }
             }
             Some(AttachError::UnknownUser(_)) => return exit::BAD_INPUT,
+            Some(AttachError::Confine(e)) if e.is_bad_input() => return exit::BAD_INPUT,
             _ => {}
         }
     }

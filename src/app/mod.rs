@@ -47,6 +47,8 @@ pub struct RunOptions {
     pub services: ServiceOptions,
     pub user: Option<String>,
     pub command: Vec<OsString>,
+    /// sluice's own files, which the command must not change.
+    pub files: crate::confine::SluiceFiles,
 }
 
 /// The process-wide services: audit and timing writers, the metrics
@@ -380,7 +382,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     let served = session.serve(sandbox, identity)?;
 
     // Spawned from this (the runtime's main) thread: see host::spawn.
-    let mut child = match host::spawn(&served.sandbox, &opts.command, run_as) {
+    let mut child = match host::spawn(&served.sandbox, &opts.command, run_as, &opts.files).await {
         Ok(child) => child,
         Err(err) => {
             session.finish(Some(served)).await;

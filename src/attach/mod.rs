@@ -39,6 +39,8 @@ pub enum AttachError {
     },
     #[error("unknown user `{0}`: give a user name or numeric uid that exists on this host")]
     UnknownUser(String),
+    #[error(transparent)]
+    Confine(#[from] crate::confine::ConfineError),
 }
 
 /// The sockets sluice serves inside one sandbox namespace.
