@@ -488,11 +488,13 @@ fn sluice_files(source: &PolicySourceArgs, records: &RecordArgs) -> crate::confi
             .map(|path| crate::confine::RecordFile { path, rotates })
     })
     .collect();
-    let socket = crate::daemon::socket_path(None);
+    let mut hidden = vec![PathBuf::from(crate::daemon::api::DEFAULT_SOCKET)];
+    hidden.push(crate::daemon::socket_path(None));
+    hidden.dedup();
     crate::confine::SluiceFiles {
         read_only,
         records: records_files,
-        hidden: vec![socket],
+        hidden,
     }
 }
 

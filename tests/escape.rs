@@ -534,6 +534,69 @@ fn an_interactive_shell_suspends_a_job_and_brings_it_back() {
 }
 
 #[test]
+fn after_an_interactive_shell_exits_sluice_has_its_terminal_back() {
+    let Some(w) = World::new() else { return };
+    let bash = tool_path("bash").expect("bash");
+    // The shell takes the terminal for itself and, from inside its PID
+    // namespace, cannot name sluice's group to give it back. With tostop,
+    // a background sluice that logs would be stopped (SIGTTOU) for good.
+    let mut cmd = sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &[bash.to_str().unwrap(), "--norc", "--noprofile", "-i"],
+    );
+    cmd.env("PS1", "prompt> ");
+    let mut master = in_terminal(&mut cmd);
+    let child = cmd.spawn().unwrap();
+    drop(cmd);
+    let seen = read_terminal(&master);
+    let saw = |what: &str| {
+        eventually(Duration::from_secs(20), || {
+            seen.lock().unwrap().contains(what)
+        })
+    };
+    assert!(saw("prompt> "), "{}", seen.lock().unwrap());
+    master
+        .write_all(b"stty tostop; echo set-$((40+2))\n")
+        .unwrap();
+    assert!(saw("set-42"), "{}", seen.lock().unwrap());
+    master.write_all(b"exit\n").unwrap();
+    let out = wait_bounded(child, Duration::from_secs(30));
+    let text = seen.lock().unwrap().clone();
+    assert!(out.status.success(), "{:?}: {text}", out.status);
+    // sluice's last log line, written after the shell ended.
+    assert!(text.contains("own CPU time"), "{text}");
+}
+
+#[test]
+fn a_root_workload_cannot_reach_the_daemon_socket() {
+    let Some(w) = World::new() else { return };
+    let socket = w.dir.path().join("daemon.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let script = "import socket, sys\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  try:\n    s.connect(sys.argv[1]); print('CONNECTED')\n\
+                  except OSError as e:\n    print('refused:', e.strerror)\n";
+    let mut cmd = sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &[
+            python().to_str().unwrap(),
+            "-c",
+            script,
+            socket.to_str().unwrap(),
+        ],
+    );
+    // The daemon's socket, as `sluice status` and the hook find it.
+    cmd.env("SLUICE_DAEMON_SOCKET", &socket);
+    let out = finish(cmd);
+    let text = stdout(&out);
+    assert!(text.contains("refused:"), "{text}\n{}", stderr(&out));
+}
+
+#[test]
 fn curl_and_wget_fetch_through_sluice() {
     let Some(w) = World::new() else { return };
     w.http_origin("198.18.0.1:8080");

@@ -381,6 +381,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     };
     let served = session.serve(sandbox, identity)?;
 
+    let terminal = crate::confine::terminal::Foreground::now();
     // Spawned from this (the runtime's main) thread: see host::spawn.
     let mut child = match host::spawn(&served.sandbox, &opts.command, run_as, &opts.files).await {
         Ok(child) => child,
@@ -390,6 +391,9 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         }
     };
     let status = supervise_command(&mut child, &session).await;
+    if let Some(terminal) = terminal {
+        terminal.take_back();
+    }
     session.finish(Some(served)).await;
     status
 }

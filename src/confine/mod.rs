@@ -9,8 +9,10 @@
 //! outside, sluice included. The init gives it a mount namespace
 //! ([`mounts`]) where sluice's own files are read-only or absent and the
 //! kernel's knobs are read-only, a seccomp filter ([`seccomp`]) and a
-//! reduced capability set ([`caps`]). docs/enforcement.md says what each
-//! part stops and what stays open.
+//! reduced capability set ([`caps`]). An interactive workload cannot hand
+//! the terminal back to sluice from inside its PID namespace; [`terminal`]
+//! takes it back. docs/enforcement.md says what each part stops and what
+//! stays open.
 //!
 //! A leaf module: it imports nothing of sluice's, so every command and
 //! attach path can use it. It must never start a workload it could not
@@ -22,6 +24,7 @@ pub mod init;
 pub mod mounts;
 pub mod seccomp;
 mod spawn;
+pub mod terminal;
 
 use std::path::{Path, PathBuf};
 
