@@ -37,6 +37,16 @@ fn exit_status(err: &anyhow::Error) -> i32 {
             _ => {}
         }
     }
+    use sluice::attach::oci::OciError;
+    let refused_container = err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<OciError>(),
+            Some(OciError::RefusedByHook(_) | OciError::Unconfined(_))
+        )
+    });
+    if refused_container {
+        return exit::BAD_INPUT;
+    }
     let bad_input = err.chain().any(|e| {
         e.is::<sluice::policy::PolicyError>()
             || e.is::<sluice::bundle::BundleError>()

@@ -8,6 +8,7 @@
 
 pub mod host;
 pub mod oci;
+pub mod oci_check;
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
