@@ -1227,11 +1227,7 @@ fn cap_net_admin_is_refused_unless_the_annotation_allows_it() {
 fn cap_net_admin_with_a_handle_on_another_namespace_is_refused_even_when_allowed() {
     both_ways(|w, env, via| {
         let namespace_file = format!("/proc/{}/ns/net:/host-net", std::process::id());
-        for volume in [
-            "/run/netns:/run/netns",
-            "/proc:/host-proc",
-            &namespace_file,
-        ] {
+        for volume in ["/run/netns:/run/netns", "/proc:/host-proc", &namespace_file] {
             let form = &[
                 "--cap-add",
                 "NET_ADMIN",
