@@ -146,8 +146,18 @@ pub fn main() -> ! {
             std::process::exit(2);
         }
     };
+    // Run by hand with a number that names no descriptor: refuse, rather
+    // than adopt (and later close) something that is not there.
+    if std::fs::symlink_metadata(format!("/proc/self/fd/{}", args.report_fd)).is_err() {
+        eprintln!(
+            "sluice: error: {MARKER} is sluice's own workload init, started by `sluice run`: descriptor {} is not open",
+            args.report_fd
+        );
+        std::process::exit(2);
+    }
     // SAFETY: sluice created this pipe for this process and passed its
-    // number; nothing else in this freshly executed process owns it.
+    // number (checked open above); nothing else in this freshly executed
+    // process owns it.
     let report = unsafe { OwnedFd::from_raw_fd(args.report_fd) };
     let mut report = std::fs::File::from(report);
     // The workload must not inherit it: its close at exec is the "started".
