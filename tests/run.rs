@@ -438,6 +438,39 @@ fn nothing_is_left_after_sigterm() {
 }
 
 #[test]
+fn a_sigint_sent_to_sluice_alone_reaches_the_command() {
+    let Some(w) = World::new() else { return };
+    // Not at a terminal: the signal is sluice's to pass on, through the
+    // workload's init, to the command.
+    let (mut child, inode) = start_ready(
+        &w,
+        "trap 'exit 3' INT; echo ready; while :; do sleep 0.1; done",
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(3));
+    assert_sandbox_gone(inode);
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
+    let Some(w) = World::new() else { return };
+    let (mut child, inode) = start_ready(&w, "trap '' TERM; echo ready; exec sleep 60");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 9));
+    assert_sandbox_gone(inode);
+}
+
+#[test]
 fn nothing_is_left_after_the_command_is_killed() {
     let Some(w) = World::new() else { return };
     let (mut child, inode) = start_ready(&w, "echo ready; exec sleep 30");
