@@ -13,6 +13,8 @@
 //! This module never starts or changes a container: it reads its config and
 //! says yes or no.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 

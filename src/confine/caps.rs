@@ -1,6 +1,8 @@
 //! The capabilities a workload never keeps, even as root. This module owns
 //! the list and the drop; it must never raise a capability.
 
+#![forbid(unsafe_code)]
+
 use caps::{CapSet, Capability};
 
 /// Capabilities the workload can never have, even as root, with why:

@@ -13,6 +13,8 @@
 //! mount point (EBUSY), so every ancestor of a protected path (below the
 //! mount that holds it) becomes one.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};

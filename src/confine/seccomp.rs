@@ -12,6 +12,8 @@
 //! because its numbers are not the ones listed here. docs/enforcement.md
 //! lists every refused call with why.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 
 use seccompiler::{

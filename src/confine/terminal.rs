@@ -5,6 +5,8 @@
 //! once the workload has ended, as the shell would have. This module must
 //! never take a terminal sluice did not have.
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::AsFd;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
