@@ -316,6 +316,30 @@ fn a_root_workload_cannot_truncate_or_rewrite_the_audit_log() {
 }
 
 #[test]
+fn a_root_workload_cannot_truncate_the_timing_records() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let timings = w.dir.path().join("timings.jsonl");
+    let script = format!(
+        "{bin} probe http http://198.18.0.1:8080/ >/dev/null; \
+         ( : > {t} ) 2>/dev/null && echo TRUNCATED; echo done",
+        bin = sluice_bin(),
+        t = timings.display(),
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--timings", timings.to_str().unwrap()],
+        &["sh", "-c", &script],
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("TRUNCATED"), "{text}");
+    let records = std::fs::read_to_string(&timings).unwrap();
+    assert_eq!(records.lines().count(), 1, "{records}");
+}
+
+#[test]
 fn a_root_workload_cannot_rewrite_a_rotated_audit_log() {
     let Some(w) = World::new() else { return };
     let audit = w.audit_path();
