@@ -283,6 +283,70 @@ fn a_root_workload_cannot_move_the_directory_that_holds_the_policy_file() {
 }
 
 #[test]
+fn a_root_workload_cannot_change_the_bundle_its_trust_file_or_the_rollback_state() {
+    let Some(w) = World::new() else { return };
+    let dir = w.dir.path();
+    let (key, trust, bundle, state) = (
+        dir.join("ops.key"),
+        dir.join("trust.yaml"),
+        dir.join("bundle.tar.gz"),
+        dir.join("state"),
+    );
+    let sluice = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(sluice_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    };
+    sluice(&[
+        "bundle".as_ref(),
+        "keygen".as_ref(),
+        "--key".as_ref(),
+        key.as_os_str(),
+        "--trust".as_ref(),
+        trust.as_os_str(),
+        "--id".as_ref(),
+        "test".as_ref(),
+    ]);
+    sluice(&[
+        "bundle".as_ref(),
+        "sign".as_ref(),
+        "--key".as_ref(),
+        key.as_os_str(),
+        "--policy".as_ref(),
+        w.policy(STRICT).as_os_str(),
+        "--revision".as_ref(),
+        "7".as_ref(),
+        "--out".as_ref(),
+        bundle.as_os_str(),
+    ]);
+    let trusted = std::fs::read(&trust).unwrap();
+    let script = format!(
+        "for f in {b} {t}; do ( : > $f ) 2>/dev/null && echo CHANGED $f; done; \
+         for f in {s}/*; do ( : > $f ) 2>/dev/null && echo CHANGED $f; done; \
+         touch {s}/new 2>/dev/null && echo CREATED; echo done",
+        b = bundle.display(),
+        t = trust.display(),
+        s = state.display(),
+    );
+    let mut cmd = w.outer.command(sluice_bin());
+    cmd.args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg("--trust")
+        .arg(&trust)
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["--", "sh", "-c", &script]);
+    let out = finish(cmd);
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("CHANGED"), "{text}");
+    assert!(!text.contains("CREATED"), "{text}");
+    assert_eq!(std::fs::read(&trust).unwrap(), trusted);
+}
+
+#[test]
 fn a_root_workload_cannot_truncate_or_rewrite_the_audit_log() {
     let Some(w) = World::new() else { return };
     let audit = w.audit_path();
