@@ -58,6 +58,8 @@ pub struct RunOptions {
     pub services: ServiceOptions,
     pub user: Option<String>,
     pub command: Vec<OsString>,
+    /// sluice's own files, which the command must not change.
+    pub files: crate::confine::SluiceFiles,
 }
 
 /// The process-wide services: audit and timing writers, the metrics
@@ -386,8 +388,9 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     };
     let served = session.serve(sandbox, format!("host-{}", std::process::id()))?;
 
+    let terminal = crate::confine::terminal::Foreground::now();
     // Spawned from this (the runtime's main) thread: see host::spawn.
-    let mut child = match host::spawn(&served.sandbox, &opts.command, run_as) {
+    let mut child = match host::spawn(&served.sandbox, &opts.command, run_as, &opts.files).await {
         Ok(child) => child,
         Err(err) => {
             session.finish(Some(served)).await;
@@ -395,6 +398,9 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         }
     };
     let status = supervise_command(&mut child, &session).await;
+    if let Some(terminal) = terminal {
+        terminal.take_back();
+    }
     session.finish(Some(served)).await;
     status
 }

@@ -18,6 +18,7 @@ use tokio::io::AsyncReadExt;
 use super::{supervise, supervise_command, CtrlC, PolicySource, ServedSandbox, ServiceOptions};
 use super::{Session, STOP_GRACE};
 use crate::attach::oci::{self as podman, PodmanRun};
+use crate::attach::oci_check::WrapperHook;
 use crate::attach::Sandbox;
 use crate::drain::Watch;
 
@@ -51,6 +52,12 @@ pub async fn run(opts: OciOptions) -> Result<i32> {
         Ok((status, served)) => (Ok(status), served),
         Err((err, served)) => (Err(err), served),
     };
+    // The wrapper's hook refused the container: nothing of it ran; say why
+    // as sluice's own bad-input error (exit 2), not as podman's failure.
+    let status = match workdir.refusal() {
+        Some(why) => Err(podman::OciError::RefusedByHook(why).into()),
+        None => status,
+    };
     session.finish(served).await;
     drop(workdir);
     status
@@ -80,6 +87,16 @@ async fn contain(
         sandbox.netns.as_fd().as_raw_fd()
     ));
     let argv = run.command_line(&netns_path, sandbox.netns.inode(), &ours);
+    // The confinement check runs on the container's final config, in a hook
+    // of the wrapper's own (see attach::oci_check).
+    let hook = match WrapperHook::install(&workdir.0, sandbox.netns.inode()) {
+        Ok(hook) => hook,
+        Err(err) => {
+            let err = anyhow::Error::from(err).context("cannot write the wrapper's OCI hook");
+            return Err((err, None));
+        }
+    };
+    let argv = hook.command_line(argv, &run.podman());
     tracing::info!(command = %podman::shown(&argv), "starting podman");
     let mut child = match podman::spawn_podman(&argv) {
         Ok(child) => child,
@@ -260,6 +277,13 @@ impl PrivateDir {
 
     fn cidfile(&self) -> PathBuf {
         self.0.join("cid")
+    }
+
+    /// Why the wrapper's hook refused the container, if it did.
+    fn refusal(&self) -> Option<String> {
+        std::fs::read_to_string(self.0.join(crate::attach::oci_check::REPORT_FILE))
+            .ok()
+            .filter(|r| !r.is_empty())
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod host;
 pub mod oci;
+pub mod oci_check;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -44,6 +45,8 @@ pub enum AttachError {
     },
     #[error("unknown user `{0}`: give a user name or numeric uid that exists on this host")]
     UnknownUser(String),
+    #[error(transparent)]
+    Confine(#[from] crate::confine::ConfineError),
 }
 
 /// How one kind of workload is attached: what [`prepare`] installs and

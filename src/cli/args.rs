@@ -63,7 +63,9 @@ pub struct RecordArgs {
     #[arg(long)]
     pub audit_allows: bool,
     /// Rotate the audit log when it reaches SIZE bytes (FILE.1, FILE.2, ...;
-    /// the hash chain continues across files).
+    /// the hash chain continues across files). Under `sluice run` the log's
+    /// directory is then read-only for the command: keep it apart from the
+    /// command's working directory (e.g. /var/log/sluice/).
     #[arg(long, value_name = "SIZE")]
     pub audit_max_bytes: Option<u64>,
     /// Write one timing record per connection to FILE (.csv for CSV, else JSONL).

@@ -143,11 +143,22 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
                 }
             }
             Some(AttachError::UnknownUser(_)) => return exit::BAD_INPUT,
+            Some(AttachError::Confine(e)) if e.is_bad_input() => return exit::BAD_INPUT,
             _ => {}
         }
         if cause.is::<status::NoDaemon>() {
             return exit::NO_DAEMON;
         }
+    }
+    use crate::attach::oci::OciError;
+    let refused_container = err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<OciError>(),
+            Some(OciError::RefusedByHook(_) | OciError::Unconfined(_))
+        )
+    });
+    if refused_container {
+        return exit::BAD_INPUT;
     }
     let bad_input = err.chain().any(|e| {
         e.is::<crate::policy::PolicyError>()

@@ -10,8 +10,11 @@ use super::BadInput;
 
 pub const AFTER_HELP: &str = "Example:\n  sluice oci --policy policies/dev.yaml -- podman run --rm IMAGE wget -qO- http://origin.test:8080/\n\n\
 sluice creates the sandbox namespace as `sluice run` does and adds `--network ns:<it>` to podman's \
-options; a --network, --net, --pod, --privileged, --cap-add SYS_ADMIN or --pid host of your own is \
-refused, since the container would no longer be confined to that namespace. Exits with podman's status (the container's). With \
+options; a --network, --net or --pod of your own is refused. Before the container runs, a hook sluice \
+adds checks its final OCI config and refuses (exit 2) CAP_SYS_ADMIN (--privileged), a PID namespace \
+not its own (--pid host, ns:PATH, container:ID), and CAP_NET_ADMIN unless \
+--annotation io.sluice.allow-net-admin=true (never with a bind of /proc or /run/netns). \
+Exits with podman's status (the container's). With \
 `podman run -d`, sluice stays until the container stops (`podman stop ID` ends both). Audit, timing \
 and metrics records carry path \"oci\" and the container id. Needs root; podman must use runc \
 here (see containers/containers.conf and docs/oci.md).";

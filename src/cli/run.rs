@@ -1,6 +1,7 @@
 //! `sluice run`: a command in a fresh sandbox whose only way out is sluice.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use clap::Args;
 
@@ -33,11 +34,48 @@ pub struct RunArgs {
 pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let policy = policy_source(&args.source, crate::workload::WorkloadPath::Host)?;
     crate::confine::require_root("sluice run")?;
+    let files = sluice_files(&args.source, &args.records);
     let opts = crate::app::RunOptions {
         policy,
         services: args.records.services(),
         user: args.user,
         command: args.command,
+        files,
     };
     crate::app::runtime::one_sandbox()?.block_on(crate::app::run(opts))
+}
+
+/// The files this run of sluice reads or writes, which its workload must
+/// not change (see `confine::SluiceFiles`).
+fn sluice_files(source: &PolicySourceArgs, records: &RecordArgs) -> crate::confine::SluiceFiles {
+    let bundle = source
+        .bundle
+        .as_deref()
+        .filter(|b| !b.starts_with("https://") && !b.starts_with("http://"));
+    let mut read_only: Vec<PathBuf> = source.policy.iter().cloned().collect();
+    read_only.extend(bundle.map(PathBuf::from));
+    if source.bundle.is_some() {
+        let opts = &source.bundle_opts;
+        read_only.extend(opts.trust.iter().cloned());
+        read_only.extend(opts.ca.iter().cloned());
+        read_only.push(opts.state_dir.clone());
+    }
+    let records_files = [
+        (&records.audit, records.audit_max_bytes.is_some()),
+        (&records.timings, false),
+    ]
+    .into_iter()
+    .filter_map(|(path, rotates)| {
+        path.clone()
+            .map(|path| crate::confine::RecordFile { path, rotates })
+    })
+    .collect();
+    let mut hidden = vec![PathBuf::from(crate::daemon::api::DEFAULT_SOCKET)];
+    hidden.push(crate::daemon::socket_path(None));
+    hidden.dedup();
+    crate::confine::SluiceFiles {
+        read_only,
+        records: records_files,
+        hidden,
+    }
 }

@@ -1,36 +1,122 @@
-//! The capabilities a workload never keeps, even as root.
+//! The capabilities a workload never keeps, even as root. This module owns
+//! the list and the drop; it must never raise a capability.
 
-/// Capabilities the workload can never have, even as root: those that
-/// reach around a network namespace (setns into another one, ptrace of
-/// sluice, the sandbox's own ruleset) or around the kernel (modules, raw
-/// I/O and device nodes, BPF, file handles). Dropped from the bounding set,
-/// so no setuid program gives them back. CAP_NET_RAW stays: raw sockets are
-/// dropped by the ruleset like any other non-TCP traffic.
-const ESCAPE_CAPABILITIES: [(libc::c_ulong, &str); 13] = [
-    (2, "CAP_DAC_READ_SEARCH"),
-    (12, "CAP_NET_ADMIN"),
-    (16, "CAP_SYS_MODULE"),
-    (17, "CAP_SYS_RAWIO"),
-    (19, "CAP_SYS_PTRACE"),
-    (21, "CAP_SYS_ADMIN"),
-    (22, "CAP_SYS_BOOT"),
-    (27, "CAP_MKNOD"),
-    (32, "CAP_MAC_OVERRIDE"),
-    (33, "CAP_MAC_ADMIN"),
-    (38, "CAP_PERFMON"),
-    (39, "CAP_BPF"),
-    (40, "CAP_CHECKPOINT_RESTORE"),
+#![forbid(unsafe_code)]
+
+use caps::{CapSet, Capability};
+
+/// Capabilities the workload can never have, even as root, with why:
+/// those that reach around a network namespace (setns into another one,
+/// ptrace of sluice, the sandbox's own ruleset, raw frames), around the
+/// kernel (modules, raw I/O and device nodes, BPF, file handles, the
+/// clock sluice's bundle expiry and audit timestamps rely on), or into
+/// the host's kernel log and audit system.
+pub const DROPPED: [(Capability, &str); 22] = [
+    (
+        Capability::CAP_DAC_READ_SEARCH,
+        "open_by_handle_at reaches any file by handle, around the mount namespace",
+    ),
+    (
+        Capability::CAP_NET_ADMIN,
+        "the sandbox's own nftables rules and links",
+    ),
+    (
+        Capability::CAP_NET_RAW,
+        "raw and packet sockets, whose frames skip nftables' output hooks",
+    ),
+    (Capability::CAP_SYS_MODULE, "loading kernel modules"),
+    (
+        Capability::CAP_SYS_RAWIO,
+        "I/O ports and /dev/mem, around every kernel check",
+    ),
+    (
+        Capability::CAP_SYS_PTRACE,
+        "tracing processes of other users, sluice's included",
+    ),
+    (
+        Capability::CAP_SYS_ADMIN,
+        "setns into another namespace, mounts, and most of the rest",
+    ),
+    (Capability::CAP_SYS_BOOT, "reboot and kexec"),
+    (
+        Capability::CAP_SYS_TIME,
+        "the host's clock (bundle expiry, audit timestamps)",
+    ),
+    (Capability::CAP_SYS_PACCT, "process accounting files"),
+    (Capability::CAP_SYS_TTY_CONFIG, "vhangup of terminals"),
+    (
+        Capability::CAP_MKNOD,
+        "device nodes for the host's disks and memory",
+    ),
+    (Capability::CAP_AUDIT_CONTROL, "the kernel's audit rules"),
+    (Capability::CAP_AUDIT_READ, "the kernel's audit log"),
+    (
+        Capability::CAP_MAC_OVERRIDE,
+        "the mandatory access control policy",
+    ),
+    (
+        Capability::CAP_MAC_ADMIN,
+        "the mandatory access control policy",
+    ),
+    (Capability::CAP_SYSLOG, "the kernel log and its addresses"),
+    (Capability::CAP_WAKE_ALARM, "waking the host"),
+    (Capability::CAP_BLOCK_SUSPEND, "keeping the host awake"),
+    (
+        Capability::CAP_PERFMON,
+        "perf events on other processes and the kernel",
+    ),
+    (Capability::CAP_BPF, "BPF programs and maps"),
+    (
+        Capability::CAP_CHECKPOINT_RESTORE,
+        "choosing pids and reading other processes' state",
+    ),
 ];
 
-/// Runs in the forked child before exec (async-signal-safe: prctl only).
-pub fn drop_escape_capabilities() -> std::io::Result<()> {
-    for (cap, _name) in ESCAPE_CAPABILITIES {
-        // SAFETY: PR_CAPBSET_DROP takes an integer capability and no memory.
-        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
-        // EINVAL: a capability this kernel does not know; nothing to drop.
-        if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
-            return Err(std::io::Error::last_os_error());
+/// Errors from dropping capabilities.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot drop {what}: {cause}")]
+pub struct CapsError {
+    what: String,
+    cause: String,
+}
+
+/// Runs in the workload's process before exec, as root: drop [`DROPPED`]
+/// from the bounding set (no setuid or file-capability program gives them
+/// back), and clear the inheritable and ambient sets, which a root `execve`
+/// would otherwise add to the new program's permitted set whatever the
+/// bounding set says.
+pub fn drop_for_workload() -> Result<(), CapsError> {
+    let known = caps::runtime::thread_all_supported();
+    for (cap, _why) in DROPPED {
+        // A capability this kernel does not know cannot be held.
+        if known.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap).map_err(|e| CapsError {
+                what: format!("{cap} from the bounding set"),
+                cause: e.to_string(),
+            })?;
         }
     }
+    for set in [CapSet::Ambient, CapSet::Inheritable] {
+        caps::clear(None, set).map_err(|e| CapsError {
+            what: format!("the {set:?} capability set"),
+            cause: e.to_string(),
+        })?;
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dropped_list_names_each_capability_once() {
+        let mut seen = std::collections::HashSet::new();
+        for (cap, why) in DROPPED {
+            assert!(seen.insert(cap), "{cap} listed twice");
+            assert!(!why.is_empty());
+        }
+        assert!(seen.contains(&Capability::CAP_NET_RAW));
+        assert!(seen.contains(&Capability::CAP_SYS_ADMIN));
+    }
 }

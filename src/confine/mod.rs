@@ -1,10 +1,147 @@
-//! How the workload's process is confined, and what sluice's own process
-//! needs for that: root, a reduced capability set for the workload, and the
-//! descriptor limits of both. A leaf module: it imports nothing of sluice's,
-//! so every command and attach path can use it.
+//! How the workload's process is confined beyond its network namespace, and
+//! what sluice's own process needs for that: root, and the descriptor
+//! limits of both.
+//!
+//! A workload (a command under `sluice run`; the VMM under `sluice vm`)
+//! is started by [`spawn`] as the child of a small init ([`init`], sluice
+//! itself re-executed) that is PID 1 of a fresh PID namespace, so it can
+//! neither see, signal, trace nor borrow descriptors from any process
+//! outside, sluice included. The init gives it a mount namespace
+//! ([`mounts`]) where sluice's own files are read-only or absent and the
+//! kernel's knobs are read-only, a seccomp filter ([`seccomp`]) and a
+//! reduced capability set ([`caps`]). An interactive workload cannot hand
+//! the terminal back to sluice from inside its PID namespace; [`terminal`]
+//! takes it back. docs/enforcement.md says what each part stops and what
+//! stays open.
+//!
+//! A leaf module: it imports nothing of sluice's, so every command and
+//! attach path can use it. It must never start a workload it could not
+//! confine: every failure is an error, and nothing runs.
 
 pub mod caps;
 pub mod fds;
+pub mod init;
+pub mod mounts;
+pub mod seccomp;
+mod spawn;
+pub mod terminal;
+
+use std::path::{Path, PathBuf};
+
+pub use mounts::FilePlan;
+pub use spawn::spawn;
+
+/// Who the workload runs as (`--user`); root when absent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// sluice's own files, which the workload must not change.
+#[derive(Debug, Clone, Default)]
+pub struct SluiceFiles {
+    /// Read by sluice (the policy file, a bundle, the trust file, a CA
+    /// file, the rollback state directory): read-only for the workload.
+    pub read_only: Vec<PathBuf>,
+    /// Appended to by sluice (the audit log, timing records): the file and
+    /// any rotated FILE.n beside it are read-only; when `rotates`, its whole
+    /// directory is, so that no file a rotation creates is ever writable.
+    pub records: Vec<RecordFile>,
+    /// Sockets the workload must not reach (the daemon's control socket).
+    pub hidden: Vec<PathBuf>,
+}
+
+/// One file sluice appends records to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordFile {
+    pub path: PathBuf,
+    /// Rotated by size while the workload runs (`--audit-max-bytes`).
+    pub rotates: bool,
+}
+
+/// Errors from confining a workload.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("cannot start the workload `{program}`: {source}; check that it exists in PATH and is executable")]
+    Exec {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{} rotates in {}, which holds the command's working directory: the directory of a rotating log is read-only for the workload (a rotation creates files there it could rewrite); put the log in a directory of its own (e.g. /var/log/sluice/) or run the command elsewhere", file.display(), dir.display())]
+    RotatingRecordsBesideWorkload { file: PathBuf, dir: PathBuf },
+    #[error("cannot confine the workload ({0}); nothing was started")]
+    Setup(String),
+    #[error("cannot start the workload's init: {0}")]
+    Init(std::io::Error),
+}
+
+impl ConfineError {
+    /// An error in what the user asked for (exit 2), not in the host.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, ConfineError::RotatingRecordsBesideWorkload { .. })
+    }
+}
+
+impl SluiceFiles {
+    /// What the init protects, for a workload started in `cwd`. Paths that
+    /// do not exist are left out (sluice created every file it writes
+    /// before this, and read every file it reads).
+    pub fn plan(&self, cwd: &Path) -> Result<FilePlan, ConfineError> {
+        let mut read_only: Vec<PathBuf> = self
+            .read_only
+            .iter()
+            .filter(|p| p.exists())
+            .cloned()
+            .collect();
+        for record in &self.records {
+            let path = absolute(cwd, &record.path);
+            if record.rotates {
+                let dir = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+                let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+                let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
+                if cwd.starts_with(&dir) {
+                    return Err(ConfineError::RotatingRecordsBesideWorkload {
+                        file: record.path.clone(),
+                        dir,
+                    });
+                }
+                read_only.push(dir);
+            }
+            read_only.extend(rotated_set(&path));
+        }
+        Ok(FilePlan {
+            read_only,
+            hidden: self.hidden.iter().filter(|p| p.exists()).cloned().collect(),
+        })
+    }
+}
+
+fn absolute(cwd: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        cwd.join(path)
+    }
+}
+
+/// FILE and the FILE.1, FILE.2, ... that exist beside it.
+fn rotated_set(path: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = Vec::new();
+    if path.exists() {
+        files.push(path.to_path_buf());
+    }
+    for n in 1.. {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(format!(".{n}"));
+        let rotated = PathBuf::from(name);
+        if !rotated.exists() {
+            break;
+        }
+        files.push(rotated);
+    }
+    files
+}
 
 /// Fail early, with what to do, instead of a confusing EPERM later.
 pub fn require_root(what: &str) -> anyhow::Result<()> {
@@ -14,4 +151,61 @@ pub fn require_root(what: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_file_and_its_rotations_are_read_only_and_a_rotating_one_its_directory_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("audit.jsonl");
+        for name in ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let files = |rotates| SluiceFiles {
+            records: vec![RecordFile {
+                path: log.clone(),
+                rotates,
+            }],
+            ..Default::default()
+        };
+        let plan = files(false).plan(Path::new("/")).unwrap();
+        assert_eq!(plan.read_only.len(), 3, "{plan:?}");
+        let plan = files(true).plan(Path::new("/")).unwrap();
+        let dir = std::fs::canonicalize(dir.path()).unwrap();
+        assert!(plan.read_only.contains(&dir), "{plan:?}");
+    }
+
+    #[test]
+    fn a_rotating_log_beside_the_working_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        let files = SluiceFiles {
+            records: vec![RecordFile {
+                path: dir.path().join("audit.jsonl"),
+                rotates: true,
+            }],
+            ..Default::default()
+        };
+        let err = files.plan(&work).unwrap_err();
+        assert!(err.is_bad_input());
+        assert!(
+            err.to_string()
+                .contains("holds the command's working directory"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_files_are_left_out() {
+        let files = SluiceFiles {
+            read_only: vec!["/nonexistent/policy.yaml".into()],
+            hidden: vec!["/nonexistent/daemon.sock".into()],
+            ..Default::default()
+        };
+        assert_eq!(files.plan(Path::new("/")).unwrap(), FilePlan::default());
+    }
 }

@@ -59,11 +59,10 @@ pub enum OciError {
     },
     #[error("cannot read the container state on stdin: {0}; sluice oci-hook is an OCI createRuntime hook and expects the runtime's state JSON")]
     State(String),
-    #[error("the container {why}; sluice does not attach such a container: {fix}")]
-    Unconfined {
-        why: &'static str,
-        fix: &'static str,
-    },
+    #[error(transparent)]
+    Unconfined(#[from] super::oci_check::Refusal),
+    #[error("{0}")]
+    RefusedByHook(String),
     #[error("cannot read the container's runtime config {}: {cause}", path.display())]
     RuntimeConfig { path: PathBuf, cause: String },
     #[error("the container state has no pid: sluice oci-hook must run at the createRuntime stage (see containers/hooks.d/sluice.json)")]
@@ -107,80 +106,32 @@ pub fn attachment() -> Attachment {
     Attachment::dedicated_namespace(WorkloadPath::Oci)
 }
 
-/// What a podman option does to the sandbox, if it is refused.
+/// What a podman option does to the sandbox, if it is refused. These
+/// options would replace the network namespace the wrapper gives the
+/// container; how the container is confined otherwise (capabilities, PID
+/// namespace, mounts) is checked on its final config by the hook the
+/// wrapper adds (`oci_check`), not by spotting flags here.
 fn refused(long: &str) -> Option<&'static str> {
     Some(match long {
         "network" | "net" => "put the container in another network namespace, around sluice",
         "pod" | "pod-id-file" => "put the container in a pod's network namespace, around sluice",
-        "privileged" => {
-            "give the container every capability and the host's devices, so the network namespace would no longer contain it"
-        }
         _ => return None,
     })
-}
-
-/// What an option's value does to the sandbox, if it is refused.
-fn refused_value(long: &str, value: &str) -> Option<&'static str> {
-    let cap = |c: &str| {
-        let c = c.trim().to_ascii_uppercase();
-        let c = c.strip_prefix("CAP_").unwrap_or(&c).to_string();
-        c == "SYS_ADMIN" || c == "ALL"
-    };
-    match long {
-        "cap-add" if value.split(',').any(cap) => Some(
-            "give the container CAP_SYS_ADMIN, with which it can enter another network namespace (setns), around sluice",
-        ),
-        "pid" if value.eq_ignore_ascii_case("host") => Some(
-            "share the host's processes with the container, whose namespaces lead around sluice",
-        ),
-        _ => None,
-    }
 }
 
 /// Refuse a container that could leave the network namespace sluice
 /// enforces, whatever started it: `config` is its OCI runtime config
 /// (config.json in the bundle directory the runtime names in its state).
+/// See `oci_check` for what is refused.
 pub fn check_confinement(config: &serde_json::Value) -> Result<(), OciError> {
-    let caps = &config["process"]["capabilities"];
-    let has_sys_admin = [
-        "bounding",
-        "effective",
-        "permitted",
-        "ambient",
-        "inheritable",
-    ]
-    .iter()
-    .filter_map(|set| caps[set].as_array())
-    .flatten()
-    .any(|c| c.as_str() == Some("CAP_SYS_ADMIN"));
-    if has_sys_admin {
-        return Err(OciError::Unconfined {
-            why: "has CAP_SYS_ADMIN, with which it could enter another network namespace (setns) around sluice",
-            fix: "start it without --privileged or --cap-add SYS_ADMIN",
-        });
-    }
-    let own_pid_namespace = config["linux"]["namespaces"].as_array().is_some_and(|ns| {
-        ns.iter()
-            .any(|n| n["type"] == "pid" && n["path"].as_str().is_none_or(str::is_empty))
-    });
-    if !own_pid_namespace {
-        return Err(OciError::Unconfined {
-            why: "shares another process namespace (--pid host or --pid ns:...), whose processes' namespaces lead around sluice",
-            fix: "start it with its own process namespace (leave out --pid)",
-        });
-    }
-    Ok(())
+    super::oci_check::check(config).map_err(OciError::from)
 }
 
 /// Read the runtime config of the container whose OCI bundle is `bundle`
-/// and check it with [`check_confinement`].
+/// and check it with [`check_confinement`] (the hook's check, for the
+/// daemon's containers and the wrapper's alike).
 pub fn check_bundle_confinement(bundle: &Path) -> Result<(), OciError> {
-    let path = bundle.join("config.json");
-    let config: serde_json::Value = std::fs::read(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
-        .map_err(|cause| OciError::RuntimeConfig { path, cause })?;
-    check_confinement(&config)
+    super::oci_check::check_bundle(bundle)
 }
 
 /// `podman run` options that take no value (podman 4). Every other option
@@ -325,12 +276,6 @@ impl PodmanRun {
     }
 
     fn long_option(&mut self, name: &str, flag: bool, value: Option<&str>) -> Result<(), OciError> {
-        if let Some(why) = value.and_then(|v| refused_value(name, v)) {
-            return Err(OciError::Bypass {
-                option: format!("--{name} {}", value.unwrap_or_default()),
-                why,
-            });
-        }
         if let Some(why) = refused(name) {
             let off = flag && value.is_some_and(|v| v.eq_ignore_ascii_case("false"));
             if !off {
@@ -513,7 +458,6 @@ mod tests {
             "podman run --net=none img",
             "podman run --rm -e A=1 --pod p img",
             "podman run --pod-id-file f img",
-            "podman run --privileged img",
             "podman run -it --network=bridge img sh",
         ] {
             let err = parse(bad).unwrap_err();
@@ -564,53 +508,42 @@ mod tests {
     }
 
     #[test]
-    fn options_that_lead_around_the_namespace_are_refused_by_value() {
-        for bad in [
+    fn confinement_options_are_left_to_the_check_on_the_final_config() {
+        for left in [
             "podman run --cap-add SYS_ADMIN img",
-            "podman run --cap-add=cap_sys_admin img",
-            "podman run --cap-add NET_RAW,ALL img",
+            "podman run --privileged img",
             "podman run --pid host img",
-            "podman run --pid=HOST img",
+            "podman run --pid=ns:/proc/1/ns/pid img",
         ] {
-            let err = PodmanRun::parse(&argv(bad)).unwrap_err();
-            assert!(matches!(err, OciError::Bypass { .. }), "{bad}: {err}");
+            assert!(PodmanRun::parse(&argv(left)).is_ok(), "{left}");
         }
-        for good in [
-            "podman run --cap-add NET_ADMIN img",
-            "podman run --pid private img",
-            "podman run img sh -c --pid=host",
-        ] {
-            assert!(PodmanRun::parse(&argv(good)).is_ok(), "{good}");
-        }
-    }
-
-    fn runtime_config(caps: &[&str], pid_ns: Option<&str>) -> serde_json::Value {
-        let mut namespaces = vec![serde_json::json!({"type": "network", "path": "/proc/1/ns/net"})];
-        if let Some(path) = pid_ns {
-            namespaces.push(serde_json::json!({"type": "pid", "path": path}));
-        }
-        serde_json::json!({
-            "process": {"capabilities": {"bounding": caps, "effective": caps}},
-            "linux": {"namespaces": namespaces}
-        })
     }
 
     #[test]
     fn the_hook_refuses_a_container_that_could_leave_its_namespace() {
-        let fine = runtime_config(&["CAP_CHOWN", "CAP_NET_ADMIN"], Some(""));
-        assert!(check_confinement(&fine).is_ok());
-        let sys_admin = runtime_config(&["CAP_CHOWN", "CAP_SYS_ADMIN"], Some(""));
-        assert!(matches!(
-            check_confinement(&sys_admin),
-            Err(OciError::Unconfined { .. })
-        ));
-        let host_pid = runtime_config(&["CAP_CHOWN"], None);
-        assert!(matches!(
-            check_confinement(&host_pid),
-            Err(OciError::Unconfined { .. })
-        ));
-        let joined_pid = runtime_config(&["CAP_CHOWN"], Some("/proc/42/ns/pid"));
-        assert!(check_confinement(&joined_pid).is_err());
+        let config = |caps: &[&str], pid: Option<&str>| {
+            let mut namespaces =
+                vec![serde_json::json!({"type": "network", "path": "/proc/1/ns/net"})];
+            if let Some(path) = pid {
+                namespaces.push(serde_json::json!({"type": "pid", "path": path}));
+            }
+            serde_json::json!({
+                "process": {"capabilities": {"bounding": caps, "effective": caps}},
+                "linux": {"namespaces": namespaces}
+            })
+        };
+        assert!(check_confinement(&config(&["CAP_CHOWN"], Some(""))).is_ok());
+        for bad in [
+            config(&["CAP_CHOWN", "CAP_SYS_ADMIN"], Some("")),
+            config(&["CAP_CHOWN"], None),
+            config(&["CAP_CHOWN"], Some("/proc/42/ns/pid")),
+            config(&["CAP_NET_ADMIN"], Some("")),
+        ] {
+            assert!(matches!(
+                check_confinement(&bad),
+                Err(OciError::Unconfined(_))
+            ));
+        }
     }
 
     #[test]

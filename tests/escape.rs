@@ -1,0 +1,758 @@
+//! The ways around the sandbox that an attacker with code in it tried
+//! (issue 9), each shut: other processes (sockets borrowed with
+//! pidfd_getfd, ptrace, signals to sluice), the terminal (TIOCSTI),
+//! sluice's own files, the kernel's knobs, packet and vsock sockets, the
+//! capabilities sluice was started with; and the programs that use the
+//! network normally, which keep working. Each test builds its own outer
+//! namespace (tests/common) and removes it.
+
+#[path = "common/attack.rs"]
+mod attack;
+mod common;
+
+use std::io::{Read, Write};
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use attack::*;
+use common::*;
+
+/// Allows the origin 198.18.0.1:8080 only.
+const STRICT: &str = r#"
+version: 1
+name: strict
+rules:
+  - name: origin
+    action: allow
+    cidrs: ["198.18.0.1/32"]
+    ports: [8080]
+dns:
+  upstream: []
+  hosts:
+    origin.test: ["198.18.0.1"]
+"#;
+
+/// Also allows 198.18.0.2:8080, which STRICT denies.
+const LENIENT: &str = r#"
+version: 1
+name: lenient
+rules:
+  - name: both
+    action: allow
+    cidrs: ["198.18.0.1/32", "198.18.0.2/32"]
+    ports: [8080]
+dns:
+  upstream: []
+"#;
+
+/// `python3 -c SCRIPT ARGS` inside `sh -c`, then a request that the
+/// policy allows: the positive canary that shows the sandbox worked after
+/// the attempt.
+fn attempt_then_canary(script: &str, args: &[String]) -> Vec<String> {
+    let mut argv = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!(
+            "\"$0\" -c \"$1\" {} ; {} probe http http://198.18.0.1:8080/ && echo canary-ok",
+            args.join(" "),
+            sluice_bin()
+        ),
+    ];
+    argv.push(python().display().to_string());
+    argv.push(script.to_string());
+    argv
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn a_workload_cannot_borrow_a_socket_from_a_process_outside_any_sandbox() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let denied = w.http_origin("198.18.0.2:8080");
+    let holder = outside_as_nobody(&w, HOLD_SOCKET);
+    let argv = attempt_then_canary(
+        BORROW_SOCKET,
+        &[
+            holder.child.id().to_string(),
+            holder.fd().to_string(),
+            "198.18.0.2".into(),
+            "8080".into(),
+        ],
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--user", "nobody"],
+        &strs(&argv),
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("canary-ok"), "{text}\n{}", stderr(&out));
+    assert!(text.contains("refused: pidfd_open"), "{text}");
+    assert_eq!(denied.load(Ordering::Relaxed), 0, "{text}");
+}
+
+#[test]
+fn a_workload_cannot_borrow_a_socket_from_another_sandbox() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let denied = w.http_origin("198.18.0.2:8080");
+    // Sandbox A, whose policy allows 198.18.0.2:8080, holds a socket.
+    let token = "held-by-sandbox-a";
+    let hold = format!("{HOLD_SOCKET}\n# {token}");
+    let lenient = w.dir.path().join("lenient.yaml");
+    std::fs::write(&lenient, LENIENT).unwrap();
+    let a = start_and_read_line(sluice_run(
+        &w,
+        &lenient,
+        &["--user", "nobody"],
+        &[python().to_str().unwrap(), "-c", &hold],
+    ));
+    let pids = pids_of("python", token);
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    // Sandbox B, whose policy denies it, tries to borrow that socket.
+    let argv = attempt_then_canary(
+        BORROW_SOCKET,
+        &[
+            pids[0].to_string(),
+            a.fd().to_string(),
+            "198.18.0.2".into(),
+            "8080".into(),
+        ],
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--user", "nobody"],
+        &strs(&argv),
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("canary-ok"), "{text}\n{}", stderr(&out));
+    assert!(text.contains("refused: pidfd_open"), "{text}");
+    assert_eq!(denied.load(Ordering::Relaxed), 0, "{text}");
+}
+
+#[test]
+fn a_workload_cannot_ptrace_a_process_outside_the_sandbox() {
+    let Some(w) = World::new() else { return };
+    let outside = outside_as_nobody(&w, HOLD_SOCKET);
+    let argv = [
+        python().display().to_string(),
+        "-c".into(),
+        PTRACE_ATTACH.into(),
+        outside.child.id().to_string(),
+    ];
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--user", "nobody"],
+        &strs(&argv),
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("refused:"), "{text}\n{}", stderr(&out));
+}
+
+#[test]
+fn a_workload_cannot_ptrace_even_its_own_child() {
+    let Some(w) = World::new() else { return };
+    let script = "sleep 30 & child=$!; \"$0\" -c \"$1\" $child; kill $child";
+    let argv = [
+        "sh".to_string(),
+        "-c".into(),
+        script.into(),
+        python().display().to_string(),
+        PTRACE_ATTACH.into(),
+    ];
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--user", "nobody"],
+        &strs(&argv),
+    ));
+    let text = stdout(&out);
+    assert!(
+        text.contains("refused: Operation not permitted"),
+        "{text}\n{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_workload_sees_only_its_own_processes() {
+    let Some(w) = World::new() else { return };
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo self=$$; ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '",
+        ],
+    ));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    // The init is 1, the shell 2; ls and grep are the only others.
+    assert!(text.contains("self=2"), "{text}");
+    let pids: Vec<u32> = text
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(pids.iter().all(|&p| p < 10), "{text}");
+}
+
+#[test]
+fn a_root_workload_cannot_signal_sluice() {
+    let Some(w) = World::new() else { return };
+    let pid_file = w.dir.path().join("sluice.pid");
+    // STOP, HUP and KILL, to its parent (sluice, before PID namespaces) and
+    // to sluice's pid as the host sees it.
+    let script = format!(
+        "i=0; while [ ! -s {pid} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; \
+         host_pid=$(cat {pid}); \
+         for sig in STOP HUP KILL; do kill -$sig $PPID $host_pid 2>/dev/null; done; \
+         {bin} probe http http://198.18.0.1:8080/ && echo canary-ok",
+        pid = pid_file.display(),
+        bin = sluice_bin(),
+    );
+    w.http_origin("198.18.0.1:8080");
+    let mut cmd = sluice_run(&w, &w.policy(STRICT), &[], &["sh", "-c", &script]);
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::fs::write(&pid_file, child.id().to_string()).unwrap();
+    let out = wait_bounded(child, Duration::from_secs(60));
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(text.contains("canary-ok"), "{text}");
+    assert!(
+        !stderr(&out).contains("SIGHUP received"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_root_workload_cannot_rewrite_the_policy_file() {
+    let Some(w) = World::new() else { return };
+    let policy = w.policy(STRICT);
+    let script = format!(
+        "echo 'name: evil' >> {p} && echo WROTE; \
+         {py} -c 'import sys; open(sys.argv[1], \"r+\").write(\"x\")' {p} && echo OPENED; \
+         rm -f {p} && echo REMOVED; echo done",
+        p = policy.display(),
+        py = python().display(),
+    );
+    let out = finish(sluice_run(&w, &policy, &[], &["sh", "-c", &script]));
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    for what in ["WROTE", "OPENED", "REMOVED"] {
+        assert!(!text.contains(what), "{what}: {text}");
+    }
+    assert_eq!(std::fs::read_to_string(&policy).unwrap(), STRICT);
+}
+
+#[test]
+fn a_root_workload_cannot_move_the_directory_that_holds_the_policy_file() {
+    let Some(w) = World::new() else { return };
+    let policy = w.policy(STRICT);
+    let dir = w.dir.path();
+    let script = format!(
+        "mv {d} {d}.moved && echo MOVED; echo done",
+        d = dir.display()
+    );
+    let out = finish(sluice_run(&w, &policy, &[], &["sh", "-c", &script]));
+    let moved = std::path::PathBuf::from(format!("{}.moved", dir.display()));
+    if moved.exists() {
+        // Put it back for the temp dir's own cleanup, then fail.
+        std::fs::rename(&moved, dir).unwrap();
+    }
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("MOVED"), "{text}");
+}
+
+#[test]
+fn a_root_workload_cannot_change_the_bundle_its_trust_file_or_the_rollback_state() {
+    let Some(w) = World::new() else { return };
+    let dir = w.dir.path();
+    let (key, trust, bundle, state) = (
+        dir.join("ops.key"),
+        dir.join("trust.yaml"),
+        dir.join("bundle.tar.gz"),
+        dir.join("state"),
+    );
+    let sluice = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(sluice_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    };
+    sluice(&[
+        "bundle".as_ref(),
+        "keygen".as_ref(),
+        "--key".as_ref(),
+        key.as_os_str(),
+        "--trust".as_ref(),
+        trust.as_os_str(),
+        "--id".as_ref(),
+        "test".as_ref(),
+    ]);
+    sluice(&[
+        "bundle".as_ref(),
+        "sign".as_ref(),
+        "--key".as_ref(),
+        key.as_os_str(),
+        "--policy".as_ref(),
+        w.policy(STRICT).as_os_str(),
+        "--revision".as_ref(),
+        "7".as_ref(),
+        "--out".as_ref(),
+        bundle.as_os_str(),
+    ]);
+    let trusted = std::fs::read(&trust).unwrap();
+    let script = format!(
+        "for f in {b} {t}; do ( : > $f ) 2>/dev/null && echo CHANGED $f; done; \
+         for f in {s}/*; do ( : > $f ) 2>/dev/null && echo CHANGED $f; done; \
+         touch {s}/new 2>/dev/null && echo CREATED; echo done",
+        b = bundle.display(),
+        t = trust.display(),
+        s = state.display(),
+    );
+    let mut cmd = w.outer.command(sluice_bin());
+    cmd.args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg("--trust")
+        .arg(&trust)
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["--", "sh", "-c", &script]);
+    let out = finish(cmd);
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("CHANGED"), "{text}");
+    assert!(!text.contains("CREATED"), "{text}");
+    assert_eq!(std::fs::read(&trust).unwrap(), trusted);
+}
+
+#[test]
+fn a_root_workload_cannot_truncate_or_rewrite_the_audit_log() {
+    let Some(w) = World::new() else { return };
+    let audit = w.audit_path();
+    // A deny first, so there is a record to lose.
+    let script = format!(
+        "{bin} probe tcp 198.18.0.2:7000 --send x; \
+         ( : > {a} ) 2>/dev/null && echo TRUNCATED; \
+         {py} -c 'import sys; open(sys.argv[1], \"r+\").write(\"{{}}\")' {a} && echo REWROTE; \
+         echo done",
+        bin = sluice_bin(),
+        a = audit.display(),
+        py = python().display(),
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--audit", audit.to_str().unwrap()],
+        &["sh", "-c", &script],
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("TRUNCATED"), "{text}");
+    assert!(!text.contains("REWROTE"), "{text}");
+    let verify = std::process::Command::new(sluice_bin())
+        .args(["audit", "verify"])
+        .arg(&audit)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", stdout(&verify));
+    assert_eq!(w.audit().len(), 1);
+}
+
+#[test]
+fn a_root_workload_cannot_truncate_the_timing_records() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let timings = w.dir.path().join("timings.jsonl");
+    let script = format!(
+        "{bin} probe http http://198.18.0.1:8080/ >/dev/null; \
+         ( : > {t} ) 2>/dev/null && echo TRUNCATED; echo done",
+        bin = sluice_bin(),
+        t = timings.display(),
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--timings", timings.to_str().unwrap()],
+        &["sh", "-c", &script],
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("TRUNCATED"), "{text}");
+    let records = std::fs::read_to_string(&timings).unwrap();
+    assert_eq!(records.lines().count(), 1, "{records}");
+}
+
+#[test]
+fn a_root_workload_cannot_rewrite_a_rotated_audit_log() {
+    let Some(w) = World::new() else { return };
+    let audit = w.audit_path();
+    let rotated = w.dir.path().join("audit.jsonl.1");
+    // Each deny record is a few hundred bytes: the second one rotates.
+    let script = format!(
+        "for i in 1 2 3; do {bin} probe tcp 198.18.0.2:7000 --send x >/dev/null; done; \
+         i=0; while [ ! -e {r} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; \
+         [ -e {r} ] && echo ROTATED; \
+         ( : > {r} ) 2>/dev/null && echo TRUNCATED-ROTATED; \
+         ( : > {a} ) 2>/dev/null && echo TRUNCATED-LIVE; \
+         touch {a}.9 2>/dev/null && echo CREATED; \
+         echo done",
+        bin = sluice_bin(),
+        a = audit.display(),
+        r = rotated.display(),
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[
+            "--audit",
+            audit.to_str().unwrap(),
+            "--audit-max-bytes",
+            "300",
+        ],
+        &["sh", "-c", &script],
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("ROTATED"), "{text}\n{}", stderr(&out));
+    assert!(text.contains("done"), "{text}");
+    for what in ["TRUNCATED-ROTATED", "TRUNCATED-LIVE", "CREATED"] {
+        assert!(!text.contains(what), "{what}: {text}");
+    }
+    assert!(std::fs::metadata(&rotated).unwrap().len() > 0);
+}
+
+#[test]
+fn a_rotating_audit_log_in_the_working_directory_is_refused_before_anything_runs() {
+    let Some(w) = World::new() else { return };
+    let marker = w.dir.path().join("ran");
+    let mut cmd = sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--audit", "audit.jsonl", "--audit-max-bytes", "1000"],
+        &["touch", marker.to_str().unwrap()],
+    );
+    cmd.current_dir(w.dir.path());
+    let out = finish(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("holds the command's working directory"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!marker.exists());
+}
+
+#[test]
+fn a_root_workload_cannot_write_kernel_or_network_tunables() {
+    let Some(w) = World::new() else { return };
+    // Each write puts back the value that is there: nothing changes even
+    // where it succeeds (as it did before the fix). sysrq-trigger is only
+    // opened.
+    let script = "for f in /proc/sys/kernel/core_pattern /proc/sys/net/ipv4/ip_forward \
+                  /proc/sys/net/ipv4/conf/all/forwarding; do \
+                    v=$(cat $f); ( printf '%s\\n' \"$v\" > $f ) 2>/dev/null && echo WROTE $f; \
+                  done; \
+                  for f in /proc/sysrq-trigger /sys/kernel/mm/transparent_hugepage/enabled; do \
+                    [ -e $f ] && ( : >> $f ) 2>/dev/null && echo OPENED $f; \
+                  done; \
+                  echo done";
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &["sh", "-c", script],
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("WROTE"), "{text}");
+    assert!(!text.contains("OPENED"), "{text}");
+}
+
+#[test]
+fn packet_and_vsock_sockets_are_refused_even_for_root() {
+    let Some(w) = World::new() else { return };
+    // Creating a socket sends nothing.
+    let script = r#"
+import socket
+for name, family, kind in [("packet", socket.AF_PACKET, socket.SOCK_RAW), ("vsock", 40, socket.SOCK_STREAM)]:
+    try:
+        socket.socket(family, kind)
+        print(name, "CREATED")
+    except OSError as e:
+        print(name, "refused:", e.strerror)
+"#;
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &[python().to_str().unwrap(), "-c", script],
+    ));
+    let text = stdout(&out);
+    assert!(
+        text.contains("packet refused: Operation not permitted"),
+        "{text}\n{}",
+        stderr(&out)
+    );
+    assert!(
+        text.contains("vsock refused: Operation not permitted"),
+        "{text}"
+    );
+}
+
+#[test]
+fn capabilities_sluice_inherited_do_not_reach_a_root_workload() {
+    let Some(w) = World::new() else { return };
+    if tool_path("capsh").is_none() {
+        panic!("capsh is needed (apt-get install libcap2-bin)");
+    }
+    // sluice starts with CAP_NET_ADMIN, CAP_NET_RAW and CAP_SYS_ADMIN in
+    // its inheritable and ambient sets.
+    let caps = "cap_net_admin,cap_net_raw,cap_sys_admin";
+    let run = format!(
+        "exec {} run --policy {} -- grep ^Cap /proc/self/status",
+        sluice_bin(),
+        w.policy(STRICT).display()
+    );
+    let mut cmd = w.outer.command("capsh");
+    cmd.arg(format!("--inh={caps}"))
+        .arg(format!("--addamb={caps}"))
+        .args(["--", "-c", &run]);
+    let out = finish(cmd);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    let sets = capability_sets(&text);
+    assert_eq!(sets.len(), 5, "{text}");
+    for (set, mask) in sets {
+        for cap in [12, 13, 21] {
+            assert_eq!(mask & (1 << cap), 0, "capability {cap} in {set}: {text}");
+        }
+    }
+}
+
+#[test]
+fn tiocsti_cannot_type_into_the_terminal_however_the_request_is_spelled() {
+    let Some(w) = World::new() else { return };
+    // The request as the kernel takes it (32 bits), and with high bits set.
+    let script = r##"
+import ctypes, os, termios
+libc = ctypes.CDLL(None, use_errno=True)
+c = ctypes.c_char(b"#")
+for name, request in [("plain", termios.TIOCSTI), ("high-bits", termios.TIOCSTI | (1 << 32))]:
+    rc = libc.syscall(16 if os.uname().machine == "x86_64" else 29, 0, ctypes.c_ulong(request), ctypes.byref(c))
+    print("tiocsti", name, "TYPED" if rc == 0 else "refused: " + os.strerror(ctypes.get_errno()), flush=True)
+print("tiocsti-done", flush=True)
+"##;
+    let mut cmd = sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &[python().to_str().unwrap(), "-c", script],
+    );
+    let master = in_terminal(&mut cmd);
+    let child = cmd.spawn().unwrap();
+    drop(cmd);
+    let seen = read_terminal(&master);
+    let out = wait_bounded(child, Duration::from_secs(60));
+    let text = seen.lock().unwrap().clone();
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("tiocsti-done"), "{text}");
+    assert!(!text.contains("TYPED"), "{text}");
+    assert_eq!(
+        text.matches("refused: Operation not permitted").count(),
+        2,
+        "{text}"
+    );
+}
+
+#[test]
+fn an_interactive_shell_suspends_a_job_and_brings_it_back() {
+    let Some(w) = World::new() else { return };
+    let bash = tool_path("bash").expect("bash");
+    let mut cmd = sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &[bash.to_str().unwrap(), "--norc", "--noprofile", "-i"],
+    );
+    cmd.env("PS1", "prompt> ");
+    let mut master = in_terminal(&mut cmd);
+    let child = cmd.spawn().unwrap();
+    drop(cmd);
+    let seen = read_terminal(&master);
+    let saw = |what: &str| {
+        eventually(Duration::from_secs(20), || {
+            seen.lock().unwrap().contains(what)
+        })
+    };
+    assert!(saw("prompt> "), "{}", seen.lock().unwrap());
+    // The markers are computed, so the terminal's echo of the typed line
+    // does not contain them.
+    master
+        .write_all(b"sh -c 'echo started-$((40+2)); sleep 5; echo finished-$((40+2))'\n")
+        .unwrap();
+    assert!(saw("started-42"), "{}", seen.lock().unwrap());
+    master.write_all(b"\x1a").unwrap();
+    assert!(saw("Stopped"), "{}", seen.lock().unwrap());
+    assert!(!seen.lock().unwrap().contains("finished-42"));
+    master.write_all(b"fg\n").unwrap();
+    assert!(saw("finished-42"), "{}", seen.lock().unwrap());
+    master.write_all(b"exit\n").unwrap();
+    let out = wait_bounded(child, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", seen.lock().unwrap());
+}
+
+#[test]
+fn after_an_interactive_shell_exits_sluice_has_its_terminal_back() {
+    let Some(w) = World::new() else { return };
+    let bash = tool_path("bash").expect("bash");
+    // The shell takes the terminal for itself and, from inside its PID
+    // namespace, cannot name sluice's group to give it back. With tostop,
+    // a background sluice that logs would be stopped (SIGTTOU) for good.
+    let mut cmd = sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &[bash.to_str().unwrap(), "--norc", "--noprofile", "-i"],
+    );
+    cmd.env("PS1", "prompt> ");
+    let mut master = in_terminal(&mut cmd);
+    let child = cmd.spawn().unwrap();
+    drop(cmd);
+    let seen = read_terminal(&master);
+    let saw = |what: &str| {
+        eventually(Duration::from_secs(20), || {
+            seen.lock().unwrap().contains(what)
+        })
+    };
+    assert!(saw("prompt> "), "{}", seen.lock().unwrap());
+    master
+        .write_all(b"stty tostop; echo set-$((40+2))\n")
+        .unwrap();
+    assert!(saw("set-42"), "{}", seen.lock().unwrap());
+    master.write_all(b"exit\n").unwrap();
+    let out = wait_bounded(child, Duration::from_secs(30));
+    let text = seen.lock().unwrap().clone();
+    assert!(out.status.success(), "{:?}: {text}", out.status);
+    // sluice's last log line, written after the shell ended.
+    assert!(text.contains("own CPU time"), "{text}");
+}
+
+#[test]
+fn a_root_workload_cannot_reach_the_daemon_socket() {
+    let Some(w) = World::new() else { return };
+    let socket = w.dir.path().join("daemon.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let script = "import socket, sys\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  try:\n    s.connect(sys.argv[1]); print('CONNECTED')\n\
+                  except OSError as e:\n    print('refused:', e.strerror)\n";
+    let mut cmd = sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &[
+            python().to_str().unwrap(),
+            "-c",
+            script,
+            socket.to_str().unwrap(),
+        ],
+    );
+    // The daemon's socket, as `sluice status` and the hook find it.
+    cmd.env("SLUICE_DAEMON_SOCKET", &socket);
+    let out = finish(cmd);
+    let text = stdout(&out);
+    assert!(text.contains("refused:"), "{text}\n{}", stderr(&out));
+}
+
+#[test]
+fn curl_and_wget_fetch_through_sluice() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let script = "curl -sS http://origin.test:8080/ && wget -q -O - http://198.18.0.1:8080/";
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &["sh", "-c", script],
+    ));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert_eq!(text.matches("hello from origin").count(), 2, "{text}");
+}
+
+#[test]
+fn python_fetches_through_sluice_as_another_user() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let script = "import urllib.request; print(urllib.request.urlopen('http://origin.test:8080/', timeout=10).read().decode())";
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &["--user", "nobody"],
+        &[python().to_str().unwrap(), "-c", script],
+    ));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(text.contains("hello from origin"), "{text}");
+}
+
+#[test]
+fn git_commits_and_clones_in_the_sandbox() {
+    let Some(w) = World::new() else { return };
+    let repo = w.dir.path().join("repo");
+    let script = format!(
+        "set -e; git init -q {r}; cd {r}; echo hi > f; git add f; \
+         git -c user.name=t -c user.email=t@t commit -qm first; \
+         git clone -q {r} {r}-clone; git -C {r}-clone log --format=%s",
+        r = repo.display()
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &["sh", "-c", &script],
+    ));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert_eq!(text.trim(), "first");
+}
+
+/// Collect what the terminal shows, on a thread, until its last user goes.
+fn read_terminal(master: &std::fs::File) -> Arc<Mutex<String>> {
+    let seen = Arc::new(Mutex::new(String::new()));
+    let mut master = master.try_clone().unwrap();
+    let into = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        // EIO once the last slave descriptor is closed.
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            into.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    seen
+}
