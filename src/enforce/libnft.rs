@@ -69,9 +69,7 @@ pub(super) type Run<'a> = dyn FnMut(&CStr) -> Reply + 'a;
 pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let api = api()?;
-    let _held = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
+    let _held = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     // libnftables calls exit() when it cannot open its netlink socket; find
     // out first, and fail with an error instead.
     netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)

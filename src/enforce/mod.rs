@@ -20,8 +20,8 @@ mod ruleset;
 
 pub use nft::{apply, dropped_packets, verify};
 pub use ruleset::{
-    ruleset, DROP_COUNTER, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT,
-    PREROUTING_NAT, TABLE,
+    ruleset, DROP_COUNTER, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT, PREROUTING_NAT,
+    TABLE,
 };
 
 /// What the table enforces for one sandbox.
