@@ -90,7 +90,6 @@ pub enum NetnsError {
 pub struct SandboxNetns {
     fd: OwnedFd,
     ino: u64,
-    dev: u64,
 }
 
 impl SandboxNetns {
@@ -178,11 +177,7 @@ impl SandboxNetns {
             path: path.to_owned(),
             source: e.into(),
         })?;
-        Ok(SandboxNetns {
-            fd,
-            ino: st.st_ino,
-            dev: st.st_dev,
-        })
+        Ok(SandboxNetns { fd, ino: st.st_ino })
     }
 
     /// A second handle on the same namespace (a duplicated descriptor), for
@@ -192,11 +187,7 @@ impl SandboxNetns {
             path: "<sandbox namespace descriptor>".into(),
             source,
         })?;
-        Ok(SandboxNetns {
-            fd,
-            ino: self.ino,
-            dev: self.dev,
-        })
+        Ok(SandboxNetns { fd, ino: self.ino })
     }
 
     /// Runs `f` on a fresh thread that has entered this namespace and waits
@@ -262,10 +253,7 @@ impl SandboxNetns {
     }
 
     fn netns(&self) -> processes::Netns {
-        processes::Netns {
-            ino: self.ino,
-            dev: self.dev,
-        }
+        processes::Netns::new(self.ino)
     }
 
     fn describe(&self) -> String {
