@@ -209,6 +209,15 @@ fn table_applies_and_reads_back_identical() {
 }
 
 #[test]
+fn table_applies_after_a_preload() {
+    let Some(_guard) = privileged("table_applies_after_a_preload") else {
+        return;
+    };
+    enforce::preload();
+    enforced_sandbox();
+}
+
+#[test]
 fn flushed_filter_chain_fails_verification() {
     let Some(_guard) = privileged("flushed_filter_chain_fails_verification") else {
         return;

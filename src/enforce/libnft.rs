@@ -113,6 +113,11 @@ pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, Enfo
     }
 }
 
+/// Loads the library now (once per process) and says whether it could.
+pub(super) fn load_now() -> Result<(), EnforceError> {
+    api().map(|_| ())
+}
+
 fn api() -> Result<&'static Api, EnforceError> {
     static API: OnceLock<Result<Api, String>> = OnceLock::new();
     API.get_or_init(load)

@@ -19,6 +19,20 @@ mod readback;
 mod ruleset;
 
 pub use nft::{apply, dropped_packets, verify};
+
+/// Starts loading libnftables on a thread of its own and returns at once,
+/// so that the first [`apply`] finds it loaded (about 1 ms of dynamic
+/// loading here, which a caller can overlap with creating the namespace).
+/// Optional: every function loads it when first needed, and reports a
+/// missing library then; this thread only ever loads, so nothing is lost if
+/// it fails or the process exits first.
+pub fn preload() {
+    let _ = std::thread::Builder::new()
+        .name("sluice-nft-load".into())
+        .spawn(|| {
+            let _ = libnft::load_now();
+        });
+}
 pub use ruleset::{
     ruleset, DROP_COUNTER, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT, PREROUTING_NAT,
     TABLE,
