@@ -1,8 +1,10 @@
 //! Privileged tests of `netns` and `enforce` together: a real anonymous
-//! namespace, the real `inet sluice` table applied with nft, and real
-//! sockets inside. Needs root, `nft` and `ip`; without them each test fails
-//! with a clear message when SLUICE_REQUIRE_PRIVILEGED=1 and is skipped
-//! loudly otherwise. Nothing here touches the test runner's own namespace.
+//! namespace plumbed over rtnetlink, the real `inet sluice` table applied
+//! through libnftables, and real sockets inside. Needs root, `nft` and `ip`
+//! (the tests use them to look and to tamper, as an outsider would); without
+//! them each test fails with a clear message when SLUICE_REQUIRE_PRIVILEGED=1
+//! and is skipped loudly otherwise. Nothing here touches the test runner's
+//! own namespace.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{
@@ -85,6 +87,112 @@ fn nft_in(ns: &SandboxNetns, args: &'static [&'static str]) {
     assert!(status.success(), "nft {args:?} failed");
 }
 
+/// `ip -j ARGS` inside `ns`, parsed.
+fn ip_json(ns: &SandboxNetns, args: &'static [&'static str]) -> Vec<serde_json::Value> {
+    let out = ns
+        .run_in(move || Command::new("ip").arg("-j").args(args).output())
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "ip -j {args:?} failed");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn fresh_namespace_has_lo_and_the_veth_pair_up_inside() {
+    let Some(_guard) = privileged("fresh_namespace_has_lo_and_the_veth_pair_up_inside") else {
+        return;
+    };
+    let ns = SandboxNetns::create().unwrap();
+    let mut links: Vec<(String, String, bool)> = ip_json(&ns, &["link", "show"])
+        .iter()
+        .map(|l| {
+            let up = l["flags"].as_array().unwrap().iter().any(|f| f == "UP");
+            // `link` names the peer only when it is in the same namespace.
+            let peer = l["link"].as_str().unwrap_or("").to_string();
+            (l["ifname"].as_str().unwrap().to_string(), peer, up)
+        })
+        .collect();
+    links.sort();
+    assert_eq!(
+        links,
+        [
+            ("lo".into(), "".into(), true),
+            ("sbx0".into(), "sbx1".into(), true),
+            ("sbx1".into(), "sbx0".into(), true)
+        ]
+    );
+    let mut names = ns.links().unwrap();
+    names.sort();
+    assert_eq!(names, ["sbx0", "sbx1"], "links() leaves out lo");
+}
+
+#[test]
+fn fresh_namespace_has_only_the_sandbox_addresses() {
+    let Some(_guard) = privileged("fresh_namespace_has_only_the_sandbox_addresses") else {
+        return;
+    };
+    let ns = SandboxNetns::create().unwrap();
+    let mut addrs = Vec::new();
+    for link in ip_json(&ns, &["address", "show"]) {
+        for a in link["addr_info"].as_array().unwrap() {
+            addrs.push(format!(
+                "{} {}/{}{}",
+                link["ifname"].as_str().unwrap(),
+                a["local"].as_str().unwrap(),
+                a["prefixlen"],
+                if a["nodad"] == true { " nodad" } else { "" }
+            ));
+        }
+    }
+    addrs.sort();
+    // No link-local addresses: the IPv6 defaults were quieted first.
+    assert_eq!(
+        addrs,
+        [
+            "lo 127.0.0.1/8",
+            "lo 2001:db8:5c:ffff::2/128 nodad",
+            "lo ::1/128",
+            "sbx0 198.19.255.2/30"
+        ]
+    );
+}
+
+#[test]
+fn fresh_namespace_routes_both_families_via_sbx0() {
+    let Some(_guard) = privileged("fresh_namespace_routes_both_families_via_sbx0") else {
+        return;
+    };
+    let ns = SandboxNetns::create().unwrap();
+    let default = |routes: Vec<serde_json::Value>| {
+        let d: Vec<_> = routes
+            .into_iter()
+            .filter(|r| r["dst"] == "default")
+            .collect();
+        assert_eq!(d.len(), 1, "{d:?}");
+        d.into_iter().next().unwrap()
+    };
+    let v4 = default(ip_json(&ns, &["-4", "route", "show"]));
+    assert_eq!(v4["dev"], "sbx0");
+    assert_eq!(v4["scope"], "link");
+    let v6 = default(ip_json(&ns, &["-6", "route", "show"]));
+    assert_eq!(v6["dev"], "sbx0");
+    assert_eq!(v6["prefsrc"], SANDBOX_V6.to_string());
+}
+
+#[test]
+fn plumbing_a_plumbed_namespace_says_what_exists() {
+    let Some(_guard) = privileged("plumbing_a_plumbed_namespace_says_what_exists") else {
+        return;
+    };
+    let ns = SandboxNetns::create().unwrap();
+    let err = ns.plumb().unwrap_err().to_string();
+    assert!(err.contains("creating the veth pair sbx0/sbx1"), "{err}");
+    assert!(
+        err.contains("only a namespace holding nothing but lo"),
+        "{err}"
+    );
+}
+
 #[test]
 fn table_applies_and_reads_back_identical() {
     let Some(_guard) = privileged("table_applies_and_reads_back_identical") else {
@@ -98,6 +206,15 @@ fn table_applies_and_reads_back_identical() {
     })
     .unwrap()
     .expect("re-apply and verify");
+}
+
+#[test]
+fn table_applies_after_a_preload() {
+    let Some(_guard) = privileged("table_applies_after_a_preload") else {
+        return;
+    };
+    enforce::preload();
+    enforced_sandbox();
 }
 
 #[test]
@@ -157,6 +274,36 @@ fn changed_policy_and_extra_rule_fail_verification() {
 }
 
 #[test]
+fn extra_counter_in_table_fails_verification() {
+    let Some(_guard) = privileged("extra_counter_in_table_fails_verification") else {
+        return;
+    };
+    let ns = enforced_sandbox();
+    nft_in(&ns, &["add", "counter", "inet", "sluice", "extra"]);
+    let err = ns.run_in(|| enforce::verify(&spec())).unwrap().unwrap_err();
+    assert!(
+        err.to_string().contains("unexpected counter extra"),
+        "{err}"
+    );
+}
+
+#[test]
+fn reapplying_replaces_a_tampered_table_whole() {
+    let Some(_guard) = privileged("reapplying_replaces_a_tampered_table_whole") else {
+        return;
+    };
+    let ns = enforced_sandbox();
+    nft_in(&ns, &["add", "chain", "inet", "sluice", "sneaky"]);
+    nft_in(&ns, &["flush", "chain", "inet", "sluice", "output_filter"]);
+    ns.run_in(|| {
+        enforce::apply(&spec())?;
+        enforce::verify(&spec())
+    })
+    .unwrap()
+    .expect("the re-applied table reads back as built");
+}
+
+#[test]
 fn foreign_table_in_sandbox_fails_verification() {
     let Some(_guard) = privileged("foreign_table_in_sandbox_fails_verification") else {
         return;
@@ -177,6 +324,22 @@ fn verify_without_table_says_apply_first() {
     };
     let ns = SandboxNetns::create().unwrap();
     let err = ns.run_in(|| enforce::verify(&spec())).unwrap().unwrap_err();
+    assert!(matches!(err, EnforceError::TableMissing), "{err}");
+    let tap = SandboxSpec::tap(PROXY_PORT, DNS_PORT, "sluicetap0");
+    let err = ns
+        .run_in(move || enforce::verify(&tap))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, EnforceError::TableMissing), "{err}");
+}
+
+#[test]
+fn drop_count_without_table_says_apply_first() {
+    let Some(_guard) = privileged("drop_count_without_table_says_apply_first") else {
+        return;
+    };
+    let ns = SandboxNetns::create().unwrap();
+    let err = ns.run_in(enforce::dropped_packets).unwrap().unwrap_err();
     assert!(matches!(err, EnforceError::TableMissing), "{err}");
 }
 
@@ -300,6 +463,37 @@ fn other_udp_fails_with_eperm_and_is_counted() {
 }
 
 #[test]
+fn drop_count_is_the_named_counter_nft_lists() {
+    let Some(_guard) = privileged("drop_count_is_the_named_counter_nft_lists") else {
+        return;
+    };
+    let ns = enforced_sandbox();
+    let (ours, listed) = ns
+        .run_in(|| {
+            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+            for _ in 0..3 {
+                s.send_to(b"x", "198.18.0.1:9999").unwrap_err();
+            }
+            let ours = enforce::dropped_packets().unwrap();
+            let out = Command::new("nft")
+                .args(["-j", "list", "counter", "inet", "sluice", "dropped"])
+                .output()
+                .unwrap();
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let listed = doc["nftables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find_map(|o| o["counter"]["packets"].as_u64())
+                .unwrap();
+            (ours, listed)
+        })
+        .unwrap();
+    assert!(ours >= 3, "three drops counted, read {ours}");
+    assert_eq!(ours, listed, "the same counter nft lists");
+}
+
+#[test]
 fn processes_inside_are_found_and_killed() {
     let Some(_guard) = privileged("processes_inside_are_found_and_killed") else {
         return;
@@ -320,6 +514,53 @@ fn processes_inside_are_found_and_killed() {
     let status = child.wait().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGKILL));
     assert!(ns.processes_inside().is_empty());
+}
+
+#[test]
+fn kill_processes_inside_takes_a_whole_process_tree() {
+    let Some(_guard) = privileged("kill_processes_inside_takes_a_whole_process_tree") else {
+        return;
+    };
+    let ns = SandboxNetns::create().unwrap();
+    // A shell with two children, each reporting its pid once it runs.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "sleep 30 & echo $!; sleep 30 & echo $!; wait"])
+        .stdout(Stdio::piped());
+    // SAFETY: the hook only calls setns(2) on an fd it owns (async-signal-safe).
+    unsafe { cmd.pre_exec(ns.enter_fn()) };
+    let mut shell = cmd.spawn().unwrap();
+    let mut lines = std::io::BufReader::new(shell.stdout.take().unwrap());
+    let mut children = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+        children.push(line.trim().parse::<i32>().unwrap());
+    }
+    let mut inside = ns.processes_inside();
+    inside.sort_unstable();
+    let mut expected = vec![shell.id() as i32, children[0], children[1]];
+    expected.sort_unstable();
+    assert_eq!(inside, expected);
+
+    ns.kill_processes_inside();
+    assert_eq!(shell.wait().unwrap().signal(), Some(libc::SIGKILL));
+    assert!(ns.processes_inside().is_empty());
+}
+
+#[test]
+fn kill_processes_inside_leaves_processes_outside_alone() {
+    let Some(_guard) = privileged("kill_processes_inside_leaves_processes_outside_alone") else {
+        return;
+    };
+    let ns = SandboxNetns::create().unwrap();
+    let mut outside = Command::new("sleep").arg("30").spawn().unwrap();
+    ns.kill_processes_inside();
+    assert!(
+        outside.try_wait().unwrap().is_none(),
+        "a process outside the sandbox namespace was killed"
+    );
+    outside.kill().unwrap();
+    outside.wait().unwrap();
 }
 
 #[test]

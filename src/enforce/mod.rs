@@ -3,21 +3,42 @@
 //!
 //! This module owns the ruleset as data: [`ruleset`] is a pure function of a
 //! [`SandboxSpec`] (golden tests pin its JSON), [`apply`] hands it to
-//! `nft -j -f -` as ONE transaction that applies whole or not at all,
-//! [`verify`] reads the table back and refuses anything that differs, and
-//! [`dropped_packets`] reads the drop counters for metrics. Every function
-//! acts on the network namespace of the CALLING THREAD: callers run them
-//! through `netns::SandboxNetns::run_in`. This module must never fail open:
-//! no rule-by-rule application, no tolerated partial failure, and it never
-//! touches any table but `inet sluice`. It knows nothing of sockets or
-//! policy; creating namespaces belongs to `netns`.
+//! libnftables, in process, as ONE transaction that applies whole or not at
+//! all, [`verify`] reads the table back and refuses anything that differs,
+//! and [`dropped_packets`] reads the named drop counter for metrics. No
+//! process is spawned. Every function acts on the network namespace of the
+//! CALLING THREAD: callers run them through `netns::SandboxNetns::run_in`.
+//! This module must never fail open: no rule-by-rule application, no
+//! tolerated partial failure, and it never touches any table but
+//! `inet sluice`. It knows nothing of sockets or policy; creating namespaces
+//! belongs to `netns`.
 
+mod libnft;
+#[forbid(unsafe_code)]
 mod nft;
+#[forbid(unsafe_code)]
+mod readback;
+#[forbid(unsafe_code)]
 mod ruleset;
 
 pub use nft::{apply, dropped_packets, verify};
+
+/// Starts loading libnftables on a thread of its own and returns at once,
+/// so that the first [`apply`] finds it loaded (about 1 ms of dynamic
+/// loading here, which a caller can overlap with creating the namespace).
+/// Optional: every function loads it when first needed, and reports a
+/// missing library then; this thread only ever loads, so nothing is lost if
+/// it fails or the process exits first.
+pub fn preload() {
+    let _ = std::thread::Builder::new()
+        .name("sluice-nft-load".into())
+        .spawn(|| {
+            let _ = libnft::load_now();
+        });
+}
 pub use ruleset::{
-    ruleset, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT, PREROUTING_NAT, TABLE,
+    ruleset, DROP_COUNTER, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT, PREROUTING_NAT,
+    TABLE,
 };
 
 /// What the table enforces for one sandbox.
@@ -59,23 +80,25 @@ impl SandboxSpec {
 /// Errors from applying, verifying or reading the `inet sluice` table.
 #[derive(Debug, thiserror::Error)]
 pub enum EnforceError {
-    #[error("nft not found: install nftables (apt-get install nftables)")]
-    NftNotFound,
-    #[error("running nft failed: {0}")]
-    Spawn(#[source] std::io::Error),
+    #[error("cannot load libnftables ({0}): install nftables (apt-get install nftables)")]
+    NftNotFound(String),
+    #[error("cannot open a netfilter netlink socket in the sandbox namespace: {0} (does this kernel have nf_tables?)")]
+    Netlink(#[source] std::io::Error),
+    #[error("libnftables could not set up a context (out of memory?); nothing was applied")]
+    Context,
     #[error("invalid sandbox spec: {0}")]
     InvalidSpec(String),
     #[error(
-        "nft needs root (CAP_NET_ADMIN in the sandbox namespace): run sluice as root ({stderr})"
+        "changing nftables needs root (CAP_NET_ADMIN in the sandbox namespace): run sluice as root ({stderr})"
     )]
     Permission { stderr: String },
-    #[error("nft rejected the sluice ruleset, nothing was applied: {stderr}")]
+    #[error("libnftables rejected the sluice ruleset, nothing was applied: {stderr}")]
     Apply { stderr: String },
     #[error("table inet sluice does not exist in this namespace: apply the ruleset first")]
     TableMissing,
     #[error("reading back table inet sluice failed: {stderr}")]
     List { stderr: String },
-    #[error("could not parse nft's JSON output: {0}")]
+    #[error("could not parse libnftables' JSON output: {0}")]
     Parse(String),
     #[error("table inet sluice differs from what sluice applied ({0}); something else changed the ruleset, refusing to run the workload")]
     Mismatch(String),

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use nftables::expr::{Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, CT};
-use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Nftables, Rule, Table};
+use nftables::schema::{self, Chain, NfCmd, NfListObject, NfObject, Nftables, Rule, Table};
 use nftables::stmt::{Counter, Match, Operator, Statement, NAT};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
@@ -22,13 +22,16 @@ pub const PREROUTING_NAT: &str = "prerouting_nat";
 pub const INPUT_FILTER: &str = "input_filter";
 /// Tap mode: filter chain on packets from the tap to anywhere else.
 pub const FORWARD_FILTER: &str = "forward_filter";
+/// The named counter every drop rule of the table counts into: reading this
+/// one object is all a drop-count scrape needs.
+pub const DROP_COUNTER: &str = "dropped";
 
 const NAT_PRIORITY: i32 = -100;
 const FILTER_PRIORITY: i32 = 0;
 
 /// Builds the whole batch: create-then-delete the table (so re-applying
 /// replaces it instead of appending, in the same transaction), then the table,
-/// its chains and rules.
+/// its drop counter, chains and rules.
 ///
 /// Host mode (`spec.tap == None`), applied inside the sandbox namespace:
 ///
@@ -41,7 +44,7 @@ const FILTER_PRIORITY: i32 = 0;
 /// chain output_filter { type filter hook output priority 0; policy drop;
 ///     oif "lo" accept
 ///     ct status dnat accept
-///     counter drop }
+///     counter name "dropped" drop }
 /// ```
 ///
 /// Tap mode (`spec.tap == Some(TAP)`), applied in the namespace where the
@@ -58,20 +61,47 @@ const FILTER_PRIORITY: i32 = 0;
 ///     iifname TAP tcp dport DNS accept
 ///     iifname TAP udp dport DNS accept
 ///     iifname TAP icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
-///     iifname TAP counter drop }
+///     iifname TAP counter name "dropped" drop }
 /// chain forward_filter { type filter hook forward priority 0; policy accept;
-///     iifname TAP counter drop }
+///     iifname TAP counter name "dropped" drop }
 /// ```
 pub fn ruleset(spec: &SandboxSpec) -> Nftables<'static> {
     let mut objects = vec![
         add(NfListObject::Table(table())),
         NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(table()))),
         add(NfListObject::Table(table())),
+        add(NfListObject::Counter(schema::Counter {
+            family: NfFamily::INet,
+            table: TABLE.into(),
+            name: DROP_COUNTER.into(),
+            handle: None,
+            packets: None,
+            bytes: None,
+        })),
     ];
     match &spec.tap {
         None => host_chains(spec, &mut objects),
         Some(tap) => tap_chains(spec, tap, &mut objects),
     }
+    Nftables {
+        objects: Cow::Owned(objects),
+    }
+}
+
+/// [`ruleset`] for a namespace that has no `inet sluice` table yet: the same
+/// counter, chains and rules, but the table is `create`d (which fails, and
+/// applies nothing, if one exists) instead of added, deleted and added again.
+/// Deleting a table, even one created in the same batch, makes the kernel
+/// wait for an RCU grace period when the netlink socket closes (about 10 ms
+/// here), so a fresh sandbox does not pay for replacing what is not there.
+pub(super) fn first_ruleset(spec: &SandboxSpec) -> Nftables<'static> {
+    let mut objects = ruleset(spec).objects.into_owned();
+    objects.splice(
+        ..3,
+        [NfObject::CmdObject(NfCmd::Create(NfListObject::Table(
+            table(),
+        )))],
+    );
     Nftables {
         objects: Cow::Owned(objects),
     }
@@ -273,7 +303,7 @@ fn drop() -> Statement<'static> {
 }
 
 fn counter() -> Statement<'static> {
-    Statement::Counter(Counter::Anonymous(None))
+    Statement::Counter(Counter::Named(DROP_COUNTER.into()))
 }
 
 #[cfg(test)]
@@ -357,5 +387,43 @@ mod tests {
             .map(|o| o.as_object().unwrap().keys().next().unwrap().clone())
             .collect();
         assert_eq!(cmds, ["add", "delete", "add"]);
+    }
+
+    #[test]
+    fn first_ruleset_creates_the_table_and_adds_the_same_objects() {
+        for spec in [SandboxSpec::host(1, 2), SandboxSpec::tap(1, 2, "tap0")] {
+            let full = serde_json::to_value(ruleset(&spec)).unwrap();
+            let first = serde_json::to_value(first_ruleset(&spec)).unwrap();
+            let (full, first) = (
+                full["nftables"].as_array().unwrap(),
+                first["nftables"].as_array().unwrap(),
+            );
+            assert_eq!(first[0]["create"]["table"], full[2]["add"]["table"]);
+            assert_eq!(first[1..], full[3..]);
+            assert!(!first.iter().any(|o| o.get("delete").is_some()));
+        }
+    }
+
+    #[test]
+    fn every_drop_rule_counts_into_the_named_counter() {
+        for spec in [SandboxSpec::host(1, 2), SandboxSpec::tap(1, 2, "tap0")] {
+            let json = serde_json::to_value(ruleset(&spec)).unwrap();
+            let objects = json["nftables"].as_array().unwrap();
+            assert!(objects
+                .iter()
+                .any(|o| o["add"]["counter"]["name"] == DROP_COUNTER));
+            let drops: Vec<_> = objects
+                .iter()
+                .filter_map(|o| o["add"]["rule"]["expr"].as_array())
+                .filter(|e| e.iter().any(|s| s.get("drop").is_some()))
+                .collect();
+            assert!(!drops.is_empty());
+            for expr in drops {
+                assert!(
+                    expr.iter().any(|s| s["counter"] == DROP_COUNTER),
+                    "{expr:?}"
+                );
+            }
+        }
     }
 }

@@ -12,17 +12,20 @@
 //! Linux network namespaces are per thread: every operation that must happen
 //! "inside" runs on a dedicated, short-lived std::thread that unshare()s or
 //! setns()es, so the rest of the process (tokio workers included) never
-//! changes namespace. This module must never touch the namespace sluice
-//! itself runs in: no links, routes or rules are ever created outside the
-//! sandbox namespace. Firewall rules are not this module's job (see
-//! `enforce`).
+//! changes namespace. Links, addresses and routes are set over rtnetlink
+//! from that thread (`links`); no `ip` process is spawned. This module must
+//! never touch the namespace sluice itself runs in: no links, routes or
+//! rules are ever created outside the sandbox namespace. Firewall rules are
+//! not this module's job (see `enforce`).
+
+mod links;
+mod processes;
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use nix::errno::Errno;
 use nix::sched::{setns, unshare, CloneFlags};
@@ -32,10 +35,12 @@ use nix::sched::{setns, unshare, CloneFlags};
 pub const SANDBOX_V4: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 2);
 /// Prefix length of [`SANDBOX_V4`].
 pub const SANDBOX_V4_PREFIX: u8 = 30;
-/// IPv6 address of `sbx0` (documentation range, added with `nodad`).
+/// The sandbox's IPv6 source address (documentation range), on `lo` with
+/// `nodad` (lo sends no MLD reports); the v6 default route via `sbx0` uses it
+/// as its source.
 pub const SANDBOX_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0x0db8, 0x5c, 0xffff, 0, 0, 0, 2);
 /// Prefix length of [`SANDBOX_V6`].
-pub const SANDBOX_V6_PREFIX: u8 = 64;
+pub const SANDBOX_V6_PREFIX: u8 = 128;
 /// Name of the veth end that carries the addresses and default routes.
 pub const SANDBOX_LINK: &str = "sbx0";
 /// Name of its peer (also inside the namespace).
@@ -66,12 +71,12 @@ pub enum NetnsError {
     },
     #[error("{} is not a network namespace", path.display())]
     NotANetns { path: PathBuf },
-    #[error("`ip` not found: install iproute2 (apt-get install iproute2)")]
-    IpNotFound,
-    #[error("running `ip -batch -` in the sandbox namespace failed: {0}")]
-    IpSpawn(#[source] io::Error),
-    #[error("setting up the sandbox namespace's links and routes failed (ip exited with {status}): {stderr}")]
-    IpFailed { status: String, stderr: String },
+    #[error("setting up the sandbox namespace's network failed while {step}: {source}{}", netlink_hint(.source))]
+    Netlink {
+        step: &'static str,
+        #[source]
+        source: io::Error,
+    },
     #[error("starting a thread for the sandbox namespace failed: {0}")]
     Thread(#[source] io::Error),
     #[error("the thread working inside the sandbox namespace panicked")]
@@ -85,13 +90,13 @@ pub enum NetnsError {
 pub struct SandboxNetns {
     fd: OwnedFd,
     ino: u64,
-    dev: u64,
 }
 
 impl SandboxNetns {
     /// Creates a fresh anonymous namespace with `lo` up, veth `sbx0`/`sbx1`
-    /// (both ends inside, both up), [`SANDBOX_V4`]/30 and [`SANDBOX_V6`]/64
-    /// (nodad) on `sbx0`, and v4 and v6 default routes via `sbx0`.
+    /// (both ends inside, both up), [`SANDBOX_V4`]/30 on `sbx0`,
+    /// [`SANDBOX_V6`]/128 (nodad) on `lo`, and v4 and v6 default routes via
+    /// `sbx0` (the v6 one with [`SANDBOX_V6`] as its source).
     pub fn create() -> Result<SandboxNetns, NetnsError> {
         let handle = std::thread::Builder::new()
             .name("sluice-netns-create".into())
@@ -109,8 +114,8 @@ impl SandboxNetns {
                         source,
                     })?
                     .into();
-                // Spawned from this thread, so `ip` runs in the new namespace.
-                configure_links()?;
+                // Netlink sockets opened on this thread talk to the new namespace.
+                links::configure()?;
                 Ok(fd)
             })
             .map_err(NetnsError::Thread)?;
@@ -154,25 +159,9 @@ impl SandboxNetns {
 
     /// Names of the links in this namespace other than `lo`.
     pub fn links(&self) -> Result<Vec<String>, NetnsError> {
-        let out = self
-            .run_in(|| Command::new("ip").args(["-o", "link", "show"]).output())?
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => NetnsError::IpNotFound,
-                _ => NetnsError::IpSpawn(e),
-            })?;
-        if !out.status.success() {
-            return Err(NetnsError::IpFailed {
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
-        // "2: eth0@if7: <...> ..." -> "eth0"
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| line.split(": ").nth(1))
-            .map(|name| name.split('@').next().unwrap_or(name).to_string())
-            .filter(|name| name != "lo")
-            .collect())
+        let mut names = self.run_in(links::names)??;
+        names.retain(|name| name != "lo");
+        Ok(names)
     }
 
     /// Gives a namespace someone else created (a container's, holding only
@@ -180,7 +169,7 @@ impl SandboxNetns {
     /// in-namespace veth pair, and default routes, so that connect() reaches
     /// netfilter. Refuse namespaces with other links before calling this.
     pub fn plumb(&self) -> Result<(), NetnsError> {
-        self.run_in(configure_links)?
+        self.run_in(links::configure)?
     }
 
     fn from_fd(fd: OwnedFd, path: &Path) -> Result<SandboxNetns, NetnsError> {
@@ -188,11 +177,7 @@ impl SandboxNetns {
             path: path.to_owned(),
             source: e.into(),
         })?;
-        Ok(SandboxNetns {
-            fd,
-            ino: st.st_ino,
-            dev: st.st_dev,
-        })
+        Ok(SandboxNetns { fd, ino: st.st_ino })
     }
 
     /// A second handle on the same namespace (a duplicated descriptor), for
@@ -202,11 +187,7 @@ impl SandboxNetns {
             path: "<sandbox namespace descriptor>".into(),
             source,
         })?;
-        Ok(SandboxNetns {
-            fd,
-            ino: self.ino,
-            dev: self.dev,
-        })
+        Ok(SandboxNetns { fd, ino: self.ino })
     }
 
     /// Runs `f` on a fresh thread that has entered this namespace and waits
@@ -258,55 +239,21 @@ impl SandboxNetns {
     /// one. Processes that exit or cannot be inspected during the scan are
     /// skipped.
     pub fn processes_inside(&self) -> Vec<i32> {
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        let mut pids = Vec::new();
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(meta) = std::fs::metadata(entry.path().join("ns/net")) else {
-                continue;
-            };
-            use std::os::unix::fs::MetadataExt;
-            if meta.ino() == self.ino && meta.dev() == self.dev {
-                pids.push(pid);
-            }
-        }
-        pids.sort_unstable();
-        pids
+        self.netns().processes()
     }
 
     /// SIGKILLs every process inside (never sluice itself), so that nothing
-    /// keeps the namespace alive after teardown. Rescans a few times to catch
-    /// children forked while the first ones were being killed; killed
-    /// processes that are not yet reaped (zombies) no longer count as inside.
+    /// keeps the namespace alive after teardown: waits for each one killed
+    /// to exit (its pidfd), then rescans for children forked meanwhile,
+    /// until a scan finds none. An empty namespace costs one scan of /proc.
+    /// Killed processes that are not yet reaped (zombies) no longer count as
+    /// inside.
     pub fn kill_processes_inside(&self) {
-        let me = std::process::id() as i32;
-        for _ in 0..5 {
-            let pids: Vec<i32> = self
-                .processes_inside()
-                .into_iter()
-                .filter(|&p| p != me)
-                .collect();
-            if pids.is_empty() {
-                return;
-            }
-            for pid in pids {
-                let pid = nix::unistd::Pid::from_raw(pid);
-                if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL) {
-                    if e != Errno::ESRCH {
-                        tracing::warn!(%pid, error = %e, "could not kill a process inside the sandbox namespace");
-                    }
-                }
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        self.netns().kill_processes();
+    }
+
+    fn netns(&self) -> processes::Netns {
+        processes::Netns::new(self.ino)
     }
 
     fn describe(&self) -> String {
@@ -320,69 +267,18 @@ impl AsFd for SandboxNetns {
     }
 }
 
-/// The `ip -batch` script that plumbs a fresh namespace. Each line is one
-/// `ip` command; the address family of a route is implied by its prefix.
-fn setup_script() -> String {
-    format!(
-        "link set lo up\n\
-         link add {link} type veth peer name {peer}\n\
-         link set {link} up\n\
-         link set {peer} up\n\
-         address add {v4}/{v4p} dev {link}\n\
-         address add {v6}/128 dev lo nodad\n\
-         route add 0.0.0.0/0 dev {link}\n\
-         route add ::/0 dev {link} src {v6}\n",
-        link = SANDBOX_LINK,
-        peer = SANDBOX_PEER,
-        v4 = SANDBOX_V4,
-        v4p = SANDBOX_V4_PREFIX,
-        v6 = SANDBOX_V6,
-    )
-}
-
-/// Quiet the kernel's own IPv6 chatter (router solicitations, duplicate
-/// address detection) on links created from now on in this thread's
-/// namespace, so the drop counter counts what the workload tried, not noise.
-/// Best effort: a kernel without these knobs still enforces the same.
-fn quiet_ipv6_defaults() {
-    for (knob, value) in [
-        ("accept_ra", "0"),
-        ("router_solicitations", "0"),
-        ("accept_dad", "0"),
-        ("dad_transmits", "0"),
-        // No link-local addresses: nothing here talks to a neighbour.
-        ("addr_gen_mode", "1"),
-    ] {
-        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/default/{knob}"), value);
+/// What to do about a netlink failure, after what failed.
+fn netlink_hint(err: &io::Error) -> &'static str {
+    match err.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            " (needs root: CAP_NET_ADMIN in the sandbox namespace; run sluice as root)"
+        }
+        Some(libc::EOPNOTSUPP) => " (this kernel lacks veth support: load it with `modprobe veth`)",
+        Some(libc::EEXIST) => {
+            " (it exists already: only a namespace holding nothing but lo can be plumbed)"
+        }
+        _ => "",
     }
-}
-
-/// Runs ONE `ip -batch -` in the calling thread's namespace.
-fn configure_links() -> Result<(), NetnsError> {
-    quiet_ipv6_defaults();
-    let mut child = Command::new("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => NetnsError::IpNotFound,
-            _ => NetnsError::IpSpawn(e),
-        })?;
-    let script = setup_script();
-    if let Some(mut stdin) = child.stdin.take() {
-        // A write error means ip exited early; its status and stderr say why.
-        let _ = stdin.write_all(script.as_bytes());
-    }
-    let out = child.wait_with_output().map_err(NetnsError::IpSpawn)?;
-    if !out.status.success() {
-        return Err(NetnsError::IpFailed {
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -393,17 +289,5 @@ mod tests {
     fn sandbox_netns_can_be_shared_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<SandboxNetns>();
-    }
-
-    #[test]
-    fn setup_script_puts_both_veth_ends_and_routes_inside() {
-        let s = setup_script();
-        assert!(s.contains("link add sbx0 type veth peer name sbx1\n"));
-        assert!(!s.contains("netns"), "no link may leave the namespace");
-        assert!(s.contains("address add 198.19.255.2/30 dev sbx0\n"));
-        // The v6 address sits on lo, which sends no MLD reports.
-        assert!(s.contains("address add 2001:db8:5c:ffff::2/128 dev lo nodad\n"));
-        assert!(s.contains("route add 0.0.0.0/0 dev sbx0\n"));
-        assert!(s.contains("route add ::/0 dev sbx0 src 2001:db8:5c:ffff::2\n"));
     }
 }

@@ -1,0 +1,163 @@
+//! libnftables in process: the one place `enforce` calls C.
+//!
+//! Why libnftables, and not netlink through rustables or by hand: the
+//! ruleset is data in the nftables JSON schema (golden files pin it), and
+//! libnftables is the parser and compiler that `nft -j -f -` itself runs. So
+//! what is applied, and what the read-back compares, is exactly what the
+//! golden files say, in the same whole-or-nothing batch; a netlink encoder of
+//! our own would be a second compiler, and a read-back through it would
+//! compare our translation with itself. What the `nft` processes cost was
+//! the fork, exec, dynamic loading and exit of a program per step (8-25 ms
+//! each on this kind of machine); in process the library is loaded once
+//! (about 1 ms) and a context costs about 0.3 ms (docs/measurements.md).
+//!
+//! It is loaded with dlopen at first use rather than linked: building needs
+//! no -dev package, and a machine without nftables gets a clear error
+//! ("install nftables") instead of a binary that cannot start.
+//!
+//! libnftables keeps process-wide state (a one-time initialisation, and an
+//! interface-name cache that rules naming `oif "lo"` fill from the calling
+//! thread's namespace), so every use holds one process-wide lock: two
+//! sandboxes never talk to it at once. A context's netlink socket belongs to
+//! the namespace of the thread that opened it, so a context never leaves the
+//! [`session`] that made it. This module must never let libnftables write to
+//! sluice's stdout or stderr (output and errors are buffered and returned).
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use super::EnforceError;
+
+/// The libnftables1 ABI (soname 1), as Debian's libnftables1 ships it.
+const LIBRARY: &str = "libnftables.so.1";
+/// `NFT_CTX_DEFAULT`: a context with its own netlink socket.
+const NFT_CTX_DEFAULT: u32 = 0;
+/// `NFT_CTX_OUTPUT_JSON`: JSON listings, and JSON input tried first.
+const NFT_CTX_OUTPUT_JSON: c_uint = 1 << 4;
+
+type Ctx = *mut c_void;
+
+/// The entry points sluice uses, resolved once.
+struct Api {
+    ctx_new: unsafe extern "C" fn(u32) -> Ctx,
+    ctx_free: unsafe extern "C" fn(Ctx),
+    output_set_flags: unsafe extern "C" fn(Ctx, c_uint),
+    buffer_output: unsafe extern "C" fn(Ctx) -> c_int,
+    buffer_error: unsafe extern "C" fn(Ctx) -> c_int,
+    run_cmd_from_buffer: unsafe extern "C" fn(Ctx, *const c_char) -> c_int,
+    get_output_buffer: unsafe extern "C" fn(Ctx) -> *const c_char,
+    get_error_buffer: unsafe extern "C" fn(Ctx) -> *const c_char,
+    /// Kept (never closed) so that the pointers above stay valid.
+    _library: libloading::Library,
+}
+
+/// What one command did: whether it succeeded, and what it printed.
+#[derive(Debug)]
+pub(super) struct Reply {
+    pub ok: bool,
+    pub output: String,
+    pub error: String,
+}
+
+/// One command runner: takes a JSON document, returns its [`Reply`].
+pub(super) type Run<'a> = dyn FnMut(&CStr) -> Reply + 'a;
+
+/// Opens a libnftables context in the CALLING THREAD's network namespace,
+/// hands `work` a runner for JSON commands on it (run in order, on one
+/// context, so later commands see what earlier ones did), and frees the
+/// context when `work` returns.
+pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let api = api()?;
+    let _held = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    // libnftables calls exit() when it cannot open its netlink socket; find
+    // out first, and fail with an error instead.
+    netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)
+        .map_err(EnforceError::Netlink)?;
+    // SAFETY: every pointer called here was resolved in `load` with the
+    // signature <nftables/libnftables.h> declares for it. `ctx` comes from
+    // nft_ctx_new, is used only inside this block (under ONE_AT_A_TIME, on
+    // this thread) and freed exactly once, at the end. Each command is a
+    // NUL-terminated C string that outlives its call. The buffers returned
+    // by nft_ctx_get_*_buffer are NUL-terminated strings owned by `ctx` that
+    // stay valid until the next call on it; they are copied at once.
+    unsafe {
+        let ctx = (api.ctx_new)(NFT_CTX_DEFAULT);
+        if ctx.is_null() {
+            return Err(EnforceError::Context);
+        }
+        (api.output_set_flags)(ctx, NFT_CTX_OUTPUT_JSON);
+        // Unbuffered, libnftables would print to sluice's own stdio.
+        if (api.buffer_output)(ctx) != 0 || (api.buffer_error)(ctx) != 0 {
+            (api.ctx_free)(ctx);
+            return Err(EnforceError::Context);
+        }
+        let text = |p: *const c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        let mut run = |command: &CStr| {
+            let rc = (api.run_cmd_from_buffer)(ctx, command.as_ptr());
+            Reply {
+                ok: rc == 0,
+                output: text((api.get_output_buffer)(ctx)),
+                error: text((api.get_error_buffer)(ctx)).trim().to_string(),
+            }
+        };
+        let result = work(&mut run);
+        (api.ctx_free)(ctx);
+        Ok(result)
+    }
+}
+
+/// Loads the library now (once per process) and says whether it could.
+pub(super) fn load_now() -> Result<(), EnforceError> {
+    api().map(|_| ())
+}
+
+fn api() -> Result<&'static Api, EnforceError> {
+    static API: OnceLock<Result<Api, String>> = OnceLock::new();
+    API.get_or_init(load)
+        .as_ref()
+        .map_err(|why| EnforceError::NftNotFound(why.clone()))
+}
+
+fn load() -> Result<Api, String> {
+    // SAFETY: LIBRARY is the system's nftables library; loading it runs only
+    // its own ELF initialisers. Each symbol is read as the function type
+    // <nftables/libnftables.h> declares for it in the soname-1 ABI, and the
+    // Library is stored next to the pointers and never closed, so they never
+    // outlive it.
+    unsafe {
+        let library = libloading::Library::new(LIBRARY).map_err(|e| e.to_string())?;
+        macro_rules! symbol {
+            ($name:literal) => {
+                *library
+                    .get(concat!($name, "\0").as_bytes())
+                    .map_err(|e| format!("{LIBRARY} has no {}: {e}", $name))?
+            };
+        }
+        let ctx_new = symbol!("nft_ctx_new");
+        let ctx_free = symbol!("nft_ctx_free");
+        let output_set_flags = symbol!("nft_ctx_output_set_flags");
+        let buffer_output = symbol!("nft_ctx_buffer_output");
+        let buffer_error = symbol!("nft_ctx_buffer_error");
+        let run_cmd_from_buffer = symbol!("nft_run_cmd_from_buffer");
+        let get_output_buffer = symbol!("nft_ctx_get_output_buffer");
+        let get_error_buffer = symbol!("nft_ctx_get_error_buffer");
+        Ok(Api {
+            ctx_new,
+            ctx_free,
+            output_set_flags,
+            buffer_output,
+            buffer_error,
+            run_cmd_from_buffer,
+            get_output_buffer,
+            get_error_buffer,
+            _library: library,
+        })
+    }
+}
