@@ -24,7 +24,7 @@ use clap::{Parser, Subcommand};
 pub mod exit {
     /// Bad input: a malformed policy, bad arguments.
     pub const BAD_INPUT: i32 = 2;
-    /// The environment cannot enforce: not root, nft or ip missing, the
+    /// The environment cannot enforce: not root, libnftables missing, the
     /// ruleset did not read back as applied.
     pub const CANNOT_ENFORCE: i32 = 3;
     /// `sluice status`: no daemon answers at the control socket.
@@ -47,7 +47,7 @@ Start with `sluice demo` (as root) to see it work.",
     after_help = "Exit status: `sluice run` exits with the wrapped command's status (128+N if signal N \
 ended it; 127 if it was not found, 126 if it could not be run). sluice's own failures: 2 bad \
 input (policy, bundle, arguments, an audit or timings file that cannot be written), 3 cannot \
-enforce (not root, nft/ip missing, ruleset read-back mismatch), 4 no daemon answers (`sluice \
+enforce (not root, libnftables (the nftables package) missing, ruleset read-back mismatch), 4 no daemon answers (`sluice \
 status`).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
 )]
 pub struct Cli {
