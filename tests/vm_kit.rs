@@ -226,3 +226,170 @@ fn boot_to_first_reply_of_ten_boots() {
         first_reply[9]
     );
 }
+
+/// A CA and a server certificate for `name`, signed by it: (CA PEM, rustls
+/// server config).
+fn tls_server_config(name: &str) -> (String, std::sync::Arc<rustls::ServerConfig>) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "sluice vm test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, &ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], key)
+        .unwrap();
+    (ca_cert.pem(), std::sync::Arc::new(config))
+}
+
+/// HTTPS on `listener`: every request gets "200 OK" and "hello over tls".
+fn serve_tls(listener: std::net::TcpListener, config: std::sync::Arc<rustls::ServerConfig>) {
+    use std::io::{Read, Write};
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let Ok(conn) = rustls::ServerConnection::new(config) else {
+                    return;
+                };
+                let mut tls = rustls::StreamOwned::new(conn, stream);
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = "hello over tls\n";
+                let _ = write!(
+                    tls,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            });
+        }
+    });
+}
+
+/// A DNS server that answers every A query with 198.18.0.1.
+fn serve_dns(socket: std::net::UdpSocket) {
+    use hickory_proto::op::{Message, MessageType};
+    use hickory_proto::rr::{rdata::A, RData, Record};
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            let Ok(query) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            let mut answer = query.clone();
+            answer.metadata.message_type = MessageType::Response;
+            for q in &query.queries {
+                answer.answers.push(Record::from_rdata(
+                    q.name().clone(),
+                    60,
+                    RData::A(A(Ipv4Addr::new(198, 18, 0, 1))),
+                ));
+            }
+            if let Ok(bytes) = answer.to_vec() {
+                let _ = socket.send_to(&bytes, from);
+            }
+        }
+    });
+}
+
+/// An ICMP echo request from `mac` to `to`.
+fn is_echo_request(frame: &[u8], mac: [u8; 6], to: Ipv4Addr) -> bool {
+    frame.len() >= 42
+        && frame[6..12] == mac
+        && frame[12..14] == [0x08, 0x00]
+        && frame[23] == 1 // ICMP
+        && frame[30..34] == to.octets()
+        && frame[34] == 8 // echo request
+}
+
+#[test]
+fn the_static_probe_speaks_tls_tcp_udp_icmp_and_dns_from_the_guest() {
+    use std::io::{Read, Write};
+    let Some((kit, ns)) = tap_world() else { return };
+    let (ca_pem, tls) = tls_server_config("origin.test");
+    serve_tls(
+        ns.run_in(|| std::net::TcpListener::bind("198.18.0.1:8443"))
+            .unwrap()
+            .unwrap(),
+        tls,
+    );
+    let echo = ns
+        .run_in(|| std::net::TcpListener::bind("198.18.0.1:7000"))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || {
+        for mut stream in echo.incoming().flatten() {
+            let mut got = Vec::new();
+            let _ = stream.read_to_end(&mut got);
+            let _ = stream.write_all(b"echo:");
+            let _ = stream.write_all(&got);
+        }
+    });
+    serve_dns(
+        ns.run_in(|| std::net::UdpSocket::bind("198.18.0.1:53"))
+            .unwrap()
+            .unwrap(),
+    );
+    let udp = ns
+        .run_in(|| std::net::UdpSocket::bind("198.18.0.1:9999"))
+        .unwrap()
+        .unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut vm = Vm::boot(&kit, &static_spec(&ns)).expect("boot");
+
+    // The CA goes in line by line (a guest command is one line).
+    let lines: Vec<String> = ca_pem.lines().map(|l| format!("'{l}'")).collect();
+    vm.check(&format!("printf '%s\\n' {} > /tmp/ca.pem", lines.join(" ")))
+        .unwrap();
+    let out = vm
+        .check("sluice probe tls 198.18.0.1:8443 --sni origin.test --ca /tmp/ca.pem")
+        .unwrap();
+    assert!(out.contains("TLS origin.test HTTP/1.1 200 OK"), "{out}");
+
+    let out = vm
+        .check("sluice probe tcp 198.18.0.1:7000 --send ping")
+        .unwrap();
+    assert!(out.contains("echo:ping"), "{out}");
+
+    let out = vm.check("sluice probe dns origin.test").unwrap();
+    assert!(
+        out.starts_with("DNS origin.test A ") && out.trim_end().ends_with(" 198.18.0.1"),
+        "{out}"
+    );
+
+    vm.check("sluice probe udp 198.18.0.1:9999").unwrap();
+    let mut buf = [0u8; 64];
+    let (n, from) = udp.recv_from(&mut buf).expect("the datagram arrived");
+    assert_eq!(&buf[..n], b"sluice-probe");
+    assert_eq!(from.ip().to_string(), "198.18.0.2");
+
+    let capture = tap_capture(&ns);
+    vm.check("sluice probe icmp 198.18.0.1").unwrap();
+    let guest_mac = MacAddr::parse_guest(GUEST_MAC).unwrap().octets();
+    capture
+        .wait_for(Instant::now() + Duration::from_secs(10), |f| {
+            is_echo_request(f, guest_mac, GATEWAY.parse().unwrap())
+        })
+        .expect("the echo request reached the tap");
+}
