@@ -5,7 +5,8 @@
 #   containers/vm/build-guest.sh [--kit DIR] [--no-sluice] [--quiet]
 #
 # - kernel: Debian's cloud kernel (linux-image-cloud-amd64 names the current
-#   package), fetched with `apt-get download` and cached as a .deb;
+#   package), fetched with `apt-get download` and cached as a .deb (as root,
+#   the package lists are updated first when apt does not know it yet);
 # - initramfs: static busybox, the virtio modules (virtio_mmio, virtio_net,
 #   virtio_console) in the order their own `depends=` fields give, the
 #   guest's /init and udhcpc hook from this directory, and sluice itself
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
         --kit=*) kit=${1#--kit=}; shift ;;
         --no-sluice) with_sluice=; shift ;;
         --quiet) quiet=1; shift ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "build-guest.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -65,10 +66,18 @@ say "kit directory: $kit"
 # ---- 1. kernel ------------------------------------------------------------------
 # The meta package names the versioned one; without apt lists (a fresh
 # machine), a .deb already in the cache is used.
-kpkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null |
-    awk '/Depends: linux-image-[0-9]/{print $2; exit}' || true)
+kernel_package() {
+    apt-cache depends linux-image-cloud-amd64 2>/dev/null |
+        awk '/Depends: linux-image-[0-9]/{print $2; exit}' || true
+}
+kpkg=$(kernel_package)
+cached=$(cd "$kit/debs" && ls linux-image-*-cloud-amd64_*.deb 2>/dev/null | sort -V | tail -1 || true)
+if [ -z "$kpkg" ] && [ -z "$cached" ] && [ "$(id -u)" = 0 ]; then
+    say "apt knows no linux-image-cloud-amd64 yet: apt-get update"
+    apt-get update -qq >&2 || true
+    kpkg=$(kernel_package)
+fi
 if [ -z "$kpkg" ]; then
-    cached=$(cd "$kit/debs" && ls linux-image-*-cloud-amd64_*.deb 2>/dev/null | sort -V | tail -1 || true)
     [ -n "$cached" ] || die 3 "apt knows no linux-image-cloud-amd64: run apt-get update (Debian's package lists) and try again"
     kpkg=${cached%%_*}
 fi
