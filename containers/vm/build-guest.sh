@@ -139,7 +139,11 @@ for m in virtio_mmio virtio_net virtio_console; do visit "$m"; done
 sluice_bin=
 if [ -n "$with_sluice" ]; then
     say "building sluice static for the guest (target/guest; minutes the first time)"
-    ( cd "$repo" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+    # Run from a test, this inherits cargo's CARGO_* variables; ring's build
+    # script tracks CARGO_MANIFEST_DIR, so they would make each nested build
+    # and each top-level one rebuild everything after the other.
+    for var in $(compgen -e | grep '^CARGO_' | grep -vx 'CARGO_HOME'); do unset "$var"; done
+    ( cd "$repo" && RUSTFLAGS="-C target-feature=+crt-static" cargo build ${quiet:+-q} --release --locked \
         --target x86_64-unknown-linux-gnu --target-dir target/guest --bin sluice ) >&2 ||
         die 4 "the static sluice build failed (see above)"
     sluice_bin=$repo/target/guest/x86_64-unknown-linux-gnu/release/sluice
