@@ -170,6 +170,10 @@ pub struct VmSpec {
     pub net: GuestNet,
     /// Hard limit on QEMU's life.
     pub lifetime: Duration,
+    /// A command QEMU runs under, e.g. `sluice vm --policy P --tap tap0
+    /// --guest-mac M --`: it goes between `timeout` and QEMU, so the hard
+    /// limit covers both. `tap` and `mac` must then be what it is told.
+    pub wrapper: Vec<OsString>,
 }
 
 impl VmSpec {
@@ -180,6 +184,7 @@ impl VmSpec {
             mac: mac.into(),
             net,
             lifetime: Duration::from_secs(600),
+            wrapper: Vec::new(),
         }
     }
 }
@@ -303,6 +308,7 @@ impl Vm {
             None => Command::new("timeout"),
         };
         cmd.args(["-s", "KILL", &spec.lifetime.as_secs().max(1).to_string()])
+            .args(&spec.wrapper)
             .arg("qemu-system-x86_64")
             .args(qemu_args(kit, spec, &socket))
             .stdin(Stdio::null())
