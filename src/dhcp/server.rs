@@ -21,7 +21,8 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// A UDP socket on 0.0.0.0:67 that sees and sends only through `device`
 /// (`SO_BINDTODEVICE`): one per tap, each answering its own guest. It
 /// belongs to the network namespace of the calling thread, which must be
-/// the tap's. Non-blocking, ready for [`tokio::net::UdpSocket::from_std`].
+/// the tap's. A second socket on the same device fails (EADDRINUSE).
+/// Non-blocking, ready for [`tokio::net::UdpSocket::from_std`].
 pub fn bind_on_device(device: &str) -> Result<std::net::UdpSocket, DhcpError> {
     let err = |source: nix::Error| DhcpError::Bind {
         device: device.to_string(),
@@ -42,7 +43,8 @@ pub fn bind_on_device(device: &str) -> Result<std::net::UdpSocket, DhcpError> {
     .map_err(err)?;
     // Replies go to 255.255.255.255 while the guest has no address.
     setsockopt(&fd, sockopt::Broadcast, &true).map_err(err)?;
-    setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(err)?;
+    // No SO_REUSEADDR: sockets on different devices do not conflict, and
+    // a second responder on the same tap fails here instead of sharing it.
     let any = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT));
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &any).map_err(err)?;
     Ok(std::net::UdpSocket::from(fd))
