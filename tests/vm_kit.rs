@@ -176,6 +176,14 @@ fn one_boot_fetches_leases_and_sends_raw_frames_on_a_plain_tap() {
     // The exit status comes back as it was.
     let ran = vm.run("exit 7").unwrap();
     assert_eq!(ran.status, 7);
+
+    // Dropping the Vm kills and reaps QEMU: nothing is left in the namespace.
+    drop(vm);
+    let pids = std::process::Command::new("ip")
+        .args(["netns", "pids", ns.name()])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&pids.stdout).trim(), "");
 }
 
 #[test]
