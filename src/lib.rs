@@ -38,10 +38,14 @@ pub mod daemon;
 #[forbid(unsafe_code)]
 pub mod demo;
 #[forbid(unsafe_code)]
+pub mod dhcp;
+#[forbid(unsafe_code)]
 pub mod dns;
 #[forbid(unsafe_code)]
 pub mod drain;
 pub mod enforce;
+#[forbid(unsafe_code)]
+pub mod mac;
 #[forbid(unsafe_code)]
 pub mod metrics;
 #[forbid(unsafe_code)]

@@ -1,0 +1,644 @@
+//! microVM harness for the end-to-end tests: finds (or builds, with
+//! containers/vm/build-guest.sh) the guest kit, boots it under
+//! `qemu-system-x86_64 -M microvm -accel tcg` on a tap in a given network
+//! namespace, waits for the guest's ready line, and runs commands in the
+//! guest through a virtio-serial control port: one boot, many checks.
+//!
+//! QEMU gets `</dev/null`, runs under `timeout -s KILL` (a hard limit even if
+//! this process dies) in its own process group, and is killed and reaped
+//! when the [`Vm`] is dropped. Every wait is for an event (QEMU connecting,
+//! a line from the guest, QEMU exiting) with a deadline, never a sleep.
+//! Without root, qemu or the kit, [`Kit::get`] skips loudly, or panics when
+//! SLUICE_REQUIRE_PRIVILEGED=1 (as in CI). At most two VMs should run at
+//! once on these 2-vCPU machines: share a boot across checks.
+
+#![allow(dead_code)]
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// What the guest writes on its control port once it is configured.
+pub const READY: &str = "SLUICE-GUEST-READY";
+/// ... or instead, when its network could not be configured.
+pub const FAILED: &str = "SLUICE-GUEST-FAILED";
+/// The name of the control port (the guest's `sluice.ctl=` default).
+pub const CONTROL_PORT: &str = "sluice.ctl";
+/// How long a boot may take before the harness gives up (TCG on a loaded
+/// 2-vCPU machine: usually 2-6 s, up to 15 s when builds run beside it).
+pub const BOOT_DEADLINE: Duration = Duration::from_secs(90);
+/// A command's limit unless the caller gives one.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most of a command's output kept.
+const MAX_OUTPUT: usize = 16 << 20;
+/// Console output kept for error messages (the tail).
+const MAX_CONSOLE: usize = 256 << 10;
+
+/// The guest kernel and initramfs.
+#[derive(Debug, Clone)]
+pub struct Kit {
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+}
+
+impl Kit {
+    /// The kit, built or brought up to date once per test binary; None
+    /// (after saying why) when this test must skip.
+    pub fn get() -> Option<Kit> {
+        static KIT: OnceLock<std::result::Result<Kit, String>> = OnceLock::new();
+        let found = KIT.get_or_init(|| {
+            prerequisites()?;
+            build_kit().map_err(|e| format!("{e:#}"))
+        });
+        match found {
+            Ok(kit) => Some(kit.clone()),
+            Err(why) if std::env::var("SLUICE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") => {
+                panic!("microVM test cannot run: {why} (SLUICE_REQUIRE_PRIVILEGED=1)")
+            }
+            Err(why) => {
+                eprintln!("SKIPPED: microVM test: {why}");
+                None
+            }
+        }
+    }
+}
+
+fn prerequisites() -> std::result::Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("not root".into());
+    }
+    for (tool, package) in [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("ip", "iproute2"),
+        ("nsenter", "util-linux"),
+        ("timeout", "coreutils"),
+    ] {
+        if !on_path(tool) {
+            return Err(format!(
+                "{tool} not installed (apt-get install --no-install-recommends {package})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(tool).is_file()))
+}
+
+/// Run the kit script (quick when nothing changed) and read where it put
+/// the kernel and the initramfs.
+fn build_kit() -> Result<Kit> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("containers/vm/build-guest.sh");
+    let out = Command::new(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): the guest kit is missing",
+            script.display(),
+            out.status
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(PathBuf::from)
+            .ok_or_else(|| anyhow!("{} printed no {key}", script.display()))
+    };
+    Ok(Kit {
+        kernel: field("kernel=")?,
+        initrd: field("initrd=")?,
+    })
+}
+
+/// How the guest configures eth0 (see containers/vm/init).
+#[derive(Debug, Clone)]
+pub enum GuestNet {
+    /// Addresses with prefix, e.g. "198.18.0.2/30"; DNS = the IPv4 gateway.
+    Static {
+        ip: String,
+        gateway: String,
+        ip6: Option<String>,
+        gateway6: Option<String>,
+    },
+    /// busybox udhcpc at boot.
+    Dhcp,
+    None,
+}
+
+impl GuestNet {
+    fn kernel_args(&self) -> Vec<String> {
+        match self {
+            GuestNet::Static {
+                ip,
+                gateway,
+                ip6,
+                gateway6,
+            } => {
+                let mut args = vec![format!("sluice.ip={ip}"), format!("sluice.gw={gateway}")];
+                args.extend(ip6.iter().map(|a| format!("sluice.ip6={a}")));
+                args.extend(gateway6.iter().map(|a| format!("sluice.gw6={a}")));
+                args
+            }
+            GuestNet::Dhcp => vec!["sluice.net=dhcp".into()],
+            GuestNet::None => vec!["sluice.net=none".into()],
+        }
+    }
+}
+
+/// One guest to boot.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// The network namespace QEMU runs in (where the tap is), e.g.
+    /// /run/netns/NAME; None: the caller's own.
+    pub netns: Option<PathBuf>,
+    pub tap: String,
+    pub mac: String,
+    pub net: GuestNet,
+    /// Hard limit on QEMU's life.
+    pub lifetime: Duration,
+    /// A command QEMU runs under, e.g. `sluice vm --policy P --tap tap0
+    /// --guest-mac M --`: it goes between `timeout` and QEMU, so the hard
+    /// limit covers both. `tap` and `mac` must then be what it is told.
+    pub wrapper: Vec<OsString>,
+}
+
+impl VmSpec {
+    pub fn new(netns: Option<PathBuf>, tap: &str, mac: &str, net: GuestNet) -> VmSpec {
+        VmSpec {
+            netns,
+            tap: tap.into(),
+            mac: mac.into(),
+            net,
+            lifetime: Duration::from_secs(600),
+            wrapper: Vec::new(),
+        }
+    }
+}
+
+/// The kernel's `tsc_early_khz`: microvm has no HPET or PM timer, and
+/// without it the guest's TSC calibration can lose a race on a loaded host
+/// and hang for good.
+pub fn tsc_khz() -> u64 {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1))
+                .and_then(|mhz| mhz.trim().parse::<f64>().ok())
+        })
+        .map(|mhz| (mhz * 1000.0) as u64)
+        .unwrap_or(2_000_000)
+}
+
+/// QEMU's arguments (after the program name) for `spec`, with the control
+/// port connecting to `control` (a listening Unix socket).
+pub fn qemu_args(kit: &Kit, spec: &VmSpec, control: &Path) -> Vec<OsString> {
+    let mut append = vec![
+        "console=ttyS0".to_string(),
+        "quiet".into(),
+        "panic=-1".into(),
+        format!("tsc_early_khz={}", tsc_khz()),
+        format!("sluice.ctl={CONTROL_PORT}"),
+    ];
+    append.extend(spec.net.kernel_args());
+    let mut args: Vec<OsString> = [
+        "-M",
+        "microvm",
+        "-accel",
+        "tcg",
+        "-cpu",
+        "max",
+        "-m",
+        "256",
+        "-smp",
+        "1",
+        "-nodefaults",
+        "-no-user-config",
+        "-nographic",
+        "-no-reboot",
+        "-serial",
+        "stdio",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    args.push("-kernel".into());
+    args.push(kit.kernel.clone().into());
+    args.push("-initrd".into());
+    args.push(kit.initrd.clone().into());
+    args.push("-append".into());
+    args.push(append.join(" ").into());
+    for arg in [
+        "-netdev".to_string(),
+        format!("tap,id=n0,ifname={},script=no,downscript=no", spec.tap),
+        "-device".into(),
+        format!("virtio-net-device,netdev=n0,mac={}", spec.mac),
+        "-device".into(),
+        "virtio-serial-device".into(),
+        "-chardev".into(),
+    ] {
+        args.push(arg.into());
+    }
+    let mut chardev = OsString::from("socket,id=ctl,path=");
+    chardev.push(control);
+    args.push(chardev);
+    args.push("-device".into());
+    args.push(format!("virtserialport,chardev=ctl,name={CONTROL_PORT}").into());
+    args
+}
+
+/// What a command in the guest did.
+#[derive(Debug, Clone)]
+pub struct Ran {
+    pub status: i32,
+    /// stdout and stderr, interleaved as written.
+    pub output: String,
+}
+
+impl Ran {
+    pub fn ok(&self) -> bool {
+        self.status == 0
+    }
+}
+
+/// A booted guest. Dropping it kills QEMU.
+pub struct Vm {
+    qemu: Child,
+    control: BufReader<UnixStream>,
+    console: Arc<Mutex<Vec<u8>>>,
+    _dir: tempfile::TempDir,
+    next: u64,
+    reaped: bool,
+    /// The guest's ready line, e.g. "net=static dev=eth0 addr=198.18.0.2/30".
+    pub ready: String,
+    /// From starting QEMU to the ready line.
+    pub boot_time: Duration,
+}
+
+impl Vm {
+    /// Boot a guest and wait for its ready line.
+    pub fn boot(kit: &Kit, spec: &VmSpec) -> Result<Vm> {
+        let dir = tempfile::tempdir().context("tempdir for the control socket")?;
+        let socket = dir.path().join("control.sock");
+        // QEMU connects to us: listening first means no wait for a path.
+        let listener = UnixListener::bind(&socket).context("bind the control socket")?;
+        let mut cmd = match &spec.netns {
+            Some(netns) => {
+                let mut c = Command::new("nsenter");
+                let mut net = OsString::from("--net=");
+                net.push(netns);
+                c.arg(net).arg("--").arg("timeout");
+                c
+            }
+            None => Command::new("timeout"),
+        };
+        cmd.args(["-s", "KILL", &spec.lifetime.as_secs().max(1).to_string()])
+            .args(&spec.wrapper)
+            .arg("qemu-system-x86_64")
+            .args(qemu_args(kit, spec, &socket))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let started = Instant::now();
+        let mut qemu = cmd.spawn().context("cannot start qemu-system-x86_64")?;
+        let console = Arc::new(Mutex::new(Vec::new()));
+        // Every wait below is for one of these events.
+        let (events, event) = std::sync::mpsc::channel();
+        for out in [
+            qemu.stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            qemu.stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let (console, events) = (console.clone(), events.clone());
+            std::thread::spawn(move || {
+                drain_console(out, &console);
+                let _ = events.send(Boot::QemuExited);
+            });
+        }
+        std::thread::spawn(move || {
+            let _ = events.send(match listener.accept() {
+                Ok((stream, _)) => Boot::Connected(stream),
+                Err(e) => Boot::AcceptFailed(e),
+            });
+        });
+        let deadline = started + BOOT_DEADLINE;
+        let waited = match event.recv_timeout(BOOT_DEADLINE) {
+            Ok(Boot::Connected(stream)) => Ok(stream),
+            Ok(Boot::QemuExited) => Err(anyhow!("QEMU exited before connecting its control port")),
+            Ok(Boot::AcceptFailed(e)) => Err(anyhow!("accept on the control socket: {e}")),
+            Err(_) => Err(anyhow!(
+                "QEMU did not connect its control port within {BOOT_DEADLINE:?}"
+            )),
+        };
+        let stream = match waited {
+            Ok(stream) => stream,
+            Err(e) => {
+                // Unblock the accepting thread, then kill QEMU.
+                let _ = UnixStream::connect(&socket);
+                let mut vm = Vm::partial(qemu, console, dir);
+                return Err(e.context(vm.console_tail_after_exit()));
+            }
+        };
+        let mut vm = Vm {
+            qemu,
+            control: BufReader::new(stream),
+            console,
+            _dir: dir,
+            next: 0,
+            reaped: false,
+            ready: String::new(),
+            boot_time: Duration::ZERO,
+        };
+        let line = match vm.read_line(deadline) {
+            Ok(line) => line,
+            Err(e) => return Err(e.context(vm.console_tail_after_exit())),
+        };
+        vm.boot_time = started.elapsed();
+        if let Some(state) = line.strip_prefix(READY) {
+            vm.ready = state.trim().to_string();
+            Ok(vm)
+        } else if let Some(why) = line.strip_prefix(FAILED) {
+            Err(anyhow!("the guest failed: {}", why.trim()).context(vm.console_tail()))
+        } else {
+            Err(anyhow!("the guest said {line:?} instead of {READY}").context(vm.console_tail()))
+        }
+    }
+
+    /// A Vm that only exists to be dropped (kill and reap QEMU).
+    fn partial(qemu: Child, console: Arc<Mutex<Vec<u8>>>, dir: tempfile::TempDir) -> Vm {
+        let (a, _b) = UnixStream::pair().expect("socketpair");
+        Vm {
+            qemu,
+            control: BufReader::new(a),
+            console,
+            _dir: dir,
+            next: 0,
+            reaped: false,
+            ready: String::new(),
+            boot_time: Duration::ZERO,
+        }
+    }
+
+    /// Run `command` (one line of sh) in the guest as root.
+    pub fn run(&mut self, command: &str) -> Result<Ran> {
+        self.run_for(command, COMMAND_TIMEOUT)
+    }
+
+    /// Run `command`, killed in the guest after `limit`.
+    pub fn run_for(&mut self, command: &str, limit: Duration) -> Result<Ran> {
+        if command.contains('\n') {
+            bail!("a guest command is one line: {command:?}");
+        }
+        self.next += 1;
+        let marker = format!(
+            "SLUICE-END-{}-{}-{:016x}",
+            std::process::id(),
+            self.next,
+            rand::random::<u64>()
+        );
+        let secs = limit.as_secs().max(1);
+        let line = format!("{marker} {secs} {command}\n");
+        self.control
+            .get_mut()
+            .write_all(line.as_bytes())
+            .context("write to the guest's control port")?;
+        // The guest kills the command at `limit`; this bounds a dead guest.
+        let deadline = Instant::now() + limit + Duration::from_secs(15);
+        let end = format!("\n{marker} ");
+        let mut got: Vec<u8> = Vec::new();
+        loop {
+            let mut chunk = Vec::new();
+            self.read_until_newline(&mut chunk, deadline)
+                .with_context(|| format!("no end of `{command}`: {}", self.console_tail()))?;
+            got.extend_from_slice(&chunk);
+            if got.len() > MAX_OUTPUT {
+                bail!("`{command}` wrote more than {MAX_OUTPUT} bytes");
+            }
+            if let Some(at) = find(&got, end.as_bytes()) {
+                let status_text = String::from_utf8_lossy(&got[at + end.len()..]).to_string();
+                let status = status_text
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("bad status line {status_text:?}"))?;
+                got.truncate(at);
+                return Ok(Ran {
+                    status,
+                    output: String::from_utf8_lossy(&got).into_owned(),
+                });
+            }
+        }
+    }
+
+    /// Run `command` and fail unless it exits 0; its output.
+    pub fn check(&mut self, command: &str) -> Result<String> {
+        let ran = self.run(command)?;
+        if !ran.ok() {
+            bail!("`{command}` exited {}: {}", ran.status, ran.output.trim());
+        }
+        Ok(ran.output)
+    }
+
+    /// What QEMU and the guest's console printed so far.
+    pub fn console(&self) -> String {
+        String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()
+    }
+
+    /// QEMU's process id (its process group too).
+    pub fn pid(&self) -> u32 {
+        self.qemu.id()
+    }
+
+    fn console_tail(&self) -> String {
+        let text = self.console();
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!("guest console (last lines):\n{}", tail.join("\n"))
+    }
+
+    /// After a failure: kill QEMU, then report what it printed.
+    fn console_tail_after_exit(&mut self) -> String {
+        let status = self.kill();
+        format!("qemu {status}; {}", self.console_tail())
+    }
+
+    fn kill(&mut self) -> String {
+        if self.reaped {
+            return "already reaped".into();
+        }
+        self.reaped = true;
+        let group = nix::unistd::Pid::from_raw(self.qemu.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        match self.qemu.wait() {
+            Ok(status) => status.to_string(),
+            Err(e) => format!("wait failed: {e}"),
+        }
+    }
+
+    fn read_line(&mut self, deadline: Instant) -> Result<String> {
+        let mut line = Vec::new();
+        self.read_until_newline(&mut line, deadline)?;
+        Ok(String::from_utf8_lossy(&line).trim_end().to_string())
+    }
+
+    /// Append bytes up to and including the next newline to `buf`.
+    fn read_until_newline(&mut self, buf: &mut Vec<u8>, deadline: Instant) -> Result<()> {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| anyhow!("timed out waiting for the guest"))?;
+        self.control
+            .get_ref()
+            .set_read_timeout(Some(left))
+            .context("set_read_timeout")?;
+        match self.control.read_until(b'\n', buf) {
+            Ok(0) => bail!("the guest closed its control port (QEMU exited?)"),
+            Ok(_) if buf.ends_with(b"\n") => Ok(()),
+            Ok(_) => bail!("the guest closed its control port mid-line"),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                bail!("timed out waiting for the guest")
+            }
+            Err(e) => Err(e).context("read from the guest's control port"),
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn drain_console(mut from: Box<dyn Read + Send>, console: &Mutex<Vec<u8>>) {
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let mut text = console.lock().unwrap();
+        text.extend_from_slice(&buf[..n]);
+        if text.len() > MAX_CONSOLE {
+            let cut = text.len() - MAX_CONSOLE;
+            text.drain(..cut);
+        }
+    }
+}
+
+/// What the boot waits for.
+enum Boot {
+    Connected(UnixStream),
+    AcceptFailed(std::io::Error),
+    QemuExited,
+}
+
+/// A tap in the named namespace `netns` with `addrs` (CIDRs) on it, up. It
+/// goes away with the namespace.
+pub fn add_tap(netns: &str, tap: &str, addrs: &[&str]) -> Result<()> {
+    let ip = |args: &[&str]| -> Result<()> {
+        let out = Command::new("ip")
+            .arg("-n")
+            .arg(netns)
+            .args(args)
+            .output()
+            .context("cannot run ip (apt-get install iproute2)")?;
+        if !out.status.success() {
+            bail!(
+                "ip -n {netns} {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    };
+    ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
+    for addr in addrs {
+        if addr.contains(':') {
+            ip(&["-6", "addr", "add", addr, "dev", tap, "nodad"])?;
+        } else {
+            ip(&["addr", "add", addr, "dev", tap])?;
+        }
+    }
+    ip(&["link", "set", tap, "up"])
+}
+
+/// Frames arriving on one interface, read through a packet socket made in
+/// that interface's namespace (open it before the guest sends).
+pub struct FrameCapture {
+    socket: OwnedFd,
+    ifindex: usize,
+}
+
+impl FrameCapture {
+    /// Must run on a thread inside the namespace of `device`.
+    pub fn open_here(device: &str) -> Result<FrameCapture> {
+        use nix::sys::socket::{socket, AddressFamily, SockFlag, SockProtocol, SockType};
+        let ifindex = nix::net::if_::if_nametoindex(device)
+            .with_context(|| format!("no interface {device}"))? as usize;
+        let socket = socket(
+            AddressFamily::Packet,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::EthAll,
+        )
+        .context("packet socket")?;
+        Ok(FrameCapture { socket, ifindex })
+    }
+
+    /// The first frame received on the device that `wanted` accepts, or an
+    /// error at `deadline`.
+    pub fn wait_for(&self, deadline: Instant, wanted: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>> {
+        use nix::sys::socket::{recvfrom, setsockopt, sockopt, LinkAddr};
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let left = deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| anyhow!("no matching frame arrived"))?;
+            let tv = nix::sys::time::TimeVal::new(
+                left.as_secs() as i64,
+                left.subsec_micros().max(1) as i64,
+            );
+            setsockopt(&self.socket, sockopt::ReceiveTimeout, &tv).context("SO_RCVTIMEO")?;
+            match recvfrom::<LinkAddr>(self.socket.as_raw_fd(), &mut buf) {
+                Ok((n, Some(from))) if from.ifindex() == self.ifindex => {
+                    if wanted(&buf[..n]) {
+                        return Ok(buf[..n].to_vec());
+                    }
+                }
+                Ok(_) => {}
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e).context("recvfrom on the packet socket"),
+            }
+        }
+    }
+}
