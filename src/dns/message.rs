@@ -26,6 +26,27 @@ pub const UDP_MAX: usize = 4096;
 pub const UDP_CLASSIC: usize = 512;
 /// CNAME links followed in an upstream answer.
 pub const MAX_CHAIN: usize = 16;
+/// Fewest bytes a question takes on the wire (root name, type, class).
+const MIN_QUESTION: usize = 5;
+/// Fewest bytes a resource record takes (root name, type, class, TTL,
+/// empty data).
+const MIN_RECORD: usize = 11;
+
+/// `bytes` parsed as a DNS message, refusing at once a header whose counts
+/// cannot fit in the bytes that follow. hickory-proto reserves room for
+/// the header's question count before reading any question, so without
+/// this a 12-byte message claiming 65535 questions costs megabytes of
+/// allocation (found by tests/fuzz_properties.rs).
+pub fn parse(bytes: &[u8]) -> Option<Message> {
+    let header = bytes.get(..12)?;
+    let count = |i: usize| usize::from(u16::from_be_bytes([header[i], header[i + 1]]));
+    let records = count(6) + count(8) + count(10);
+    let needed = 12 + count(4) * MIN_QUESTION + records * MIN_RECORD;
+    if needed > bytes.len() {
+        return None;
+    }
+    Message::from_vec(bytes).ok()
+}
 
 /// What to do with one query, decided from its bytes and the policy alone.
 #[derive(Debug)]
@@ -73,7 +94,7 @@ pub fn plan<'a>(query: &[u8], policy: &'a Policy, default_upstream: &'a [SocketA
         action,
         asked: None,
     };
-    let Ok(parsed) = Message::from_vec(query) else {
+    let Some(parsed) = parse(query) else {
         return done(Action::Drop);
     };
     if parsed.metadata.message_type != MessageType::Query {
@@ -223,18 +244,13 @@ pub fn fit_udp(query: &[u8], response: Vec<u8>) -> Option<Vec<u8>> {
     if response.len() <= limit {
         return Some(response);
     }
-    let truncated = Message::from_vec(&response)
-        .ok()?
-        .truncate()
-        .to_vec()
-        .ok()?;
+    let truncated = parse(&response)?.truncate().to_vec().ok()?;
     (truncated.len() <= limit).then_some(truncated)
 }
 
 /// The largest UDP answer the client of `query` accepts.
 pub fn udp_limit(query: &[u8]) -> usize {
-    Message::from_vec(query)
-        .ok()
+    parse(query)
         .and_then(|q| q.edns.map(|e| usize::from(e.max_payload())))
         .unwrap_or(UDP_CLASSIC)
         .clamp(UDP_CLASSIC, UDP_MAX)
@@ -243,7 +259,7 @@ pub fn udp_limit(query: &[u8]) -> usize {
 /// `bytes` parsed, if it is a response with `id` to the same question as
 /// `asked` (an upstream's answer to a query sluice forwarded).
 pub fn upstream_answer(bytes: &[u8], asked: &Message, id: u16) -> Option<Message> {
-    let message = Message::from_vec(bytes).ok()?;
+    let message = parse(bytes)?;
     let meta = &message.metadata;
     if meta.id != id || meta.message_type != MessageType::Response {
         return None;

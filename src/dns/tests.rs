@@ -478,6 +478,23 @@ async fn hostile_packets_never_panic() {
 }
 
 #[test]
+fn header_claiming_more_than_its_bytes_hold_is_dropped_unread() {
+    // 65535 questions claimed, one present: hickory would reserve room for
+    // all of them before finding out.
+    let mut huge = query("origin.test.", RecordType::A);
+    huge[4..6].copy_from_slice(&[0xff, 0xff]);
+    assert!(message::parse(&huge).is_none());
+    let policy = Policy::from_yaml(&policy_yaml("enforce", "[]"), "t.yaml").unwrap();
+    let plan = message::plan(&huge, &policy, &[]);
+    assert!(matches!(plan.action, message::Action::Drop) && plan.asked.is_none());
+    // Counts that fit are read as before.
+    let mut two = query("origin.test.", RecordType::A);
+    two[7] = 1; // one answer claimed, none present: hickory refuses it
+    assert!(message::parse(&two).is_none());
+    assert!(message::parse(&query("origin.test.", RecordType::A)).is_some());
+}
+
+#[test]
 fn plain_name_normalizes_or_rejects() {
     let name = |s: &str| plain_name(&Name::from_ascii(s).unwrap());
     assert_eq!(name("PyPI.Org.").as_deref(), Some("pypi.org"));
