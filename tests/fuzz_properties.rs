@@ -560,7 +560,7 @@ fn a_mutated_bundle_verifies_only_with_its_signed_content() {
         let bytes = if i % 2 == 0 {
             mutate(&mut rng, &signed, &tar)
         } else {
-            let raw = mutate(&mut rng, &tar, &policy.as_bytes()[..]);
+            let raw = mutate(&mut rng, &tar, policy.as_bytes());
             let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
             std::io::Write::write_all(&mut enc, &raw).unwrap();
             enc.finish().unwrap()

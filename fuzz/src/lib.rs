@@ -24,9 +24,12 @@ use sluice::dns::message::{self as dns_message, Action};
 use sluice::policy::{AnyResolution, Mode, Policy, PolicyError, Reason, Verdict};
 use sluice::proxy::peek::{inspect, Peeked};
 
+/// A harness: panics if an invariant does not hold for the input.
+pub type Harness = fn(&[u8]);
+
 /// Every target by name, as scripts/fuzz and the corpus replay know them
 /// (the corpus of target `t` is `fuzz/corpus/t/`).
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Harness)] = &[
     ("peek", peek),
     ("dns", dns),
     ("dns_upstream", dns_upstream),
