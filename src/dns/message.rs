@@ -212,7 +212,9 @@ pub fn plain_name(name: &Name) -> Option<String> {
 }
 
 /// A response to `query` built here: id, opcode, RD and CD mirrored, RA set,
-/// the question echoed (unless it is malformed), EDNS if the query had it.
+/// the question echoed if there is exactly one (a NOTIMP for a query with
+/// hundreds of questions would otherwise echo them all, past what the
+/// client accepts over UDP; found by fuzzing), EDNS if the query had it.
 /// `None` if the message cannot be encoded (it is then not sent).
 pub fn reply(query: &Message, code: ResponseCode, answers: Vec<Record>) -> Option<Vec<u8>> {
     let mut msg = Message::response(query.metadata.id, query.metadata.op_code);
@@ -220,7 +222,7 @@ pub fn reply(query: &Message, code: ResponseCode, answers: Vec<Record>) -> Optio
     msg.metadata.checking_disabled = query.metadata.checking_disabled;
     msg.metadata.recursion_available = true;
     msg.metadata.response_code = code;
-    if code != ResponseCode::FormErr {
+    if code != ResponseCode::FormErr && query.queries.len() == 1 {
         msg.queries = query.queries.clone();
     }
     msg.answers = answers;

@@ -495,6 +495,22 @@ fn header_claiming_more_than_its_bytes_hold_is_dropped_unread() {
 }
 
 #[test]
+fn notimp_for_many_questions_echoes_none_and_fits_udp() {
+    // An IQUERY with 256 root questions (a fuzzing find): the NOTIMP used
+    // to echo all of them, 1.3 KB to a client that accepts 512 bytes.
+    let mut query = vec![0x00, 0x26, 0x0b, 0x07, 0x01, 0x00, 0, 0, 0, 0, 0, 0];
+    query.extend(std::iter::repeat_n(0u8, 256 * 5));
+    let policy = Policy::from_yaml(&policy_yaml("enforce", "[]"), "t.yaml").unwrap();
+    let message::Action::Reply(reply) = message::plan(&query, &policy, &[]).action else {
+        panic!("no NOTIMP");
+    };
+    let parsed = Message::from_vec(&reply).unwrap();
+    assert_eq!(parsed.metadata.response_code, ResponseCode::NotImp);
+    assert!(parsed.queries.is_empty());
+    assert_eq!(message::fit_udp(&query, reply.clone()), Some(reply));
+}
+
+#[test]
 fn plain_name_normalizes_or_rejects() {
     let name = |s: &str| plain_name(&Name::from_ascii(s).unwrap());
     assert_eq!(name("PyPI.Org.").as_deref(), Some("pypi.org"));
