@@ -7,13 +7,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hickory_proto::op::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
+use super::message::fit_udp;
 use super::{answer, DnsContext};
 use crate::drain::Watch;
 
@@ -25,8 +25,6 @@ pub const MAX_TCP_CONNECTIONS: usize = 64;
 pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest UDP query read.
 const UDP_READ: usize = 4096;
-/// UDP answer size without EDNS (RFC 1035).
-const UDP_CLASSIC: usize = 512;
 /// Pause after a socket error, so a persistent one cannot spin.
 const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 
@@ -156,24 +154,6 @@ async fn serve_connection(
             return;
         }
     }
-}
-
-/// `response` as sent over UDP: unchanged if it fits what the client
-/// accepts (512 bytes, or its EDNS payload size up to 4096), else the
-/// header and question with TC set, so the client retries over TCP.
-fn fit_udp(query: &[u8], response: Vec<u8>) -> Option<Vec<u8>> {
-    if response.len() <= UDP_CLASSIC {
-        return Some(response);
-    }
-    let limit = Message::from_vec(query)
-        .ok()
-        .and_then(|q| q.edns.map(|e| usize::from(e.max_payload())))
-        .unwrap_or(UDP_CLASSIC)
-        .clamp(UDP_CLASSIC, UDP_READ);
-    if response.len() <= limit {
-        return Some(response);
-    }
-    Message::from_vec(&response).ok()?.truncate().to_vec().ok()
 }
 
 /// Wait for the queries in flight until the drain's deadline, then drop

@@ -1,4 +1,4 @@
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
@@ -8,6 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 
+use super::message::plain_name;
 use super::*;
 use crate::audit::{AuditRecord, AuditWriter};
 use crate::policy::{Policy, ResolvedNames};
@@ -484,6 +485,39 @@ async fn hostile_packets_never_panic() {
     }
     // Mutated names may have been refused and audited; the log still closes.
     let _ = h.audit_records().await;
+}
+
+#[test]
+fn header_claiming_more_than_its_bytes_hold_is_dropped_unread() {
+    // 65535 questions claimed, one present: hickory would reserve room for
+    // all of them before finding out.
+    let mut huge = query("origin.test.", RecordType::A);
+    huge[4..6].copy_from_slice(&[0xff, 0xff]);
+    assert!(message::parse(&huge).is_none());
+    let policy = Policy::from_yaml(&policy_yaml("enforce", "[]"), "t.yaml").unwrap();
+    let plan = message::plan(&huge, &policy, &[]);
+    assert!(matches!(plan.action, message::Action::Drop) && plan.asked.is_none());
+    // Counts that fit are read as before.
+    let mut two = query("origin.test.", RecordType::A);
+    two[7] = 1; // one answer claimed, none present: hickory refuses it
+    assert!(message::parse(&two).is_none());
+    assert!(message::parse(&query("origin.test.", RecordType::A)).is_some());
+}
+
+#[test]
+fn notimp_for_many_questions_echoes_none_and_fits_udp() {
+    // An IQUERY with 256 root questions (a fuzzing find): the NOTIMP used
+    // to echo all of them, 1.3 KB to a client that accepts 512 bytes.
+    let mut query = vec![0x00, 0x26, 0x0b, 0x07, 0x01, 0x00, 0, 0, 0, 0, 0, 0];
+    query.extend(std::iter::repeat_n(0u8, 256 * 5));
+    let policy = Policy::from_yaml(&policy_yaml("enforce", "[]"), "t.yaml").unwrap();
+    let message::Action::Reply(reply) = message::plan(&query, &policy, &[]).action else {
+        panic!("no NOTIMP");
+    };
+    let parsed = Message::from_vec(&reply).unwrap();
+    assert_eq!(parsed.metadata.response_code, ResponseCode::NotImp);
+    assert!(parsed.queries.is_empty());
+    assert_eq!(message::fit_udp(&query, reply.clone()), Some(reply));
 }
 
 #[test]

@@ -6,10 +6,12 @@ use std::hash::{BuildHasher, Hasher};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use hickory_proto::op::{Message, MessageType, ResponseCode};
+use hickory_proto::op::{Message, ResponseCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::{timeout_at, Instant};
+
+use super::message::upstream_answer;
 
 /// How long one upstream gets (UDP and any TCP retry together).
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -109,7 +111,7 @@ async fn udp_exchange(
             }
         };
         // Anything that is not the answer to this question is ignored.
-        if let Some(message) = matching_answer(&buf[..n], parsed, id) {
+        if let Some(message) = upstream_answer(&buf[..n], parsed, id) {
             buf.truncate(n);
             return Some(Forwarded {
                 bytes: buf,
@@ -134,32 +136,11 @@ async fn tcp_exchange(
     let n = usize::from(stream.read_u16().await.ok()?);
     let mut buf = vec![0u8; n];
     stream.read_exact(&mut buf).await.ok()?;
-    let message = matching_answer(&buf, parsed, id)?;
+    let message = upstream_answer(&buf, parsed, id)?;
     Some(Forwarded {
         bytes: buf,
         message,
     })
-}
-
-/// `bytes` parsed, if it is a response with `id` to the same question.
-fn matching_answer(bytes: &[u8], parsed: &Message, id: u16) -> Option<Message> {
-    let message = Message::from_vec(bytes).ok()?;
-    let meta = &message.metadata;
-    if meta.id != id || meta.message_type != MessageType::Response {
-        return None;
-    }
-    let (asked, got) = (parsed.queries.first()?, message.queries.first());
-    // Answers to refused or failed queries may omit the question.
-    let same = match got {
-        // Name equality is case-insensitive (0x20 randomisation survives).
-        Some(got) => {
-            got.name() == asked.name()
-                && got.query_type() == asked.query_type()
-                && got.query_class() == asked.query_class()
-        }
-        None => meta.response_code != ResponseCode::NoError,
-    };
-    same.then_some(message)
 }
 
 fn random_u16() -> u16 {
