@@ -19,13 +19,16 @@
 //! `report` (one-line errors). `policy`
 //! and `bundle` import no tokio and no nftables.
 //!
-//! `unsafe` is forbidden in every module but the few where an API demands
-//! it (the `pre_exec` hooks that confine a workload before exec,
-//! registering a pidfd with the reactor, calling libnftables); each such block
-//! says why it is sound, and clippy's `undocumented_unsafe_blocks` is denied.
+//! `unsafe` is forbidden in every module but the three where an API
+//! demands it, one block each: `confine::child` (the one `pre_exec` hook,
+//! which runs a plain-data setup between fork and exec), `confine::init`
+//! (adopting the descriptor sluice passed its init) and `enforce::libnft`
+//! (every call into libnftables); each says why it is sound, and clippy's
+//! `undocumented_unsafe_blocks` is denied.
 
 #[forbid(unsafe_code)]
 pub mod app;
+#[forbid(unsafe_code)]
 pub mod attach;
 #[forbid(unsafe_code)]
 pub mod audit;
@@ -34,6 +37,7 @@ pub mod bundle;
 #[forbid(unsafe_code)]
 pub mod cli;
 pub mod confine;
+#[forbid(unsafe_code)]
 pub mod daemon;
 #[forbid(unsafe_code)]
 pub mod demo;

@@ -493,6 +493,17 @@ fn drop_count_is_the_named_counter_nft_lists() {
     assert_eq!(ours, listed, "the same counter nft lists");
 }
 
+/// The child of `cmd` enters `ns` between fork and exec.
+fn enter_before_exec(cmd: &mut Command, ns: &SandboxNetns) {
+    let fd = ns.entry().unwrap();
+    // SAFETY: the hook only calls setns(2) on an fd it owns (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).map_err(Into::into)
+        })
+    };
+}
+
 #[test]
 fn processes_inside_are_found_and_killed() {
     let Some(_guard) = privileged("processes_inside_are_found_and_killed") else {
@@ -501,8 +512,7 @@ fn processes_inside_are_found_and_killed() {
     let ns = SandboxNetns::create().unwrap();
     let mut cmd = Command::new("sleep");
     cmd.arg("30");
-    // SAFETY: the hook only calls setns(2) on an fd it owns (async-signal-safe).
-    unsafe { cmd.pre_exec(ns.enter_fn()) };
+    enter_before_exec(&mut cmd, &ns);
     let mut child = cmd.spawn().unwrap();
     let pid = child.id() as i32;
 
@@ -526,8 +536,7 @@ fn kill_processes_inside_takes_a_whole_process_tree() {
     let mut cmd = Command::new("sh");
     cmd.args(["-c", "sleep 30 & echo $!; sleep 30 & echo $!; wait"])
         .stdout(Stdio::piped());
-    // SAFETY: the hook only calls setns(2) on an fd it owns (async-signal-safe).
-    unsafe { cmd.pre_exec(ns.enter_fn()) };
+    enter_before_exec(&mut cmd, &ns);
     let mut shell = cmd.spawn().unwrap();
     let mut lines = std::io::BufReader::new(shell.stdout.take().unwrap());
     let mut children = Vec::new();

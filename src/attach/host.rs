@@ -48,8 +48,11 @@ pub async fn spawn(
     user: Option<RunAs>,
     files: &SluiceFiles,
 ) -> Result<Child, AttachError> {
-    let enter = sandbox.netns.enter_fn();
-    crate::confine::spawn(argv, user, files, enter)
+    let netns = sandbox
+        .netns
+        .entry()
+        .map_err(|e| AttachError::Confine(crate::confine::ConfineError::Init(e)))?;
+    crate::confine::spawn(argv, user, files, Some(netns))
         .await
         .map_err(|err| match err {
             crate::confine::ConfineError::Exec { program, source } => {

@@ -3,7 +3,7 @@
 
 #![forbid(unsafe_code)]
 
-use caps::{CapSet, Capability};
+use caps::Capability;
 
 /// Capabilities the workload can never have, even as root, with why:
 /// those that reach around a network namespace (setns into another one,
@@ -72,37 +72,18 @@ pub const DROPPED: [(Capability, &str); 22] = [
     ),
 ];
 
-/// Errors from dropping capabilities.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot drop {what}: {cause}")]
-pub struct CapsError {
-    what: String,
-    cause: String,
-}
-
-/// Runs in the workload's process before exec, as root: drop [`DROPPED`]
-/// from the bounding set (no setuid or file-capability program gives them
-/// back), and clear the inheritable and ambient sets, which a root `execve`
-/// would otherwise add to the new program's permitted set whatever the
-/// bounding set says.
-pub fn drop_for_workload() -> Result<(), CapsError> {
+/// Which of [`DROPPED`] the workload's process drops from its bounding set
+/// (see `child`): those this kernel knows (one it does not know cannot be
+/// held). Worked out before the fork; the child also clears its ambient
+/// and inheritable sets, which a root `execve` would otherwise add to the
+/// new program's permitted set whatever the bounding set says.
+pub(crate) fn bounding_to_drop() -> Vec<rustix::thread::CapabilitySet> {
     let known = caps::runtime::thread_all_supported();
-    for (cap, _why) in DROPPED {
-        // A capability this kernel does not know cannot be held.
-        if known.contains(&cap) {
-            caps::drop(None, CapSet::Bounding, cap).map_err(|e| CapsError {
-                what: format!("{cap} from the bounding set"),
-                cause: e.to_string(),
-            })?;
-        }
-    }
-    for set in [CapSet::Ambient, CapSet::Inheritable] {
-        caps::clear(None, set).map_err(|e| CapsError {
-            what: format!("the {set:?} capability set"),
-            cause: e.to_string(),
-        })?;
-    }
-    Ok(())
+    DROPPED
+        .iter()
+        .filter(|(cap, _)| known.contains(cap))
+        .map(|(cap, _)| rustix::thread::CapabilitySet::from_bits_retain(1 << cap.index()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -29,6 +28,7 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use super::child::{self, ChildSetup, Step, WorkloadConfinement};
 use super::mounts::{self, FilePlan};
 use super::{seccomp, RunAs};
 
@@ -208,55 +208,45 @@ fn start(args: &InitArgs) -> Result<(Pid, SignalFd), Failure> {
     let filters = seccomp::build().map_err(|e| confine(&e))?;
     let run_as = args.run_as;
 
-    // Where the forked child says what failed before exec: std's spawn
-    // carries only an errno back, which cannot tell a confinement failure
-    // (exit 3, nothing ran) from a missing program (127).
+    // Where the forked child says which step failed before exec: std's
+    // spawn carries only an errno back, which cannot tell a confinement
+    // failure (exit 3, nothing ran) from a missing program (127).
     let (failure_rx, failure_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| confine(&e))?;
     let mut cmd = std::process::Command::new(&args.argv[0]);
     cmd.args(&args.argv[1..]);
-    // SAFETY: the closure runs in the forked child before exec. The init is
-    // single-threaded, so nothing can hold a lock the child would need; the
-    // calls are sigprocmask, prctl, capset, seccomp, the set*id calls and a
-    // write to the failure pipe.
-    unsafe {
-        cmd.pre_exec(move || {
-            let confined = (|| -> Result<(), String> {
-                nix::sys::signal::sigprocmask(
-                    SigmaskHow::SIG_SETMASK,
-                    Some(&SigSet::empty()),
-                    None,
-                )
-                .map_err(|e| format!("cannot unblock the workload's signals: {e}"))?;
-                filters.install().map_err(|e| e.to_string())?;
-                super::caps::drop_for_workload().map_err(|e| e.to_string())?;
-                if let Some(user) = run_as {
-                    let gid = nix::unistd::Gid::from_raw(user.gid);
-                    let uid = nix::unistd::Uid::from_raw(user.uid);
-                    nix::unistd::setgroups(&[gid])
-                        .and_then(|()| nix::unistd::setgid(gid))
-                        .and_then(|()| nix::unistd::setuid(uid))
-                        .map_err(|e| format!("cannot switch to uid {uid} gid {gid}: {e}"))?;
-                }
-                Ok(())
-            })();
-            confined.map_err(|why| {
-                let _ = nix::unistd::write(&failure_tx, why.as_bytes());
-                std::io::Error::from_raw_os_error(libc::EPERM)
-            })
-        });
-    }
+    child::prepare(
+        &mut cmd,
+        ChildSetup {
+            signal_mask: Some((SigmaskHow::SIG_SETMASK, SigSet::empty())),
+            workload: Some(WorkloadConfinement {
+                filters,
+                drop_bounding: super::caps::bounding_to_drop(),
+                run_as,
+            }),
+            report: Some(failure_tx),
+            ..ChildSetup::default()
+        },
+    );
     let spawned = cmd.spawn();
     // The child's copy is closed at its exec or exit; close ours so that
     // reading sees the end.
     drop(cmd);
     let child = spawned.map_err(|err| {
-        let mut why = String::new();
-        let _ = std::io::Read::read_to_string(&mut std::fs::File::from(failure_rx), &mut why);
-        if why.is_empty() {
-            Failure::Exec(err)
-        } else {
-            Failure::Confine(why)
+        let mut said = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::fs::File::from(failure_rx), &mut said);
+        match child::read_report(&said) {
+            None => Failure::Exec(err),
+            Some((step, errno)) => {
+                let errno = nix::errno::Errno::from_raw(errno);
+                Failure::Confine(match (step, run_as) {
+                    (Step::Ids, Some(user)) => format!(
+                        "cannot switch to uid {} gid {}: {errno}",
+                        user.uid, user.gid
+                    ),
+                    _ => format!("cannot {}: {errno}", step.what()),
+                })
+            }
         }
     })?;
     Ok((Pid::from_raw(child.id() as i32), signals))

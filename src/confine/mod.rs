@@ -19,10 +19,13 @@
 //! confine: every failure is an error, and nothing runs.
 
 pub mod caps;
+pub(crate) mod child;
+#[forbid(unsafe_code)]
 pub mod fds;
 pub mod init;
 pub mod mounts;
 pub mod seccomp;
+#[forbid(unsafe_code)]
 mod spawn;
 pub mod terminal;
 

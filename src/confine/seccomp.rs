@@ -197,14 +197,17 @@ pub fn build() -> Result<Filters, SeccompError> {
 }
 
 impl Filters {
-    /// Install every filter on the calling thread (the workload's process,
-    /// between fork and exec). seccompiler sets no_new_privs first, so a
+    /// Install every filter on the calling thread: the workload's process,
+    /// between fork and exec (see `child`), so nothing here allocates; a
+    /// failure is its errno. seccompiler sets no_new_privs first, so a
     /// setuid or file-capability program in the sandbox gains nothing.
-    pub fn install(&self) -> Result<(), SeccompError> {
+    pub(crate) fn install_in_child(&self) -> Result<(), i32> {
         for program in &self.programs {
-            seccompiler::apply_filter(program).map_err(|cause| SeccompError {
-                what: "install",
-                cause: cause.to_string(),
+            seccompiler::apply_filter(program).map_err(|e| match e {
+                seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => {
+                    e.raw_os_error().unwrap_or(libc::EINVAL)
+                }
+                _ => libc::EINVAL,
             })?;
         }
         Ok(())

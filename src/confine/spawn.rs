@@ -6,7 +6,8 @@
 
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use nix::sched::{setns, unshare, CloneFlags};
 use nix::sys::signal::{SigmaskHow, Signal};
 use tokio::process::{Child, Command};
 
+use super::child::{self, ChildSetup, Parent};
 use super::init::{self, InitArgs, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED};
 use super::{ConfineError, RunAs, SluiceFiles};
 
@@ -23,8 +25,8 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 /// Start `argv` confined: as the child of an init that is PID 1 of a fresh
 /// PID namespace, in a mount namespace where `files` are protected, under
 /// the seccomp filter and without the dropped capabilities, as `run_as`.
-/// `enter` runs in the forked child before the init's exec (e.g. setns into
-/// the sandbox's network namespace; it must be async-signal-safe).
+/// With `netns`, the init (and so the workload) runs in that network
+/// namespace (entered in the forked child, before the init's exec).
 ///
 /// Must be called from a thread that lives as long as sluice (the
 /// runtime's main thread): the init gets SIGKILL when the thread that
@@ -33,7 +35,7 @@ pub async fn spawn(
     argv: &[OsString],
     run_as: Option<RunAs>,
     files: &SluiceFiles,
-    mut enter: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+    netns: Option<OwnedFd>,
 ) -> Result<Child, ConfineError> {
     let program = argv[0].to_string_lossy().into_owned();
     let cwd = std::env::current_dir().map_err(ConfineError::Init)?;
@@ -53,41 +55,25 @@ pub async fn spawn(
         files: plan,
         argv: argv.to_vec(),
     };
-    let blocked = init::taken_signals();
 
-    let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg0("sluice-init")
-        .args(args.to_args())
-        .kill_on_drop(true);
-    // SAFETY: the closure runs in the forked child before exec and makes
-    // only async-signal-safe calls: setns, setrlimit, sigprocmask, fcntl,
-    // prctl and poll. setns comes first: the rest needs no privilege.
-    unsafe {
-        cmd.pre_exec(move || {
-            enter()?;
-            super::fds::restore_for_workload()?;
+    let mut std_cmd = std::process::Command::new("/proc/self/exe");
+    std_cmd.arg0("sluice-init").args(args.to_args());
+    child::prepare(
+        &mut std_cmd,
+        ChildSetup {
+            netns,
+            restore_fd_limit: true,
             // Held until the init reads them from its signalfd: a stop
             // sent while it starts is not lost.
-            nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None)?;
-            nix::fcntl::fcntl(
-                &report_tx,
-                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-            )?;
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            let mut alive = [rustix::event::PollFd::new(
-                &sluice,
-                rustix::event::PollFlags::IN,
-            )];
-            let zero = rustix::event::Timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            if rustix::event::poll(&mut alive, Some(&zero))? > 0 {
-                return Err(std::io::Error::other("sluice exited during spawn"));
-            }
-            Ok(())
-        });
-    }
+            signal_mask: Some((SigmaskHow::SIG_BLOCK, init::taken_signals())),
+            inherit: Some(report_tx),
+            parent_death: Some(Signal::SIGKILL),
+            parent_alive: Some(Parent::Pidfd(sluice)),
+            ..ChildSetup::default()
+        },
+    );
+    let mut cmd = Command::from(std_cmd);
+    cmd.kill_on_drop(true);
     let child = spawn_as_namespace_init(&mut cmd)?;
     // Our copy of the report pipe's write end lives in the closure.
     drop(cmd);

@@ -18,7 +18,10 @@ pub mod client;
 #[forbid(unsafe_code)]
 pub mod config;
 #[forbid(unsafe_code)]
+mod exits;
+#[forbid(unsafe_code)]
 mod fdpass;
+#[forbid(unsafe_code)]
 mod registry;
 #[forbid(unsafe_code)]
 mod server;

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::adopt::{self, Records};
 use super::api::{AttachRequest, Connections, SandboxInfo};
 use super::config::Defaults;
+use super::exits::ExitWatcher;
 use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, DRAIN_GRACE};
 use crate::drain::Drain;
 use crate::netns::{SandboxNetns, SANDBOX_LINK, SANDBOX_PEER};
@@ -99,6 +100,9 @@ pub struct Registry {
     records: Records,
     slots: Mutex<BTreeMap<String, Slot>>,
     next_generation: AtomicU64,
+    /// Watches every container's process (`None`: it could not start, and
+    /// sandboxes are watched by scanning their namespaces).
+    exits: Option<ExitWatcher>,
 }
 
 impl Registry {
@@ -109,6 +113,9 @@ impl Registry {
             defaults,
             slots: Mutex::new(BTreeMap::new()),
             next_generation: AtomicU64::new(1),
+            exits: ExitWatcher::start()
+                .inspect_err(|err| tracing::warn!(%err, "cannot start the thread that watches containers' processes: watching their namespaces instead"))
+                .ok(),
         })
     }
 
@@ -512,27 +519,20 @@ async fn watch_until_gone(
     process: Option<Pidfd>,
     netns: Arc<SandboxNetns>,
 ) {
-    let why = match process {
-        Some(process) => {
-            // SAFETY: the AsyncFd takes ownership of the pidfd, which stays
-            // open and unchanged until the AsyncFd is dropped.
-            let registered = unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(
-                    process.0,
-                    tokio::io::Interest::READABLE,
-                )
-            };
-            match registered {
-                Ok(fd) => {
-                    let _ = fd.readable().await;
-                    "the container's process exited"
-                }
-                Err(err) => {
-                    tracing::warn!(%err, "cannot watch the container's process: watching its namespace instead");
-                    scan_until_empty(&netns).await
-                }
+    let exit = match (process, registry.upgrade()) {
+        (Some(process), Some(registry)) => registry.exits.as_ref().map(|w| w.watch(process.0)),
+        _ => None,
+    };
+    let why = match exit {
+        Some(mut exit) => match exit.exited().await {
+            Ok(()) => "the container's process exited",
+            Err(_) => {
+                tracing::warn!(
+                    "cannot watch the container's process: watching its namespace instead"
+                );
+                scan_until_empty(&netns).await
             }
-        }
+        },
         None => scan_until_empty(&netns).await,
     };
     drop(netns);

@@ -74,43 +74,15 @@ pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, Enfo
     // out first, and fail with an error instead.
     netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)
         .map_err(EnforceError::Netlink)?;
-    // SAFETY: every pointer called here was resolved in `load` with the
-    // signature <nftables/libnftables.h> declares for it. `ctx` comes from
-    // nft_ctx_new, is used only inside this block (under ONE_AT_A_TIME, on
-    // this thread) and freed exactly once, at the end. Each command is a
-    // NUL-terminated C string that outlives its call. The buffers returned
-    // by nft_ctx_get_*_buffer are NUL-terminated strings owned by `ctx` that
-    // stay valid until the next call on it; they are copied at once.
-    unsafe {
-        let ctx = (api.ctx_new)(NFT_CTX_DEFAULT);
-        if ctx.is_null() {
-            return Err(EnforceError::Context);
-        }
-        (api.output_set_flags)(ctx, NFT_CTX_OUTPUT_JSON);
-        // Unbuffered, libnftables would print to sluice's own stdio.
-        if (api.buffer_output)(ctx) != 0 || (api.buffer_error)(ctx) != 0 {
-            (api.ctx_free)(ctx);
-            return Err(EnforceError::Context);
-        }
-        let text = |p: *const c_char| {
-            if p.is_null() {
-                String::new()
-            } else {
-                CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
-        };
-        let mut run = |command: &CStr| {
-            let rc = (api.run_cmd_from_buffer)(ctx, command.as_ptr());
-            Reply {
-                ok: rc == 0,
-                output: text((api.get_output_buffer)(ctx)),
-                error: text((api.get_error_buffer)(ctx)).trim().to_string(),
-            }
-        };
-        let result = work(&mut run);
-        (api.ctx_free)(ctx);
-        Ok(result)
-    }
+    let ctx = match ffi(Call::Open(api)) {
+        Done::Opened(Some(ctx)) => ctx,
+        _ => return Err(EnforceError::Context),
+    };
+    let mut run = |command: &CStr| match ffi(Call::Run(&ctx, command)) {
+        Done::Ran(reply) => reply,
+        _ => unreachable!("a run answers with its reply"),
+    };
+    Ok(work(&mut run))
 }
 
 /// Loads the library now (once per process) and says whether it could.
@@ -120,44 +92,119 @@ pub(super) fn load_now() -> Result<(), EnforceError> {
 
 fn api() -> Result<&'static Api, EnforceError> {
     static API: OnceLock<Result<Api, String>> = OnceLock::new();
-    API.get_or_init(load)
-        .as_ref()
-        .map_err(|why| EnforceError::NftNotFound(why.clone()))
+    API.get_or_init(|| match ffi(Call::Load) {
+        Done::Loaded(api) => api,
+        _ => unreachable!("a load answers with the library"),
+    })
+    .as_ref()
+    .map_err(|why| EnforceError::NftNotFound(why.clone()))
 }
 
-fn load() -> Result<Api, String> {
-    // SAFETY: LIBRARY is the system's nftables library; loading it runs only
-    // its own ELF initialisers. Each symbol is read as the function type
-    // <nftables/libnftables.h> declares for it in the soname-1 ABI, and the
-    // Library is stored next to the pointers and never closed, so they never
-    // outlive it.
+/// One libnftables context, open: its own netlink socket, in the network
+/// namespace of the thread that opened it (it is neither Send nor Sync, so
+/// it stays there). Freed on drop.
+struct Context {
+    api: &'static Api,
+    raw: std::ptr::NonNull<c_void>,
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        ffi(Call::Close(self));
+    }
+}
+
+/// Every call into C, as data, so that one `unsafe` block ([`ffi`]) holds
+/// them all.
+enum Call<'a> {
+    /// dlopen the library and resolve the entry points.
+    Load,
+    /// A new context, with JSON output and buffered output and errors.
+    Open(&'static Api),
+    /// One command on a context, and what it printed.
+    Run(&'a Context, &'a CStr),
+    /// Free a context (only from its `Drop`: nothing uses it afterwards).
+    Close(&'a mut Context),
+}
+
+/// What a [`Call`] answers.
+enum Done {
+    Loaded(Result<Api, String>),
+    Opened(Option<Context>),
+    Ran(Reply),
+    Closed,
+}
+
+fn ffi(call: Call<'_>) -> Done {
+    // SAFETY: LIBRARY is the system's nftables library; loading it runs
+    // only its own ELF initialisers. Each symbol is read as the function
+    // type <nftables/libnftables.h> declares for it in the soname-1 ABI, and
+    // the Library is stored in the Api next to the pointers and never
+    // closed (the Api lives in a static), so they never outlive it. A
+    // `Context` is made only here, from a non-null nft_ctx_new, used only
+    // through `&Context` on the thread that made it (session holds
+    // ONE_AT_A_TIME meanwhile), and freed exactly once, by its Drop. Each
+    // command is a NUL-terminated C string that outlives its call. The
+    // buffers nft_ctx_get_*_buffer return are NUL-terminated strings owned
+    // by the context, valid until its next call; they are copied at once.
     unsafe {
-        let library = libloading::Library::new(LIBRARY).map_err(|e| e.to_string())?;
-        macro_rules! symbol {
-            ($name:literal) => {
-                *library
-                    .get(concat!($name, "\0").as_bytes())
-                    .map_err(|e| format!("{LIBRARY} has no {}: {e}", $name))?
-            };
+        match call {
+            Call::Load => {
+                let load = || -> Result<Api, String> {
+                    let library = libloading::Library::new(LIBRARY).map_err(|e| e.to_string())?;
+                    macro_rules! symbol {
+                        ($name:literal) => {
+                            *library
+                                .get(concat!($name, "\0").as_bytes())
+                                .map_err(|e| format!("{LIBRARY} has no {}: {e}", $name))?
+                        };
+                    }
+                    Ok(Api {
+                        ctx_new: symbol!("nft_ctx_new"),
+                        ctx_free: symbol!("nft_ctx_free"),
+                        output_set_flags: symbol!("nft_ctx_output_set_flags"),
+                        buffer_output: symbol!("nft_ctx_buffer_output"),
+                        buffer_error: symbol!("nft_ctx_buffer_error"),
+                        run_cmd_from_buffer: symbol!("nft_run_cmd_from_buffer"),
+                        get_output_buffer: symbol!("nft_ctx_get_output_buffer"),
+                        get_error_buffer: symbol!("nft_ctx_get_error_buffer"),
+                        _library: library,
+                    })
+                };
+                Done::Loaded(load())
+            }
+            Call::Open(api) => {
+                let Some(raw) = std::ptr::NonNull::new((api.ctx_new)(NFT_CTX_DEFAULT)) else {
+                    return Done::Opened(None);
+                };
+                let ctx = Context { api, raw };
+                (api.output_set_flags)(raw.as_ptr(), NFT_CTX_OUTPUT_JSON);
+                // Unbuffered, libnftables would print to sluice's own stdio.
+                let buffered =
+                    (api.buffer_output)(raw.as_ptr()) == 0 && (api.buffer_error)(raw.as_ptr()) == 0;
+                // Not buffered: dropped, so freed.
+                Done::Opened(buffered.then_some(ctx))
+            }
+            Call::Run(ctx, command) => {
+                let (api, raw) = (ctx.api, ctx.raw.as_ptr());
+                let text = |p: *const c_char| {
+                    if p.is_null() {
+                        String::new()
+                    } else {
+                        CStr::from_ptr(p).to_string_lossy().into_owned()
+                    }
+                };
+                let rc = (api.run_cmd_from_buffer)(raw, command.as_ptr());
+                Done::Ran(Reply {
+                    ok: rc == 0,
+                    output: text((api.get_output_buffer)(raw)),
+                    error: text((api.get_error_buffer)(raw)).trim().to_string(),
+                })
+            }
+            Call::Close(ctx) => {
+                (ctx.api.ctx_free)(ctx.raw.as_ptr());
+                Done::Closed
+            }
         }
-        let ctx_new = symbol!("nft_ctx_new");
-        let ctx_free = symbol!("nft_ctx_free");
-        let output_set_flags = symbol!("nft_ctx_output_set_flags");
-        let buffer_output = symbol!("nft_ctx_buffer_output");
-        let buffer_error = symbol!("nft_ctx_buffer_error");
-        let run_cmd_from_buffer = symbol!("nft_run_cmd_from_buffer");
-        let get_output_buffer = symbol!("nft_ctx_get_output_buffer");
-        let get_error_buffer = symbol!("nft_ctx_get_error_buffer");
-        Ok(Api {
-            ctx_new,
-            ctx_free,
-            output_set_flags,
-            buffer_output,
-            buffer_error,
-            run_cmd_from_buffer,
-            get_output_buffer,
-            get_error_buffer,
-            _library: library,
-        })
     }
 }

@@ -213,21 +213,12 @@ impl SandboxNetns {
         handle.join().map_err(|_| NetnsError::ThreadPanicked)?
     }
 
-    /// A `pre_exec` hook (std or tokio `Command`) that moves the forked
-    /// child into this namespace before exec. The hook owns its own
-    /// close-on-exec duplicate of the namespace fd, so it stays valid even if
-    /// this `SandboxNetns` is dropped first, and it does nothing but the
-    /// setns(2) syscall (async-signal-safe). If the fd cannot be duplicated
-    /// (fd limit reached), the hook fails and so does the spawn.
-    pub fn enter_fn(&self) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
-        let fd = self
-            .fd
-            .try_clone()
-            .map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE));
-        move || match &fd {
-            Ok(fd) => setns(fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(io::Error::from),
-            Err(errno) => Err(io::Error::from_raw_os_error(*errno)),
-        }
+    /// A close-on-exec duplicate of the namespace descriptor, for a child
+    /// that enters the namespace between fork and exec (see
+    /// `confine::child`): it stays valid even if this `SandboxNetns` is
+    /// dropped first.
+    pub fn entry(&self) -> io::Result<OwnedFd> {
+        self.fd.try_clone()
     }
 
     /// The namespace's inode number (as in `net:[INODE]`).

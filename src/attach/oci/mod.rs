@@ -335,26 +335,25 @@ impl PodmanRun {
 /// main thread) dies; the container itself then keeps a namespace whose only
 /// way out, sluice's listener, is gone.
 pub fn spawn_podman(argv: &[OsString]) -> Result<Child, OciError> {
+    use crate::confine::child::{self, ChildSetup, Parent};
     let program = argv[0].to_string_lossy().into_owned();
-    let mut cmd = Command::new(&argv[0]);
+    let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);
-    let parent = nix::unistd::getpid();
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe calls (setrlimit, prctl, getppid).
-    unsafe {
-        cmd.pre_exec(move || {
-            crate::confine::fds::restore_for_workload()?;
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
-            if nix::unistd::getppid() != parent {
-                return Err(std::io::Error::other("sluice exited during spawn"));
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn().map_err(|source| OciError::Spawn {
-        program,
-        cause: source,
-    })
+    child::prepare(
+        &mut cmd,
+        ChildSetup {
+            restore_fd_limit: true,
+            parent_death: Some(nix::sys::signal::Signal::SIGTERM),
+            parent_alive: Some(Parent::Pid(nix::unistd::getpid())),
+            ..ChildSetup::default()
+        },
+    );
+    Command::from(cmd)
+        .spawn()
+        .map_err(|source| OciError::Spawn {
+            program,
+            cause: source,
+        })
 }
 
 /// The container id in `cidfile`, once podman has written it whole.
