@@ -105,6 +105,12 @@ const MAX_WRITE: usize = 1 << 20;
 /// The largest `/bytes/N` body.
 const MAX_BODY: usize = 64 << 20;
 
+/// Compute the bulk body now, so that the first bulk request does not pay
+/// for it.
+pub fn prepare_bulk() {
+    patterned();
+}
+
 /// [`pattern`] of [`MAX_BODY`] bytes, computed once, for bodies over 1 MiB:
 /// a bulk transfer then measures the network path, not the origin computing
 /// its body.
