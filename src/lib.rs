@@ -13,7 +13,8 @@
 //! sluice's internal addresses and its resolver only through its context.
 //! `testbed` (throwaway topology, fast origin, load client) serves the demo,
 //! the probe, `bench` and the tests and is on no enforcement path. `bench`
-//! runs sluice, its peers and the native client side by side. `app` owns
+//! runs sluice, its peers and the native client side by side (the demo's
+//! last step is a short run of it). `app` owns
 //! shutdown: one deadline, which every long-lived task meets through
 //! `drain`. Small leaves that any layer may use: `workload` (the path enum),
 //! `drain`, `confine` (root check, capabilities, descriptor limits),

@@ -182,7 +182,6 @@ impl Testbed {
             path: bed.policy.clone(),
             cause: e,
         })?;
-        crate::testbed::origin::prepare_bulk();
         bed.outer
             .http_origin(origin)
             .map_err(setup("starting the origin"))?;
@@ -293,6 +292,14 @@ pub fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, BenchError> 
     })?;
     let began = Instant::now();
     let bed = Testbed::create()?;
+    if plan
+        .workloads
+        .iter()
+        .any(|w| matches!(w, Workload::Bulk1k | Workload::Bulk64k))
+    {
+        // The origin's bulk body, before any batch would pay for it.
+        crate::testbed::origin::prepare_bulk();
+    }
     let mut prepared = Vec::new();
     let mut skipped = Vec::new();
     let mut kinds = plan.conditions.clone();
