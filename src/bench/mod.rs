@@ -58,6 +58,11 @@ dns:
   upstream: []
 ";
 
+/// Upper bounds of a plan.
+pub const MAX_CONNS: usize = 100_000;
+pub const MAX_THREADS: usize = 1024;
+pub const MAX_ROUNDS: usize = 10_000;
+
 /// Why a bench run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -130,10 +135,16 @@ impl Plan {
                 "--batches must be 2 or more: a paired difference needs two rounds".into(),
             ));
         }
-        if self.conns == 0 || self.threads == 0 {
-            return Err(BenchError::BadPlan(
-                "--conns and --threads must be 1 or more".into(),
-            ));
+        // Bounds that keep a run's memory and its replies' size in reason.
+        if !(1..=MAX_CONNS).contains(&self.conns) || !(1..=MAX_THREADS).contains(&self.threads) {
+            return Err(BenchError::BadPlan(format!(
+                "--conns must be 1 to {MAX_CONNS} and --threads 1 to {MAX_THREADS}"
+            )));
+        }
+        if self.batches > MAX_ROUNDS || self.warmups > MAX_ROUNDS {
+            return Err(BenchError::BadPlan(format!(
+                "--batches and --warmups must be at most {MAX_ROUNDS}"
+            )));
         }
         Ok(())
     }
@@ -292,11 +303,7 @@ pub fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, BenchError> 
     })?;
     let began = Instant::now();
     let bed = Testbed::create()?;
-    if plan
-        .workloads
-        .iter()
-        .any(|w| matches!(w, Workload::Bulk1k | Workload::Bulk64k))
-    {
+    if plan.workloads.iter().any(Workload::is_bulk) {
         // The origin's bulk body, before any batch would pay for it.
         crate::testbed::origin::prepare_bulk();
     }

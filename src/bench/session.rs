@@ -11,7 +11,7 @@
 //! run` and `sluice oci` stop their workloads and clean up), then SIGKILL
 //! if it does not go.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -32,6 +32,10 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a session may take to exit after `quit`, and after SIGTERM.
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest line a client may send: a reply to the largest plan
+/// (`MAX_CONNS` samples) fits many times over.
+const MAX_LINE: u64 = 64 << 20;
 
 /// The last bytes of a process's stderr that an error quotes.
 const STDERR_TAIL: usize = 4096;
@@ -77,8 +81,16 @@ impl Session {
         let stderr_pipe = child.stderr.take().expect("piped stderr");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
+            let mut reader = BufReader::new(stdout);
+            loop {
+                // Bounded: a line longer than any reply ends the session.
+                let mut line = String::new();
+                match (&mut reader).take(MAX_LINE).read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if !line.ends_with('\n') => break,
+                    Ok(_) => {}
+                }
+                line.pop();
                 if tx.send((Instant::now(), line)).is_err() {
                     break;
                 }

@@ -54,6 +54,11 @@ impl Workload {
         }
     }
 
+    /// One of the 32 MiB transfers.
+    pub fn is_bulk(&self) -> bool {
+        matches!(self, Workload::Bulk1k | Workload::Bulk64k)
+    }
+
     /// What a batch of this workload is summarised by.
     pub fn metrics(self) -> &'static [Metric] {
         match self {
@@ -140,11 +145,11 @@ impl Commands {
         let digest =
             |len: usize| hex::encode(ring::digest::digest(&ring::digest::SHA256, &pattern(len)));
         let small = digest(1024);
-        let bulk = workloads
-            .iter()
-            .any(|w| matches!(w, Workload::Bulk1k | Workload::Bulk64k))
-            .then(|| digest(BULK_BYTES))
-            .unwrap_or_default();
+        let bulk = if workloads.iter().any(Workload::is_bulk) {
+            digest(BULK_BYTES)
+        } else {
+            String::new()
+        };
         let workloads = workloads
             .iter()
             .map(|&w| {
