@@ -39,7 +39,7 @@ impl Progress {
                 let b = ProgressBar::new((rounds * conditions) as u64);
                 b.set_style(
                     ProgressStyle::with_template(
-                        "{elapsed_precise} [{bar:32}] {pos}/{len} sessions, ETA {eta}  {msg}",
+                        "{elapsed_precise} [{bar:32}] {pos}/{len} sessions, ETA {eta}  {wide_msg}",
                     )
                     .expect("a valid template")
                     .progress_chars("=> "),
