@@ -85,8 +85,8 @@ impl ConditionKind {
             ConditionKind::Native => "the client straight to the origin (no sluice, no nftables)",
             ConditionKind::Host => "the client as the workload of `sluice run` (with --audit and --timings)",
             ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings)",
-            ConditionKind::Haproxy => "haproxy `mode tcp`, one fixed upstream, behind sluice's nft redirect; no policy",
-            ConditionKind::TokioProxy => "a minimal tokio proxy (SO_ORIGINAL_DST, copy_bidirectional, one thread) behind sluice's nft redirect; no policy",
+            ConditionKind::Haproxy => "haproxy `mode tcp`, one fixed upstream, behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
+            ConditionKind::TokioProxy => "a minimal tokio proxy (SO_ORIGINAL_DST, copy_bidirectional, one thread) behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::Vm => "the client in a microVM under `sluice vm`",
             ConditionKind::VmDirect => "the same microVM on a plain tap, without sluice",
         }
