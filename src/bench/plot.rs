@@ -36,7 +36,7 @@ pub fn ecdf_small(results: &Results, path: &Path) -> Result<(), PlotError> {
                 .filter(|b| b.workload == Workload::Small && b.ok())
                 .flat_map(|b| b.reply.samples.iter().map(|s| s.last_byte_us as f64))
                 .collect();
-            (kind.name(), ecdf_points(values))
+            (kind.name(), ecdf_points(thinned(values)))
         })
         .collect();
     let title = format!(
@@ -53,6 +53,23 @@ pub fn ecdf_small(results: &Results, path: &Path) -> Result<(), PlotError> {
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
 }
+
+/// At most [`ECDF_POINTS`] values spread evenly over the ranks of
+/// `values`: the same curve at the plot's resolution, in a file a browser
+/// opens at once.
+fn thinned(mut values: Vec<f64>) -> Vec<f64> {
+    if values.len() <= ECDF_POINTS {
+        return values;
+    }
+    values.sort_by(f64::total_cmp);
+    let last = (values.len() - 1) as f64;
+    (0..ECDF_POINTS)
+        .map(|i| values[(i as f64 * last / (ECDF_POINTS - 1) as f64).round() as usize])
+        .collect()
+}
+
+/// Points per ECDF curve.
+const ECDF_POINTS: usize = 1500;
 
 /// Each condition's paired difference to native (ms) with its 95% CI, a
 /// panel per metric, zero marked.
@@ -141,4 +158,19 @@ pub fn paired(summary: &Summary, path: &Path) -> Result<(), PlotError> {
     }
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_series_is_thinned_to_its_quantiles_ends_included() {
+        let values: Vec<f64> = (0..10_000).rev().map(f64::from).collect();
+        let t = thinned(values);
+        assert_eq!(t.len(), ECDF_POINTS);
+        assert_eq!((t[0], t[ECDF_POINTS - 1]), (0.0, 9999.0));
+        assert!(t.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(thinned(vec![3.0, 1.0]), vec![3.0, 1.0]);
+    }
 }
