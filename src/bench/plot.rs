@@ -143,7 +143,8 @@ pub fn paired(summary: &Summary, path: &Path) -> Result<(), PlotError> {
             .map_err(|e| err(e.to_string()))?;
         for (i, low, mid, high) in bars {
             let color = PALETTE[(i + 1) % PALETTE.len()];
-            let y = i as f64;
+            // The first condition on top, as in the report's table.
+            let y = n - 1.0 - i as f64;
             chart
                 .draw_series([
                     PathElement::new([(low, y), (high, y)], color.stroke_width(2)),
