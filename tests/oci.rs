@@ -114,18 +114,7 @@ fn build_env() -> Result<OciEnv, String> {
     .map_err(|e| e.to_string())?;
 
     let image = format!("localhost/sluice-test:{pid}");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("containers/build-image.sh");
-    let out = Command::new(&script)
-        .args(["--sluice", sluice_bin(), "--add", "nft", "--tag", &image])
-        .env("CONTAINERS_CONF", &conf)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "building the test image failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    build_test_image(&image, &["nft"], Some(&conf))?;
     // SAFETY: registers a plain extern "C" function with no arguments.
     unsafe { libc::atexit(remove_env) };
     Ok(OciEnv { image, dir, conf })

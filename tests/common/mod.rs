@@ -489,3 +489,29 @@ pub fn test_pki(names: &[&str]) -> TestPki {
         key: rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
     }
 }
+
+/// Build a local busybox image holding this build of sluice (and the
+/// libraries it links against) plus `extra` host programs, tagged `tag`,
+/// with containers/build-image.sh; `conf` is the CONTAINERS_CONF to use.
+/// The caller removes it (`podman rmi -f TAG`).
+pub fn build_test_image(tag: &str, extra: &[&str], conf: Option<&Path>) -> Result<(), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("containers/build-image.sh");
+    let mut cmd = Command::new(&script);
+    cmd.args(["--sluice", sluice_bin(), "--tag", tag]);
+    for program in extra {
+        cmd.args(["--add", program]);
+    }
+    if let Some(conf) = conf {
+        cmd.env("CONTAINERS_CONF", conf);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building the test image failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
