@@ -44,6 +44,17 @@ pub fn key_path(state_dir: &Path) -> PathBuf {
     state_dir.join(KEY_FILE)
 }
 
+/// The checkpoint keys no workload may read: `state_dir`'s and the
+/// default state directory's (the daemon's, unless told otherwise).
+pub fn key_paths(state_dir: &Path) -> Vec<PathBuf> {
+    let mut keys = vec![
+        key_path(state_dir),
+        key_path(Path::new(crate::bundle::DEFAULT_STATE_DIR)),
+    ];
+    keys.dedup();
+    keys
+}
+
 /// `<state_dir>/audit.pub`.
 pub fn public_path(state_dir: &Path) -> PathBuf {
     state_dir.join(PUBLIC_FILE)

@@ -28,7 +28,8 @@ pub use record::{
 pub use rotate::{rotated_path, rotated_set};
 pub use tail::{format_line, format_record, tail, TailOptions, Tailer};
 pub use verify::{
-    verify, verify_rotated, verify_with, Genesis, VerifyError, VerifyOptions, VerifySummary,
+    verify, verify_log, verify_rotated, verify_with, Genesis, VerifyError, VerifyOptions,
+    VerifySummary,
 };
 pub use writer::{
     check_writable, AuditError, AuditLog, AuditOptions, AuditWriter, CheckpointOptions,

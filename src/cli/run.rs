@@ -77,10 +77,7 @@ fn sluice_files(source: &PolicySourceArgs, records: &RecordArgs) -> crate::confi
     // Whoever reads a checkpoint key can forge checkpoints: this run's, and
     // the default state directory's (the daemon's, unless it is told
     // otherwise), whether or not this run writes an audit log.
-    hidden.push(crate::audit::checkpoint::key_path(&opts.state_dir));
-    hidden.push(crate::audit::checkpoint::key_path(std::path::Path::new(
-        crate::daemon::config::DEFAULT_STATE_DIR,
-    )));
+    hidden.extend(crate::audit::checkpoint::key_paths(&opts.state_dir));
     hidden.dedup();
     crate::confine::SluiceFiles {
         read_only,

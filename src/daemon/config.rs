@@ -41,7 +41,7 @@ const TOP_KEYS: &[&str] = &[
 const DEFAULTS_KEYS: &[&str] = &["trust", "state_dir", "max_connections", "poll_interval"];
 
 /// The state directory unless the config names another.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/sluice";
+pub use crate::bundle::DEFAULT_STATE_DIR;
 
 /// Largest config file read.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
