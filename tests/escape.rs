@@ -363,7 +363,12 @@ fn a_root_workload_cannot_truncate_or_rewrite_the_audit_log() {
     let out = finish(sluice_run(
         &w,
         &w.policy(STRICT),
-        &["--audit", audit.to_str().unwrap()],
+        &[
+            "--audit",
+            audit.to_str().unwrap(),
+            "--state-dir",
+            w.state_dir().to_str().unwrap(),
+        ],
         &["sh", "-c", &script],
     ));
     let text = stdout(&out);
@@ -429,6 +434,8 @@ fn a_root_workload_cannot_rewrite_a_rotated_audit_log() {
             audit.to_str().unwrap(),
             "--audit-max-bytes",
             "300",
+            "--state-dir",
+            w.state_dir().to_str().unwrap(),
         ],
         &["sh", "-c", &script],
     ));
@@ -448,7 +455,14 @@ fn a_rotating_audit_log_in_the_working_directory_is_refused_before_anything_runs
     let mut cmd = sluice_run(
         &w,
         &w.policy(STRICT),
-        &["--audit", "audit.jsonl", "--audit-max-bytes", "1000"],
+        &[
+            "--audit",
+            "audit.jsonl",
+            "--audit-max-bytes",
+            "1000",
+            "--state-dir",
+            w.state_dir().to_str().unwrap(),
+        ],
         &["touch", marker.to_str().unwrap()],
     );
     cmd.current_dir(w.dir.path());

@@ -400,6 +400,8 @@ fn container_command(
                 .arg(policy)
                 .arg("--audit")
                 .arg(w.audit_path())
+                .arg("--state-dir")
+                .arg(w.state_dir())
                 .args(["--", "podman", "run"]);
             cmd
         }

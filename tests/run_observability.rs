@@ -32,6 +32,8 @@ fn start(w: &World, flags: &[&str], script: &str) -> (std::process::Child, Strin
         .arg(w.policy(POLICY))
         .arg("--audit")
         .arg(w.audit_path())
+        .arg("--state-dir")
+        .arg(w.state_dir())
         .args(flags)
         .args(["--", "sh", "-c", script]);
     let mut child = cmd

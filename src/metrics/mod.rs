@@ -163,6 +163,8 @@ impl Metrics {
             "sluice_audit_checkpoint_seq",
             "seq of the newest signed audit checkpoint written (-1: none yet); every line before it is signed.",
         )?;
+        audit_head_seq.set(-1);
+        audit_checkpoint_seq.set(-1);
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "sluice_build_info",
