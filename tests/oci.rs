@@ -212,6 +212,9 @@ struct Daemon {
     audit: PathBuf,
     log: PathBuf,
     config: PathBuf,
+    /// Its state dir, audit checkpoint key included: apart from the temp
+    /// dir, which containers bind.
+    state: PathBuf,
 }
 
 impl Daemon {
@@ -222,7 +225,10 @@ impl Daemon {
         let audit = unique(w, "daemon-audit.jsonl");
         let log = unique(w, "daemon.log");
         let config = unique(w, "daemon.yaml");
-        let state = unique(w, "daemon-state");
+        let state = w.state.path().join(format!(
+            "daemon-state.{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::write(
             &config,
             format!(
@@ -239,6 +245,7 @@ impl Daemon {
             audit,
             log,
             config,
+            state,
         };
         daemon.wait_for_socket();
         daemon

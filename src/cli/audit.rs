@@ -198,12 +198,13 @@ fn print_summary(file: &std::path::Path, s: &VerifySummary, options: &VerifyOpti
                     file.display()
                 );
             } else {
+                let (records, are) = match s.unanchored {
+                    1 => ("1 record".to_string(), "is"),
+                    n => (format!("{n} records"), "are"),
+                };
                 let which = match s.last_checkpoint {
-                    Some(c) => format!(
-                        "{} records after the newest checkpoint (seq {c}) are",
-                        s.unanchored
-                    ),
-                    None => format!("no signed checkpoint: all {} records are", s.unanchored),
+                    Some(c) => format!("{records} after the newest checkpoint (seq {c}) {are}"),
+                    None => format!("no signed checkpoint: {records} {are}"),
                 };
                 println!(
                     "{}: {which} unanchored: whoever can write the file could rewrite or cut them unnoticed; compare the head (seq {}, hash {}) with one kept elsewhere (--anchor)",

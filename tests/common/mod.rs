@@ -60,10 +60,13 @@ pub fn tool_path(tool: &str) -> Option<PathBuf> {
     })
 }
 
-/// One test's world: the outer namespace, its origins, a temp dir.
+/// One test's world: the outer namespace, its origins, a temp dir, and a
+/// state directory apart from it (a container may bind the temp dir, never
+/// a directory that holds an audit checkpoint key).
 pub struct World {
     pub outer: OuterNetns,
     pub dir: tempfile::TempDir,
+    pub state: tempfile::TempDir,
 }
 
 impl World {
@@ -81,6 +84,7 @@ impl World {
         Some(World {
             outer,
             dir: tempfile::tempdir().expect("tempdir"),
+            state: tempfile::tempdir().expect("tempdir"),
         })
     }
 
@@ -224,7 +228,7 @@ impl World {
     /// This test's state directory (`--state-dir`): the audit checkpoint
     /// key goes there, never into the host's /var/lib/sluice.
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.state.path().join("state")
     }
 
     /// `sluice -v run --policy P --audit A --state-dir S -- argv` in the
