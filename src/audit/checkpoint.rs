@@ -255,6 +255,25 @@ fn create_new(path: &Path) -> Result<AuditKey, KeyError> {
     })
 }
 
+/// Largest public key file read: a trust file lists a few keys.
+const MAX_PUBLIC_FILE: u64 = 256 * 1024;
+
+/// Read a public key file, refusing one that is not small (a device, a log
+/// given by mistake) rather than reading it all.
+fn read_small(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_PUBLIC_FILE + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_PUBLIC_FILE {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_PUBLIC_FILE} bytes, so not a public key file"
+        )));
+    }
+    Ok(text)
+}
+
 /// The public keys `sluice audit verify --key` checks checkpoints against.
 #[derive(Debug, Clone)]
 pub struct CheckpointKeys {
@@ -274,7 +293,7 @@ impl CheckpointKeys {
             });
         }
         let path = Path::new(arg);
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let text = read_small(path).map_err(|e| {
             format!(
                 "--key {arg}: {e}; give the state directory's audit.pub (or its public key, 64 hex digits)"
             )

@@ -220,7 +220,7 @@ impl AuditWriter {
             prev: tail.prev,
             seq: tail.next_seq,
             unanchored: tail.unanchored,
-            head: None,
+            pushed: false,
             checkpoint: None,
             key: self.checkpoints.clone(),
             due: None,
@@ -295,12 +295,14 @@ impl AuditWriter {
 
 /// Where the chain is, and when the next checkpoint is due.
 struct Chain {
+    /// The hash of the newest line (the next line's prev).
     prev: String,
     seq: u64,
     /// Lines since the newest checkpoint.
     unanchored: u64,
-    /// The newest line and checkpoint pushed since the last `publish`.
-    head: Option<Anchor>,
+    /// Lines were pushed since the last `publish` (the newest is seq - 1,
+    /// hash `prev`), and the newest checkpoint among them.
+    pushed: bool,
     checkpoint: Option<Anchor>,
     key: Option<CheckpointOptions>,
     /// When the records now unanchored have waited `interval`.
@@ -324,18 +326,17 @@ impl Chain {
     /// Seal `body` as the next line of the chain.
     fn advance(&mut self, body: &str, checkpoint: bool) -> String {
         let (line, hash) = seal(body);
-        let anchor = Anchor {
-            seq: self.seq,
-            hash: hash.clone(),
-        };
         if checkpoint {
-            self.checkpoint = Some(anchor.clone());
+            self.checkpoint = Some(Anchor {
+                seq: self.seq,
+                hash: hash.clone(),
+            });
             self.unanchored = 0;
             self.due = None;
         } else {
             self.unanchored += 1;
         }
-        self.head = Some(anchor);
+        self.pushed = true;
         self.prev = hash;
         self.seq += 1;
         line
@@ -366,7 +367,11 @@ impl Chain {
 
     /// What was pushed is written: export it.
     fn publish(&mut self, cell: &HeadCell) {
-        cell.written(self.head.take(), self.checkpoint.take());
+        let head = std::mem::take(&mut self.pushed).then(|| Anchor {
+            seq: self.seq - 1,
+            hash: self.prev.clone(),
+        });
+        cell.written(head, self.checkpoint.take());
     }
 }
 
@@ -527,6 +532,10 @@ fn open_append(path: &Path) -> Result<std::fs::File, AuditError> {
         })
 }
 
+/// Lines read back from the end of an existing log for its newest
+/// checkpoint.
+const TAIL_SCAN: usize = 100_000;
+
 /// Where an existing log's chain ends.
 struct Tail {
     prev: String,
@@ -566,10 +575,12 @@ async fn last_line_chain(path: &Path) -> Option<Tail> {
         seq,
         hash: hash.clone(),
     });
-    // The newest checkpoint, and how many lines came after it.
+    // The newest checkpoint, and how many lines came after it. Looked for
+    // among the last lines only: a long log that has none (one written
+    // before checkpoints) just gets one soon.
     let mut unanchored = 0;
     let mut checkpoint = None;
-    for line in std::iter::once(last).chain(lines) {
+    for line in std::iter::once(last).chain(lines).take(TAIL_SCAN) {
         if let Ok(AuditLine::Checkpoint(c)) = AuditLine::parse(line) {
             checkpoint = Some(Anchor {
                 seq: c.seq,

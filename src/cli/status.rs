@@ -99,7 +99,7 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `audit FILE: head seq N HASH; checkpoint seq M HASH (K lines after it)`.
+/// `audit FILE: head seq N HASH; checkpoint seq M HASH (K lines after it); key ID`.
 fn audit_line(head: &crate::audit::AuditHead) -> String {
     let Some(file) = &head.file else {
         return "audit: off (the daemon's config names no `audit` file)".to_string();
@@ -108,12 +108,15 @@ fn audit_line(head: &crate::audit::AuditHead) -> String {
         a.as_ref()
             .map_or("none".to_string(), |a| format!("seq {} {}", a.seq, a.hash))
     };
+    let after = match head.unanchored() {
+        1 => "1 line".to_string(),
+        n => format!("{n} lines"),
+    };
     format!(
-        "audit {}: head {}; checkpoint {} ({} lines after it); key {}",
+        "audit {}: head {}; checkpoint {} ({after} after it); key {}",
         file.display(),
         anchor(&head.head),
         anchor(&head.checkpoint),
-        head.unanchored(),
         head.key.as_deref().unwrap_or("none")
     )
 }
