@@ -58,7 +58,7 @@ pub struct BundleOpts {
 /// (shared by `sluice run` and `sluice oci`).
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Append audit records (JSONL, hash-chained) to FILE.
+    /// Append audit records (JSONL, hash-chained, with signed checkpoints) to FILE.
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
     /// Audit allowed connections too, not only denies.
