@@ -72,7 +72,7 @@ pub enum Command {
     /// Signed policy bundles: keys, signing, verification.
     #[command(subcommand)]
     Bundle(bundle::BundleCommand),
-    /// Check or read an audit log.
+    /// Check or read an audit log and its signed checkpoints, or create the checkpoint key.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
     /// Compare two timing files (or directories of batches), e.g. direct vs through sluice.

@@ -86,6 +86,9 @@ exit 0
         .arg(&policy_path)
         .arg("--audit")
         .arg(&audit_path)
+        // The audit key goes with the demo's files, not into /var/lib.
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .args(["--metrics", METRICS])
         .args(["--", "sh", "-c", &script])
         .spawn()
@@ -110,12 +113,12 @@ exit 0
     let status = child.wait().context("waiting for `sluice run`")?;
 
     println!(
-        "\n9. The audit log: one hash-chained JSON line per deny, shown as `sluice audit tail` prints it:"
+        "\n9. The audit log: one hash-chained JSON line per deny, and a signed checkpoint at the end, shown as `sluice audit tail` prints them:"
     );
     let audit = std::fs::read_to_string(&audit_path).unwrap_or_default();
     for line in audit.lines() {
-        match serde_json::from_str::<crate::audit::AuditRecord>(line) {
-            Ok(record) => println!("   {}", crate::audit::format_record(&record)),
+        match crate::audit::AuditLine::parse(line) {
+            Ok(parsed) => println!("   {}", crate::audit::format_line(&parsed)),
             Err(_) => println!("   {line}"),
         }
     }
