@@ -13,8 +13,8 @@
 //! The image (busybox, sluice, nft) is built once per test binary with
 //! containers/build-image.sh and removed when the binary exits.
 //!
-//! Start-time numbers (not asserted; run on demand):
-//!   cargo test --test oci -- --ignored --nocapture start_time
+//! Start-time numbers (reported, not asserted; 20 starts on demand):
+//!   SLUICE_START_RUNS=20 cargo test --release --test oci -- --nocapture start_time
 
 mod common;
 
