@@ -390,13 +390,20 @@ impl Session {
     }
 
     /// The workload is gone: take anything it left running in the namespace
-    /// with it, then drain (connections get [`DRAIN_GRACE`]) and flush (by
-    /// [`DRAIN_DEADLINE`]).
-    pub(crate) async fn finish(self, served: Option<ServedSandbox>) {
+    /// with it (unless `leftovers` says nothing can be), then drain
+    /// (connections get [`DRAIN_GRACE`]) and flush (by [`DRAIN_DEADLINE`]).
+    pub(crate) async fn finish(self, served: Option<ServedSandbox>, leftovers: Leftovers) {
         if let Some(served) = &served {
-            served.sandbox.netns.kill_processes_inside();
-            if let Some(dropped) = served.dropped_packets() {
-                tracing::info!(dropped, "packets dropped by the sandbox's nftables rules");
+            if leftovers == Leftovers::Unknown {
+                served.sandbox.netns.kill_processes_inside();
+            }
+            // Read only for the log line (the metric is refreshed apart):
+            // at the default level it costs the caller a namespace thread
+            // and a libnftables round trip for nothing.
+            if tracing::enabled!(tracing::Level::INFO) {
+                if let Some(dropped) = served.dropped_packets() {
+                    tracing::info!(dropped, "packets dropped by the sandbox's nftables rules");
+                }
             }
             served.log_cpu_per_connection();
         }
@@ -413,15 +420,30 @@ impl Session {
     }
 }
 
+/// What may still run in a sandbox's namespace when its session finishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leftovers {
+    /// Anything: scan the namespace and kill what is there.
+    Unknown,
+    /// Nothing: the only process put in the namespace was the init of its
+    /// own PID namespace, and it has been reaped. The kernel kills every
+    /// process of a PID namespace when its init exits, and the init's exit
+    /// is reported only once they are all gone (zap_pid_namespace), so a
+    /// scan would find nothing (`tests/run.rs` `nothing_is_left_*`).
+    InitReaped,
+}
+
 /// Run the workload under enforcement; returns its exit status (128 + N when
 /// a signal N ended it).
 pub async fn run(opts: RunOptions) -> Result<i32> {
+    // Load libnftables while the namespace is made (the apply waits for it).
+    crate::enforce::preload();
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let session = Session::start(opts.services, opts.policy).await?;
     let sandbox = match session.fresh_sandbox(&host::attachment()) {
         Ok(sandbox) => sandbox,
         Err(err) => {
-            session.finish(None).await;
+            session.finish(None, Leftovers::Unknown).await;
             return Err(err);
         }
     };
@@ -432,7 +454,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     let mut child = match host::spawn(&served.sandbox, &opts.command, run_as, &opts.files).await {
         Ok(child) => child,
         Err(err) => {
-            session.finish(Some(served)).await;
+            session.finish(Some(served), Leftovers::Unknown).await;
             return Err(err.into());
         }
     };
@@ -440,7 +462,13 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     if let Some(terminal) = terminal {
         terminal.take_back();
     }
-    session.finish(Some(served)).await;
+    // Ok: the init was waited for (reaped).
+    let leftovers = if status.is_ok() {
+        Leftovers::InitReaped
+    } else {
+        Leftovers::Unknown
+    };
+    session.finish(Some(served), leftovers).await;
     status
 }
 

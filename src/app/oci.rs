@@ -45,7 +45,7 @@ pub async fn run(opts: OciOptions) -> Result<i32> {
     let (workdir, sandbox) = match prepared {
         Ok(prepared) => prepared,
         Err(err) => {
-            session.finish(None).await;
+            session.finish(None, super::Leftovers::Unknown).await;
             return Err(err);
         }
     };
@@ -60,7 +60,7 @@ pub async fn run(opts: OciOptions) -> Result<i32> {
         Some(why) => Err(podman::OciError::RefusedByHook(why).into()),
         None => status,
     };
-    session.finish(served).await;
+    session.finish(served, super::Leftovers::Unknown).await;
     drop(workdir);
     status
 }

@@ -15,6 +15,7 @@ pub mod oci;
 pub mod oci_check;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::enforce::{self, SandboxSpec};
 use crate::netns::{NetnsError, SandboxNetns, SANDBOX_V4, SANDBOX_V6};
@@ -123,10 +124,54 @@ pub fn prepare(netns: SandboxNetns, attachment: &Attachment) -> Result<Sandbox, 
     })
 }
 
+/// Proxy listeners bound per proxy address (one per worker of the runtime
+/// that serves them; see `app::runtime`).
+static LISTENERS_PER_ADDRESS: AtomicUsize = AtomicUsize::new(1);
+
+/// Bind `n` proxy listeners per address from now on (at least one). With
+/// more than one they share the address through SO_REUSEPORT, and the
+/// kernel spreads connections over them by their addresses.
+pub fn set_listeners_per_address(n: usize) {
+    LISTENERS_PER_ADDRESS.store(n.max(1), Ordering::Relaxed);
+}
+
+/// A listener on `addr` that other listeners of this process share
+/// (SO_REUSEPORT; SO_REUSEADDR as std sets it), non-blocking, close-on-exec.
+/// std's `TcpListener::bind` cannot set an option before bind.
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use nix::sys::socket::{
+        bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
+        SockaddrStorage,
+    };
+    use std::os::fd::AsRawFd;
+    let family = if addr.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket(
+        family,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    setsockopt(&fd, sockopt::ReusePort, &true)?;
+    bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+    listen(&fd, Backlog::MAXCONN)?;
+    Ok(std::net::TcpListener::from(fd))
+}
+
 /// Runs on a thread inside the sandbox namespace.
 fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> {
-    let tcp = |what, addr| {
-        let l = std::net::TcpListener::bind(addr).map_err(|source| AttachError::Bind {
+    let shared = LISTENERS_PER_ADDRESS.load(Ordering::Relaxed) > 1;
+    let tcp = |what, addr, reuseport: bool| {
+        let bound = if reuseport {
+            reuseport_listener(addr)
+        } else {
+            std::net::TcpListener::bind(addr)
+        };
+        let l = bound.map_err(|source| AttachError::Bind {
             what,
             addr,
             source,
@@ -164,11 +209,13 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
         dns_tcp: Vec::new(),
     };
     for &addr in &attachment.proxy_binds {
-        sockets.proxy.push(tcp("proxy", addr)?);
+        for _ in 0..LISTENERS_PER_ADDRESS.load(Ordering::Relaxed) {
+            sockets.proxy.push(tcp("proxy", addr, shared)?);
+        }
     }
     for &addr in &attachment.dns_binds {
         sockets.dns_udp.push(udp(addr)?);
-        sockets.dns_tcp.push(tcp("DNS (TCP)", addr)?);
+        sockets.dns_tcp.push(tcp("DNS (TCP)", addr, false)?);
     }
     Ok(sockets)
 }
