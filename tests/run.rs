@@ -54,6 +54,58 @@ fn allowed_request_returns_a_1_mib_body_intact() {
 }
 
 #[test]
+fn two_workers_with_shared_listeners_relay_every_connection() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let child = w
+        .run_command(
+            &w.policy(POLICY),
+            &[
+                sluice_bin(),
+                "probe",
+                "http",
+                "--count",
+                "64",
+                "--concurrency",
+                "8",
+                "http://198.18.0.1:8080/bytes/1024",
+            ],
+        )
+        .env("SLUICE_WORKERS", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let out = wait_bounded(child, Duration::from_secs(60));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(
+        text.contains("HTTP x64") && text.contains("failures 0"),
+        "{text}"
+    );
+    assert!(
+        stderr(&out).contains("connections=64"),
+        "sluice counts every connection: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_worker_count_out_of_range_is_refused_before_anything_starts() {
+    let Some(w) = World::new() else { return };
+    let child = w
+        .run_command(&w.policy(POLICY), &["true"])
+        .env("SLUICE_WORKERS", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("SLUICE_WORKERS"), "{}", stderr(&out));
+}
+
+#[test]
 fn denied_port_gets_403_naming_rule_and_reason_and_is_audited() {
     let Some(w) = World::new() else { return };
     let hits = w.http_origin("198.18.0.1:8082");

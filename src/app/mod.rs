@@ -29,7 +29,6 @@ use crate::audit::{AuditOptions, AuditWriter};
 use crate::bundle::PolicyHandle;
 use crate::drain::Drain;
 use crate::metrics::{Metrics, ReloadResult};
-use crate::netns::SandboxNetns;
 use crate::policy::Policy;
 use crate::proxy::Limits;
 use crate::reload::{ReloadConfig, ReloadOutcome, Reloader};
@@ -369,9 +368,12 @@ impl Session {
     /// A fresh sandbox namespace, enforced as `attachment` says (table
     /// applied and read back, listeners bound).
     pub(crate) fn fresh_sandbox(&self, attachment: &attach::Attachment) -> Result<attach::Sandbox> {
-        let netns =
-            SandboxNetns::create().context("cannot create the sandbox network namespace")?;
-        attach::prepare(netns, attachment).context("cannot enforce the sandbox")
+        attach::prepare_fresh(attachment).map_err(|err| match err {
+            attach::AttachError::Netns(err) => {
+                anyhow::Error::new(err).context("cannot create the sandbox network namespace")
+            }
+            err => anyhow::Error::new(err).context("cannot enforce the sandbox"),
+        })
     }
 
     /// Serve `sandbox` as sandbox `id` under this session's policy.

@@ -5,16 +5,21 @@
 //! over the listeners, and a connection's task starts on the worker whose
 //! listener accepted it.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+
+/// `SLUICE_WORKERS` is not a worker count (bad input, exit 2).
+#[derive(Debug, thiserror::Error)]
+#[error("SLUICE_WORKERS={0:?} is not a worker count: give a number from 1 to 64, or unset it")]
+pub struct BadWorkers(String);
 
 /// How many workers serve sandboxes: `SLUICE_WORKERS` if set (1 to 64),
 /// else `default`.
-fn workers(default: usize) -> Result<usize> {
+fn workers(default: usize) -> Result<usize, BadWorkers> {
     match std::env::var("SLUICE_WORKERS") {
         Err(_) => Ok(default),
         Ok(text) => match text.trim().parse::<usize>() {
             Ok(n @ 1..=64) => Ok(n),
-            _ => bail!("SLUICE_WORKERS={text:?} is not a worker count: give a number from 1 to 64, or unset it"),
+            _ => Err(BadWorkers(text)),
         },
     }
 }

@@ -107,11 +107,7 @@ pub struct Sandbox {
 /// non-bypassable.
 pub fn prepare(netns: SandboxNetns, attachment: &Attachment) -> Result<Sandbox, AttachError> {
     let inside = attachment.clone();
-    let sockets = netns.run_in(move || -> Result<SandboxSockets, AttachError> {
-        enforce::apply(&inside.spec)?;
-        enforce::verify(&inside.spec)?;
-        bind_sockets(&inside)
-    })??;
+    let sockets = netns.run_in(move || enforce_inside(&inside))??;
     tracing::info!(
         network_non_bypassable = true,
         path = %attachment.path,
@@ -162,6 +158,32 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
     Ok(std::net::TcpListener::from(fd))
 }
 
+/// [`prepare`] for a namespace made for it: created, plumbed, enforced and
+/// bound on one thread.
+pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
+    let inside = attachment.clone();
+    let (netns, sockets) = SandboxNetns::create_and_run(move || enforce_inside(&inside))?;
+    let sockets = sockets?;
+    tracing::info!(
+        network_non_bypassable = true,
+        path = %attachment.path,
+        "sandbox table applied and read back"
+    );
+    Ok(Sandbox {
+        netns,
+        attachment: attachment.clone(),
+        sockets,
+    })
+}
+
+/// Runs on a thread inside the sandbox namespace: install and read back
+/// the table, then bind.
+fn enforce_inside(attachment: &Attachment) -> Result<SandboxSockets, AttachError> {
+    enforce::apply(&attachment.spec)?;
+    enforce::verify(&attachment.spec)?;
+    bind_sockets(attachment)
+}
+
 /// Runs on a thread inside the sandbox namespace.
 fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> {
     let shared = LISTENERS_PER_ADDRESS.load(Ordering::Relaxed) > 1;
@@ -171,11 +193,7 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
         } else {
             std::net::TcpListener::bind(addr)
         };
-        let l = bound.map_err(|source| AttachError::Bind {
-            what,
-            addr,
-            source,
-        })?;
+        let l = bound.map_err(|source| AttachError::Bind { what, addr, source })?;
         l.set_nonblocking(true)
             .map_err(|source| AttachError::Bind { what, addr, source })?;
         // Accepted sockets inherit TCP_NODELAY: one system call less per

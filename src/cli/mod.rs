@@ -179,6 +179,7 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
             || e.is::<BadInput>()
             || e.is::<crate::audit::AuditError>()
             || e.is::<crate::timing::TimingError>()
+            || e.is::<crate::app::runtime::BadWorkers>()
     });
     if bad_input {
         exit::BAD_INPUT

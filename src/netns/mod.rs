@@ -98,9 +98,19 @@ impl SandboxNetns {
     /// [`SANDBOX_V6`]/128 (nodad) on `lo`, and v4 and v6 default routes via
     /// `sbx0` (the v6 one with [`SANDBOX_V6`] as its source).
     pub fn create() -> Result<SandboxNetns, NetnsError> {
+        Ok(SandboxNetns::create_and_run(|| ())?.0)
+    }
+
+    /// [`SandboxNetns::create`], then `f` inside the new namespace on the
+    /// same thread: one thread and one hand-off less than `create` followed
+    /// by [`SandboxNetns::run_in`], on the path the caller of `sluice run`
+    /// waits for.
+    pub fn create_and_run<T: Send + 'static>(
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<(SandboxNetns, T), NetnsError> {
         let handle = std::thread::Builder::new()
             .name("sluice-netns-create".into())
-            .spawn(|| -> Result<OwnedFd, NetnsError> {
+            .spawn(|| -> Result<(OwnedFd, T), NetnsError> {
                 unshare(CloneFlags::CLONE_NEWNET).map_err(|e| match e {
                     Errno::EPERM => NetnsError::CreatePermission,
                     e => NetnsError::Create(e),
@@ -116,11 +126,14 @@ impl SandboxNetns {
                     .into();
                 // Netlink sockets opened on this thread talk to the new namespace.
                 links::configure()?;
-                Ok(fd)
+                Ok((fd, f()))
             })
             .map_err(NetnsError::Thread)?;
-        let fd = handle.join().map_err(|_| NetnsError::ThreadPanicked)??;
-        SandboxNetns::from_fd(fd, Path::new("/proc/thread-self/ns/net"))
+        let (fd, done) = handle.join().map_err(|_| NetnsError::ThreadPanicked)??;
+        Ok((
+            SandboxNetns::from_fd(fd, Path::new("/proc/thread-self/ns/net"))?,
+            done,
+        ))
     }
 
     /// Opens an existing namespace, e.g. `/proc/PID/ns/net` of a container.
