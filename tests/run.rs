@@ -477,6 +477,17 @@ fn assert_sandbox_gone(inode: u64) {
 }
 
 #[test]
+fn nothing_is_left_of_a_background_process_once_the_command_exits() {
+    let Some(w) = World::new() else { return };
+    // The shell exits at once; the sleep it leaves behind dies with the
+    // workload's PID namespace, which sluice no longer scans for at exit.
+    let (mut child, inode) = start_ready(&w, "sleep 30 & echo ready");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_sandbox_gone(inode);
+}
+
+#[test]
 fn nothing_is_left_after_sigterm() {
     let Some(w) = World::new() else { return };
     let (mut child, inode) = start_ready(&w, "sleep 30 & echo ready; wait");

@@ -143,3 +143,51 @@ fn watch(wake: &OwnedFd, incoming: &mpsc::Receiver<Watched>) {
             .collect();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleeper() -> (std::process::Child, OwnedFd) {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pidfd = rustix::process::pidfd_open(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::PidfdFlags::empty(),
+        )
+        .unwrap();
+        (child, pidfd)
+    }
+
+    #[tokio::test]
+    async fn only_the_process_that_exited_is_reported() {
+        let watcher = ExitWatcher::start().unwrap();
+        let (mut running, running_fd) = sleeper();
+        let (mut stopped, stopped_fd) = sleeper();
+        let mut still = watcher.watch(running_fd);
+        let mut gone = watcher.watch(stopped_fd);
+        stopped.kill().unwrap();
+        gone.exited().await.unwrap();
+        stopped.wait().unwrap();
+        assert!(matches!(
+            still.exited.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        ));
+        running.kill().unwrap();
+        still.exited().await.unwrap();
+        running.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_watch_made_after_the_watcher_stopped_says_so() {
+        let mut watcher = ExitWatcher::start().unwrap();
+        drop(watcher.new.take());
+        let (mut child, pidfd) = sleeper();
+        let mut exit = watcher.watch(pidfd);
+        assert!(exit.exited().await.is_err());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
