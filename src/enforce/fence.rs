@@ -342,9 +342,7 @@ impl TapFence {
                 eq(
                     payload("ip6", "saddr"),
                     Expression::Named(NamedExpression::Set(
-                        own.iter()
-                            .map(|a| SetItem::Element(ip6(*a)))
-                            .collect(),
+                        own.iter().map(|a| SetItem::Element(ip6(*a))).collect(),
                     )),
                 ),
                 accept(),
@@ -483,7 +481,11 @@ impl TapFence {
             self.gateway.to_string(),
         )];
         if let Some(v6) = self.ipv6 {
-            targets.push(("ipv6", nftables::stmt::NATFamily::IP6, v6.gateway.to_string()));
+            targets.push((
+                "ipv6",
+                nftables::stmt::NATFamily::IP6,
+                v6.gateway.to_string(),
+            ));
         }
         for (nfproto, family, gateway) in targets {
             let to = |port: u16| {
@@ -498,7 +500,12 @@ impl TapFence {
             for stmts in [
                 vec![from_tap(), v(), dport("udp", 53), to(dns_port)],
                 vec![from_tap(), v(), dport("tcp", 53), to(dns_port)],
-                vec![from_tap(), v(), meta_eq(MetaKey::L4proto, "tcp"), to(proxy_port)],
+                vec![
+                    from_tap(),
+                    v(),
+                    meta_eq(MetaKey::L4proto, "tcp"),
+                    to(proxy_port),
+                ],
             ] {
                 out.push(rule(PREROUTING_NAT, stmts));
             }
@@ -586,10 +593,7 @@ fn string(s: &'static str) -> Expression<'static> {
 /// (ascending by value: callers give them so).
 fn set(items: &[&'static str]) -> Expression<'static> {
     Expression::Named(NamedExpression::Set(
-        items
-            .iter()
-            .map(|s| SetItem::Element(string(s)))
-            .collect(),
+        items.iter().map(|s| SetItem::Element(string(s))).collect(),
     ))
 }
 

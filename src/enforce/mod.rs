@@ -13,6 +13,8 @@
 //! `inet sluice`. It knows nothing of sockets or policy; creating namespaces
 //! belongs to `netns`.
 
+#[forbid(unsafe_code)]
+mod fence;
 mod libnft;
 #[forbid(unsafe_code)]
 mod nft;
@@ -20,8 +22,6 @@ mod nft;
 mod readback;
 #[forbid(unsafe_code)]
 mod ruleset;
-#[forbid(unsafe_code)]
-mod fence;
 
 pub use nft::{apply, drop_counts, dropped_packets, remove, verify};
 
@@ -38,11 +38,11 @@ pub fn preload() {
             let _ = libnft::load_now();
         });
 }
+pub use fence::{DropReason, TapFence, TapIpv6, INGRESS, PREROUTING_FILTER};
 pub use ruleset::{
     ruleset, DROP_COUNTER, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT, PREROUTING_NAT,
     TABLE,
 };
-pub use fence::{DropReason, TapFence, TapIpv6, INGRESS, PREROUTING_FILTER};
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 

@@ -98,10 +98,7 @@ pub fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
 /// The devices of netdev chains, where the JSON listing did not say: from
 /// nft's text listing of each such chain (`type filter hook ingress device
 /// "TAP" priority ...`).
-fn verify_devices(
-    want: &BTreeMap<String, Table>,
-    listed: &Listing,
-) -> Result<(), EnforceError> {
+fn verify_devices(want: &BTreeMap<String, Table>, listed: &Listing) -> Result<(), EnforceError> {
     for (key, table) in want {
         let said = listed.tables.get(key).map(|t| &t.devices);
         for (chain, device) in &table.devices {
@@ -192,9 +189,7 @@ fn validate(spec: &SandboxSpec) -> Result<(), EnforceError> {
                 "tap name {tap:?} is not a valid interface name (1-15 characters of [A-Za-z0-9._-])"
             )));
         }
-        if fence.guest == fence.gateway
-            || fence.ipv6.is_some_and(|v6| v6.guest == v6.gateway)
-        {
+        if fence.guest == fence.gateway || fence.ipv6.is_some_and(|v6| v6.guest == v6.gateway) {
             return Err(EnforceError::InvalidSpec(
                 "the guest and the gateway must have different addresses".into(),
             ));
@@ -206,7 +201,8 @@ fn validate(spec: &SandboxSpec) -> Result<(), EnforceError> {
 /// `{"list":{"table":...}}` for `family name`.
 fn list_table(key: &str) -> Result<CString, EnforceError> {
     let (family, name) = key.split_once(' ').unwrap_or_default();
-    let doc = serde_json::json!({"nftables": [{"list": {"table": {"family": family, "name": name}}}]});
+    let doc =
+        serde_json::json!({"nftables": [{"list": {"table": {"family": family, "name": name}}}]});
     CString::new(doc.to_string()).map_err(|e| EnforceError::Parse(e.to_string()))
 }
 

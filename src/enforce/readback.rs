@@ -235,9 +235,9 @@ pub(super) fn counters(listing: &Value) -> Result<Vec<(String, String, u64)>, En
         if kind != "counter" {
             continue;
         }
-        let packets = body["packets"].as_u64().ok_or_else(|| {
-            EnforceError::Parse(format!("counter without a packet count: {obj}"))
-        })?;
+        let packets = body["packets"]
+            .as_u64()
+            .ok_or_else(|| EnforceError::Parse(format!("counter without a packet count: {obj}")))?;
         let name = body["name"].as_str().unwrap_or_default().to_string();
         out.push((table_key(kind, body), name, packets));
     }
@@ -352,10 +352,7 @@ mod tests {
 
     #[test]
     fn readback_with_handles_and_counts_matches() {
-        for spec in [
-            SandboxSpec::host(15001, 15053),
-            vm_spec(),
-        ] {
+        for spec in [SandboxSpec::host(15001, 15053), vm_spec()] {
             compare(&spec, &listing_for(&spec)).unwrap();
         }
     }
@@ -499,7 +496,11 @@ mod tests {
             counters(&l).unwrap(),
             [
                 ("inet sluice".to_string(), "dropped".to_string(), 3),
-                ("netdev sluice-tap0".to_string(), "dropped-arp".to_string(), 4)
+                (
+                    "netdev sluice-tap0".to_string(),
+                    "dropped-arp".to_string(),
+                    4
+                )
             ]
         );
     }
@@ -557,10 +558,15 @@ mod tests {
         assert!(err.contains("chain ingress"), "{err}");
 
         let mut l = listing_for(&spec);
-        let text = serde_json::to_string(&l).unwrap().replace("52:54:00:5c:00:02", "52:54:00:5c:00:66");
+        let text = serde_json::to_string(&l)
+            .unwrap()
+            .replace("52:54:00:5c:00:02", "52:54:00:5c:00:66");
         l = serde_json::from_str(&text).unwrap();
         let err = compare(&spec, &l).unwrap_err();
-        assert!(err.contains("table netdev sluice-tap0: chain ingress rule 1"), "{err}");
+        assert!(
+            err.contains("table netdev sluice-tap0: chain ingress rule 1"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -393,7 +393,10 @@ mod tests {
             .filter_map(|o| o.get("delete"))
             .map(|d| format!("{} {}", d["table"]["family"], d["table"]["name"]))
             .collect();
-        assert_eq!(deleted, [r#""inet" "sluice-tap0""#, r#""netdev" "sluice-tap0""#]);
+        assert_eq!(
+            deleted,
+            [r#""inet" "sluice-tap0""#, r#""netdev" "sluice-tap0""#]
+        );
     }
 
     #[test]
@@ -404,12 +407,23 @@ mod tests {
             let counters: Vec<(String, String)> = objects
                 .iter()
                 .filter_map(|o| o["add"]["counter"].as_object())
-                .map(|c| (c["table"].to_string() + &c["family"].to_string(), c["name"].as_str().unwrap().to_string()))
+                .map(|c| {
+                    (
+                        c["table"].to_string() + &c["family"].to_string(),
+                        c["name"].as_str().unwrap().to_string(),
+                    )
+                })
                 .collect();
             let drops: Vec<_> = objects
                 .iter()
                 .filter_map(|o| o["add"]["rule"].as_object())
-                .filter(|r| r["expr"].as_array().unwrap().iter().any(|s| s.get("drop").is_some()))
+                .filter(|r| {
+                    r["expr"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|s| s.get("drop").is_some())
+                })
                 .collect();
             assert!(!drops.is_empty());
             for r in drops {
@@ -420,7 +434,10 @@ mod tests {
                     .find_map(|s| s["counter"].as_str())
                     .unwrap_or_else(|| panic!("a drop without a named counter: {r:?}"));
                 let table = r["table"].to_string() + &r["family"].to_string();
-                assert!(counters.contains(&(table, name.to_string())), "{name} is not a counter of its table");
+                assert!(
+                    counters.contains(&(table, name.to_string())),
+                    "{name} is not a counter of its table"
+                );
             }
         }
     }
