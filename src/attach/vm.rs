@@ -44,7 +44,9 @@ pub enum VmNetError {
         addr: IpAddr,
         prefix: String,
     },
-    #[error("the guest's prefix {0} has no address left for the gateway: use a prefix of /30 or wider")]
+    #[error(
+        "the guest's prefix {0} has no address left for the gateway: use a prefix of /30 or wider"
+    )]
     NoGateway(String),
     #[error("the guest and the gateway both have {0}: give them different addresses")]
     Same(IpAddr),
@@ -175,7 +177,10 @@ impl VmNet {
         ips.extend(self.ipv6.map(|(_, gw)| IpAddr::from(gw)));
         let mut internal = ips.clone();
         if dedicated {
-            ips.extend([IpAddr::from(Ipv4Addr::LOCALHOST), Ipv6Addr::LOCALHOST.into()]);
+            ips.extend([
+                IpAddr::from(Ipv4Addr::LOCALHOST),
+                Ipv6Addr::LOCALHOST.into(),
+            ]);
             internal.extend([IpAddr::from(SANDBOX_V4), SANDBOX_V6.into()]);
         }
         let on = |port| ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect();
@@ -239,7 +244,10 @@ mod tests {
     fn the_default_gateway_is_the_first_free_address_of_the_prefix() {
         let n = net(DEFAULT_GUEST_IP, None).unwrap();
         assert_eq!(n.gateway, Ipv4Addr::new(198, 19, 254, 1));
-        assert_eq!(n.ipv6.unwrap().1, "2001:db8:5c:fffe::1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(
+            n.ipv6.unwrap().1,
+            "2001:db8:5c:fffe::1".parse::<Ipv6Addr>().unwrap()
+        );
         let n = net("198.19.254.1/30", None).unwrap();
         assert_eq!(n.gateway, Ipv4Addr::new(198, 19, 254, 2));
     }
