@@ -44,14 +44,14 @@ pub struct VmArgs {
     #[command(subcommand)]
     pub action: Option<VmAction>,
     #[command(flatten)]
-    pub wrap: WrapArgs,
+    pub wrap: Box<WrapArgs>,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum VmAction {
     /// Fence an existing tap in another namespace and serve it until SIGINT or SIGTERM.
     #[command(after_help = ATTACH_AFTER_HELP)]
-    Attach(AttachArgs),
+    Attach(Box<AttachArgs>),
     /// Remove the fence `sluice vm attach` left on a tap.
     Detach(DetachArgs),
 }
@@ -171,8 +171,8 @@ pub struct DetachArgs {
 
 pub fn execute(args: VmArgs) -> anyhow::Result<i32> {
     match args.action {
-        None => wrap(args.wrap),
-        Some(VmAction::Attach(args)) => attach(args),
+        None => wrap(*args.wrap),
+        Some(VmAction::Attach(args)) => attach(*args),
         Some(VmAction::Detach(args)) => detach(args),
     }
 }

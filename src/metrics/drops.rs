@@ -28,6 +28,9 @@ pub type DropSource = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 /// bounded set); `None` when they cannot be read right now.
 pub type DropCounts = Box<dyn Fn() -> Option<Vec<(&'static str, u64)>> + Send + Sync>;
 
+/// One read of a sandbox's counts: `(reason, packets)`.
+type Counts = Vec<(&'static str, u64)>;
+
 /// The reason a [`DropSource`]'s single count is exported under: what a
 /// host sandbox's one drop rule drops, the namespace's own output.
 pub const SINGLE_REASON: &str = "output";
@@ -44,7 +47,7 @@ const HELP: &str =
 struct Source {
     read: Arc<DropCounts>,
     /// The last values read (`None`: not read yet, or unreadable).
-    last: Option<Vec<(&'static str, u64)>>,
+    last: Option<Counts>,
 }
 
 #[derive(Default)]
@@ -159,7 +162,7 @@ fn refresh(shared: &Shared) {
         };
         // Read without the lock: a read may take a while, and scrapes and
         // registrations must not wait for it.
-        let values: Vec<(String, Arc<DropCounts>, Option<Vec<(&'static str, u64)>>)> = sources
+        let values: Vec<(String, Arc<DropCounts>, Option<Counts>)> = sources
             .into_iter()
             .map(|(sandbox, read)| {
                 let value = read();
