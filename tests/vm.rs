@@ -551,3 +551,170 @@ fn an_attached_tap_serves_its_guest_and_stays_closed_after_sluice_stops_until_de
     let tables = tables_in(&vmm_path);
     assert!(!tables.contains("sluice-tap0"), "{tables}");
 }
+
+/// `sluice daemon` in the world's namespace; killed when dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    audit: PathBuf,
+}
+
+impl Daemon {
+    fn start(w: &World) -> Daemon {
+        let socket = w.dir.path().join("daemon.sock");
+        let audit = w.dir.path().join("daemon-audit.jsonl");
+        let config = w.dir.path().join("daemon.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "socket: {}\naudit: {}\ndefaults:\n  state_dir: {}\n",
+                socket.display(),
+                audit.display(),
+                w.state.path().join("daemon-state").display()
+            ),
+        )
+        .unwrap();
+        let child = w
+            .outer
+            .command(sluice_bin())
+            .args(["-v", "daemon", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the daemon");
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                std::os::unix::net::UnixStream::connect(&socket).is_ok()
+            }),
+            "the daemon did not open its socket"
+        );
+        Daemon {
+            child,
+            socket,
+            audit,
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A VMM namespace with a bare tap and a guest booted on it.
+fn vm_on_bare_tap(kit: &Kit, prefix: &str, ip: &str, gateway: &str) -> (OuterNetns, Vm) {
+    let ns = OuterNetns::create(prefix, &[]).expect("VMM namespace");
+    add_tap(ns.name(), TAP, &[]).expect("tap");
+    let net = GuestNet::Static {
+        ip: ip.into(),
+        gateway: gateway.into(),
+        ip6: None,
+        gateway6: None,
+    };
+    let vm = Vm::boot(kit, &VmSpec::new(Some(ns.path()), TAP, MAC, net)).expect("boot");
+    (ns, vm)
+}
+
+#[test]
+fn two_vms_through_one_daemon_each_get_their_own_policy_and_id_and_cannot_reach_each_other() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("198.18.0.1:8080");
+    w.http_origin("198.18.0.1:8081");
+    let policy = |name: &str, port: u16| {
+        let path = w.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!("version: 1\nname: {name}\nrules:\n  - name: origin\n    action: allow\n    cidrs: [\"198.18.0.1/32\"]\n    ports: [{port}]\n"),
+        )
+        .unwrap();
+        path
+    };
+    let daemon = Daemon::start(&w);
+    let (_ns_a, mut a) = vm_on_bare_tap(&kit, "sluice-vma", "198.19.254.2/30", "198.19.254.1");
+    let (_ns_b, mut b) = vm_on_bare_tap(&kit, "sluice-vmb", "198.19.253.2/30", "198.19.253.1");
+    for (vm, id, guest, policy) in [
+        (&a, "vm-a", "198.19.254.2/30", policy("policy-a", 8080)),
+        (&b, "vm-b", "198.19.253.2/30", policy("policy-b", 8081)),
+    ] {
+        let out = w
+            .outer
+            .command(sluice_bin())
+            .args(["vm", "attach", "--daemon", "--socket"])
+            .arg(&daemon.socket)
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--tap", TAP, "--pid", &vm.pid().to_string()])
+            .args(["--guest-mac", MAC, "--guest-ip", guest, "--id", id])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{id}: {}", stderr(&out));
+        assert!(stdout(&out).contains("\"path\":\"vm\""), "{}", stdout(&out));
+    }
+
+    assert!(a
+        .check("sluice probe http http://198.18.0.1:8080/")
+        .unwrap()
+        .contains("HTTP 200"));
+    let ran = a.run("sluice probe http http://198.18.0.1:8081/").unwrap();
+    assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
+    assert!(b
+        .check("sluice probe http http://198.18.0.1:8081/")
+        .unwrap()
+        .contains("HTTP 200"));
+    let ran = b.run("sluice probe http http://198.18.0.1:8080/").unwrap();
+    assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
+    // Each other's addresses are denied like any other.
+    let ran = a.run("sluice probe tcp 198.19.253.2:22 --send hi").unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+    let ran = b.run("sluice probe tcp 198.19.254.2:22 --send hi").unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+
+    let denies: Vec<_> = audit_records(&daemon.audit)
+        .into_iter()
+        .filter(|r| r["verdict"] == "deny")
+        .collect();
+    for (id, dst) in [
+        ("vm-a", "198.18.0.1:8081"),
+        ("vm-a", "198.19.253.2:22"),
+        ("vm-b", "198.18.0.1:8080"),
+        ("vm-b", "198.19.254.2:22"),
+    ] {
+        assert!(
+            denies
+                .iter()
+                .any(|r| r["sandbox"] == id && r["dst"] == dst && r["path"] == "vm"),
+            "{id} {dst}: {denies:?}"
+        );
+    }
+
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    for (id, guest, policy) in [
+        ("vm-a", "198.19.254.2/30", "policy-a"),
+        ("vm-b", "198.19.253.2/30", "policy-b"),
+    ] {
+        let vm = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap_or_else(|| panic!("{id} not listed: {listed}"));
+        assert_eq!(vm["path"], "vm");
+        assert_eq!(vm["policy"], policy);
+        assert_eq!(vm["vm"]["tap"], TAP);
+        assert_eq!(vm["vm"]["guest"], guest);
+    }
+}

@@ -157,6 +157,14 @@ pub struct AttachArgs {
     pub namespace: NamespaceArgs,
     #[command(flatten)]
     pub guest: GuestArgs,
+    /// Ask the running `sluice daemon` to fence and serve the tap, and return
+    /// at once (the daemon's audit log and metrics apply; it releases the VM
+    /// when the VMM (--pid), or every process of the namespace, is gone).
+    #[arg(long)]
+    pub daemon: bool,
+    /// With --daemon: its control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
+    #[arg(long, value_name = "PATH", requires = "daemon")]
+    pub socket: Option<PathBuf>,
 }
 
 /// `sluice vm detach`.
@@ -205,6 +213,9 @@ fn attach(args: AttachArgs) -> anyhow::Result<i32> {
     let net = vm_net(&args.tap, &args.guest, false)?;
     let id = sandbox_id(&args.guest)?;
     let policy = policy_source(&args.source, WorkloadPath::Vm)?;
+    if args.daemon {
+        return attach_through_daemon(&args, id);
+    }
     crate::confine::require_root("sluice vm attach")?;
     let netns = args.namespace.open()?;
     let opts = crate::app::vm::AttachOptions {
@@ -215,6 +226,43 @@ fn attach(args: AttachArgs) -> anyhow::Result<i32> {
         id,
     };
     crate::app::runtime::one_sandbox()?.block_on(crate::app::vm::attach(opts))
+}
+
+/// `sluice vm attach --daemon`: the daemon fences the tap in the namespace
+/// this process opens and sends along; prints the daemon's view of the VM.
+fn attach_through_daemon(args: &AttachArgs, id: String) -> anyhow::Result<i32> {
+    use std::os::fd::AsFd;
+    let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let path = args.namespace.path();
+    let netns = std::fs::File::open(&path).map_err(|e| {
+        BadInput(anyhow::Error::from(e).context(format!(
+            "cannot open the network namespace {}",
+            path.display()
+        )))
+    })?;
+    let guest = &args.guest;
+    let request = crate::daemon::api::AttachRequest {
+        id,
+        pid: args.namespace.pid.map(|p| p as i32),
+        policy: args.source.policy.as_deref().map(absolute),
+        bundle: args.source.bundle.clone(),
+        trust: args.source.bundle_opts.trust.as_deref().map(absolute),
+        binds: Vec::new(),
+        vm: Some(crate::daemon::api::VmAttach {
+            tap: args.tap.clone(),
+            guest_mac: guest.guest_mac.unwrap_or(DEFAULT_GUEST_MAC).to_string(),
+            guest_ip: guest.guest_ip.map(|n| n.to_string()).unwrap_or_default(),
+            gateway: guest.gateway.map(|g| g.to_string()),
+            guest_ip6: guest.guest_ip6.map(|n| n.to_string()),
+            gateway6: guest.gateway6.map(|g| g.to_string()),
+        }),
+    };
+    let socket = crate::daemon::socket_path(args.socket.as_deref());
+    let info = crate::daemon::Client::new(socket)
+        .attach(&request, netns.as_fd())
+        .context("the daemon did not attach the VM")?;
+    println!("{}", serde_json::to_string(&info).expect("serializable"));
+    Ok(0)
 }
 
 fn detach(args: DetachArgs) -> anyhow::Result<i32> {
