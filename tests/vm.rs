@@ -557,6 +557,7 @@ struct Daemon {
     child: Child,
     socket: PathBuf,
     audit: PathBuf,
+    config: PathBuf,
 }
 
 impl Daemon {
@@ -574,27 +575,40 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let child = w
+        let mut daemon = Daemon {
+            child: std::process::Command::new("true").spawn().unwrap(),
+            socket,
+            audit,
+            config,
+        };
+        daemon.restart(w);
+        daemon
+    }
+
+    /// Stop it (SIGTERM) if running, and start it again on the same config.
+    fn restart(&mut self, w: &World) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        self.child = w
             .outer
             .command(sluice_bin())
             .args(["-v", "daemon", "--config"])
-            .arg(&config)
+            .arg(&self.config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start the daemon");
+        let socket = self.socket.clone();
         assert!(
             eventually(Duration::from_secs(20), || {
                 std::os::unix::net::UnixStream::connect(&socket).is_ok()
             }),
             "the daemon did not open its socket"
         );
-        Daemon {
-            child,
-            socket,
-            audit,
-        }
     }
 }
 
@@ -620,7 +634,8 @@ fn vm_on_bare_tap(kit: &Kit, prefix: &str, ip: &str, gateway: &str) -> (OuterNet
 }
 
 #[test]
-fn two_vms_through_one_daemon_each_get_their_own_policy_and_id_and_cannot_reach_each_other() {
+fn two_vms_through_one_daemon_get_their_own_policy_and_id_cannot_reach_each_other_and_are_adopted_after_a_restart(
+) {
     let Some((w, kit)) = world_and_kit() else {
         return;
     };
@@ -636,7 +651,7 @@ fn two_vms_through_one_daemon_each_get_their_own_policy_and_id_and_cannot_reach_
         .unwrap();
         path
     };
-    let daemon = Daemon::start(&w);
+    let mut daemon = Daemon::start(&w);
     let (_ns_a, mut a) = vm_on_bare_tap(&kit, "sluice-vma", "198.19.254.2/30", "198.19.254.1");
     let (_ns_b, mut b) = vm_on_bare_tap(&kit, "sluice-vmb", "198.19.253.2/30", "198.19.253.1");
     for (vm, id, guest, policy) in [
@@ -717,4 +732,13 @@ fn two_vms_through_one_daemon_each_get_their_own_policy_and_id_and_cannot_reach_
         assert_eq!(vm["vm"]["tap"], TAP);
         assert_eq!(vm["vm"]["guest"], guest);
     }
+
+    // A restarted daemon adopts them again (their VMMs still run).
+    daemon.restart(&w);
+    assert!(eventually(Duration::from_secs(30), || {
+        a.run("sluice probe http http://198.18.0.1:8080/")
+            .is_ok_and(|r| r.output.contains("HTTP 200"))
+    }));
+    let ran = a.run("sluice probe http http://198.18.0.1:8081/").unwrap();
+    assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
 }
