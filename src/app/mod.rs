@@ -11,6 +11,7 @@
 pub mod oci;
 pub mod runtime;
 mod sandbox;
+pub mod vm;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -395,6 +396,14 @@ impl Session {
     pub(crate) async fn finish(self, served: Option<ServedSandbox>) {
         if let Some(served) = &served {
             served.sandbox.netns.kill_processes_inside();
+        }
+        self.finish_attached(served).await;
+    }
+
+    /// [`Session::finish`] for a namespace that is not the workload's alone
+    /// (`sluice vm attach`): its processes are someone else's and stay.
+    pub(crate) async fn finish_attached(self, served: Option<ServedSandbox>) {
+        if let Some(served) = &served {
             if let Some(dropped) = served.dropped_packets() {
                 tracing::info!(dropped, "packets dropped by the sandbox's nftables rules");
             }

@@ -33,6 +33,18 @@ pub async fn spawn(
     argv: &[OsString],
     run_as: Option<RunAs>,
     files: &SluiceFiles,
+    enter: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) -> Result<Child, ConfineError> {
+    spawn_with_env(argv, run_as, files, &[], enter).await
+}
+
+/// [`spawn`], with `env` added to the environment the workload inherits
+/// (the VMM under `sluice vm` is told its tap and its guest's addresses).
+pub async fn spawn_with_env(
+    argv: &[OsString],
+    run_as: Option<RunAs>,
+    files: &SluiceFiles,
+    env: &[(String, String)],
     mut enter: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
 ) -> Result<Child, ConfineError> {
     let program = argv[0].to_string_lossy().into_owned();
@@ -58,6 +70,7 @@ pub async fn spawn(
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg0("sluice-init")
         .args(args.to_args())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .kill_on_drop(true);
     // SAFETY: the closure runs in the forked child before exec and makes
     // only async-signal-safe calls: setns, setrlimit, sigprocmask, fcntl,

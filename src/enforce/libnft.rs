@@ -67,6 +67,19 @@ pub(super) type Run<'a> = dyn FnMut(&CStr) -> Reply + 'a;
 /// context, so later commands see what earlier ones did), and frees the
 /// context when `work` returns.
 pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
+    session_with(NFT_CTX_OUTPUT_JSON, work)
+}
+
+/// [`session`] with nft's text listings instead of JSON: for what nft
+/// 1.0.6's JSON leaves out (the device a netdev chain is bound to).
+pub(super) fn text_session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
+    session_with(0, work)
+}
+
+fn session_with<T>(
+    output_flags: c_uint,
+    work: impl FnOnce(&mut Run<'_>) -> T,
+) -> Result<T, EnforceError> {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let api = api()?;
     let _held = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
@@ -86,7 +99,7 @@ pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, Enfo
         if ctx.is_null() {
             return Err(EnforceError::Context);
         }
-        (api.output_set_flags)(ctx, NFT_CTX_OUTPUT_JSON);
+        (api.output_set_flags)(ctx, output_flags);
         // Unbuffered, libnftables would print to sluice's own stdio.
         if (api.buffer_output)(ctx) != 0 || (api.buffer_error)(ctx) != 0 {
             (api.ctx_free)(ctx);
