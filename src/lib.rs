@@ -56,11 +56,11 @@ pub mod enforce;
 pub mod mac;
 #[forbid(unsafe_code)]
 pub mod metrics;
-#[forbid(unsafe_code)]
+#[deny(unsafe_code)]
 pub mod netns;
 #[forbid(unsafe_code)]
 pub mod policy;
-#[forbid(unsafe_code)]
+#[deny(unsafe_code)]
 pub mod probe;
 #[forbid(unsafe_code)]
 pub mod proxy;

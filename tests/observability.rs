@@ -247,16 +247,46 @@ fn dropped_packets_are_refreshed_from_their_sources_in_the_background() {
     metrics.register_drop_source("sb-gone".into(), Box::new(|| None));
     let name = "sluice_dropped_packets_total";
     let (_, s) = scrape_until(&registry, |s| {
-        value(s, name, &[("sandbox", "sb-1")]) == Some(7.0)
+        value(s, name, &[("sandbox", "sb-1"), ("reason", "output")]) == Some(7.0)
     });
-    assert_eq!(value(&s, name, &[("sandbox", "sb-gone")]), None);
+    assert_eq!(
+        value(&s, name, &[("sandbox", "sb-gone"), ("reason", "output")]),
+        None
+    );
     counter.store(9, std::sync::atomic::Ordering::Relaxed);
     scrape_until(&registry, |s| {
-        value(s, name, &[("sandbox", "sb-1")]) == Some(9.0)
+        value(s, name, &[("sandbox", "sb-1"), ("reason", "output")]) == Some(9.0)
     });
     metrics.unregister_drop_source("sb-1");
     let (_, s) = scrape(&registry);
-    assert_eq!(value(&s, name, &[("sandbox", "sb-1")]), None);
+    assert_eq!(
+        value(&s, name, &[("sandbox", "sb-1"), ("reason", "output")]),
+        None
+    );
+}
+
+#[test]
+fn drop_counts_are_exported_per_reason_and_a_single_count_as_output() {
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry).unwrap();
+    metrics.register_drop_source("sb-host".into(), Box::new(|| Some(3)));
+    metrics.register_drop_counts(
+        "vm-1".into(),
+        Box::new(|| Some(vec![("mac", 2), ("arp", 5)])),
+    );
+    let name = "sluice_dropped_packets_total";
+    let (_, s) = scrape_until(&registry, |s| {
+        value(s, name, &[("sandbox", "vm-1"), ("reason", "arp")]) == Some(5.0)
+            && value(s, name, &[("sandbox", "sb-host"), ("reason", "output")]).is_some()
+    });
+    assert_eq!(
+        value(&s, name, &[("sandbox", "vm-1"), ("reason", "mac")]),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&s, name, &[("sandbox", "sb-host"), ("reason", "output")]),
+        Some(3.0)
+    );
 }
 
 #[test]
@@ -266,7 +296,7 @@ fn a_scrape_never_waits_for_a_drop_counter_being_read() {
     metrics.register_drop_source("sb-fast".into(), Box::new(|| Some(1)));
     let name = "sluice_dropped_packets_total";
     scrape_until(&registry, |s| {
-        value(s, name, &[("sandbox", "sb-fast")]) == Some(1.0)
+        value(s, name, &[("sandbox", "sb-fast"), ("reason", "output")]) == Some(1.0)
     });
     // A source that blocks (as entering a namespace and asking nft can)
     // until the test lets it go.
@@ -285,11 +315,17 @@ fn a_scrape_never_waits_for_a_drop_counter_being_read() {
     // The refresher is stuck in that read: scrapes still answer at once,
     // with the last values read.
     let (_, s) = scrape(&registry);
-    assert_eq!(value(&s, name, &[("sandbox", "sb-fast")]), Some(1.0));
-    assert_eq!(value(&s, name, &[("sandbox", "sb-slow")]), None);
+    assert_eq!(
+        value(&s, name, &[("sandbox", "sb-fast"), ("reason", "output")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&s, name, &[("sandbox", "sb-slow"), ("reason", "output")]),
+        None
+    );
     release.send(()).unwrap();
     scrape_until(&registry, |s| {
-        value(s, name, &[("sandbox", "sb-slow")]) == Some(5.0)
+        value(s, name, &[("sandbox", "sb-slow"), ("reason", "output")]) == Some(5.0)
     });
     // Unblock any later read, so the refresher can stop.
     drop(release);
@@ -343,7 +379,12 @@ fn every_metric_has_help_and_type() {
     metrics.set_bundle_revision("b", 1);
     metrics.dns_query("allow");
     let (text, _) = scrape_until(&registry, |s| {
-        value(s, "sluice_dropped_packets_total", &[("sandbox", "sb")]).is_some()
+        value(
+            s,
+            "sluice_dropped_packets_total",
+            &[("sandbox", "sb"), ("reason", "output")],
+        )
+        .is_some()
     });
     for name in [
         "sluice_connections_total",

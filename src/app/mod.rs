@@ -11,6 +11,7 @@
 pub mod oci;
 pub mod runtime;
 mod sandbox;
+pub mod vm;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -399,6 +400,14 @@ impl Session {
             if leftovers == Leftovers::Unknown {
                 served.sandbox.netns.kill_processes_inside();
             }
+        }
+        self.finish_attached(served).await;
+    }
+
+    /// [`Session::finish`] for a namespace that is not the workload's alone
+    /// (`sluice vm attach`): its processes are someone else's and stay.
+    pub(crate) async fn finish_attached(self, served: Option<ServedSandbox>) {
+        if let Some(served) = &served {
             // Read only for the log line (the metric is refreshed apart):
             // at the default level it costs the caller a namespace thread
             // and a libnftables round trip for nothing.

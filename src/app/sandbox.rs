@@ -116,15 +116,30 @@ impl ServedSandbox {
             ));
         }
 
+        if let Some((socket, lease)) = &sandbox.sockets.dhcp {
+            let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
+            let (lease, watch) = (lease.clone(), drain.watch());
+            drain.spawn(async move {
+                // Answers until the drain starts; nothing is in flight.
+                tokio::select! {
+                    _ = crate::dhcp::serve(socket, lease) => {}
+                    _ = watch.draining() => {}
+                }
+            });
+        }
+
         if let Some(metrics) = shared.metrics.as_ref() {
             let netns = sandbox.netns.clone_handle()?;
-            metrics.register_drop_source(
+            let spec = sandbox.attachment.spec.clone();
+            metrics.register_drop_counts(
                 id.clone(),
                 Box::new(move || {
-                    netns
-                        .run_in(|| crate::enforce::dropped_packets().ok())
+                    let spec = spec.clone();
+                    let counts = netns
+                        .run_in(move || crate::enforce::drop_counts(&spec).ok())
                         .ok()
-                        .flatten()
+                        .flatten()?;
+                    Some(counts.into_iter().map(|(r, n)| (r.as_str(), n)).collect())
                 }),
             );
         }
@@ -167,11 +182,18 @@ impl ServedSandbox {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The nft drop counter of this sandbox, if it can be read.
+    /// The nft drop counters of this sandbox, summed, if they can be read.
     pub fn dropped_packets(&self) -> Option<u64> {
+        self.drop_counts()
+            .map(|counts| counts.iter().map(|(_, n)| n).sum())
+    }
+
+    /// The nft drop counters of this sandbox per reason, if they can be read.
+    pub fn drop_counts(&self) -> Option<Vec<(crate::enforce::DropReason, u64)>> {
+        let spec = self.sandbox.attachment.spec.clone();
         self.sandbox
             .netns
-            .run_in(|| crate::enforce::dropped_packets().ok())
+            .run_in(move || crate::enforce::drop_counts(&spec).ok())
             .ok()
             .flatten()
     }

@@ -5,14 +5,16 @@
 //! path the records carry, and sluice's own addresses there. `host` runs a
 //! command in a fresh namespace (`sluice run`); `oci` puts a podman
 //! container in one (`sluice oci`) or checks a container for the OCI hook;
-//! a VM attachment asks for the tap ruleset. [`prepare`] does the rest for
-//! all of them: install and read back the `inet sluice` table in the
-//! namespace and bind the listeners inside it. Nothing here serves
-//! connections (`app` does) or decides policy.
+//! `vm` fences a microVM's tap (`sluice vm`, `sluice vm attach`).
+//! [`prepare`] does the rest for all of them: install and read back the
+//! namespace's sluice tables and bind the listeners (and a VM's DHCP
+//! socket) inside it. Nothing here serves connections (`app` does) or
+//! decides policy.
 
 pub mod host;
 pub mod oci;
 pub mod oci_check;
+pub mod vm;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,6 +50,8 @@ pub enum AttachError {
     UnknownUser(String),
     #[error(transparent)]
     Confine(#[from] crate::confine::ConfineError),
+    #[error(transparent)]
+    Dhcp(#[from] crate::dhcp::DhcpError),
 }
 
 /// How one kind of workload is attached: what [`prepare`] installs and
@@ -64,6 +68,8 @@ pub struct Attachment {
     pub dns_binds: Vec<SocketAddr>,
     /// sluice's own addresses in the namespace: never a destination.
     pub internal: Vec<IpAddr>,
+    /// A microVM's tap and the one lease sluice's DHCP responder hands out there.
+    pub dhcp: Option<(String, crate::dhcp::GuestLease)>,
 }
 
 impl Attachment {
@@ -83,6 +89,7 @@ impl Attachment {
             proxy_binds: on_loopback(PROXY_PORT),
             dns_binds: on_loopback(DNS_PORT),
             internal: vec![SANDBOX_V4.into(), SANDBOX_V6.into()],
+            dhcp: None,
         }
     }
 }
@@ -92,6 +99,8 @@ pub struct SandboxSockets {
     pub proxy: Vec<std::net::TcpListener>,
     pub dns_udp: Vec<std::net::UdpSocket>,
     pub dns_tcp: Vec<std::net::TcpListener>,
+    /// A microVM's DHCP server socket (on its tap) and its lease.
+    pub dhcp: Option<(std::net::UdpSocket, crate::dhcp::GuestLease)>,
 }
 
 /// An enforced sandbox: the namespace, how it is attached (its verified
@@ -111,7 +120,7 @@ pub fn prepare(netns: SandboxNetns, attachment: &Attachment) -> Result<Sandbox, 
     tracing::info!(
         network_non_bypassable = true,
         path = %attachment.path,
-        "sandbox table applied and read back"
+        "sandbox tables applied and read back"
     );
     Ok(Sandbox {
         netns,
@@ -225,6 +234,7 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
         proxy: Vec::new(),
         dns_udp: Vec::new(),
         dns_tcp: Vec::new(),
+        dhcp: None,
     };
     for &addr in &attachment.proxy_binds {
         for _ in 0..LISTENERS_PER_ADDRESS.load(Ordering::Relaxed) {
@@ -234,6 +244,9 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
     for &addr in &attachment.dns_binds {
         sockets.dns_udp.push(udp(addr)?);
         sockets.dns_tcp.push(tcp("DNS (TCP)", addr, false)?);
+    }
+    if let Some((tap, lease)) = &attachment.dhcp {
+        sockets.dhcp = Some((crate::dhcp::bind_on_device(tap)?, lease.clone()));
     }
     Ok(sockets)
 }

@@ -17,6 +17,7 @@ pub mod oci_hook;
 pub mod probe;
 pub mod run;
 pub mod status;
+pub mod vm;
 
 use clap::{Parser, Subcommand};
 
@@ -81,6 +82,9 @@ pub enum Command {
     /// Run a podman container whose only network path is sluice.
     #[command(after_help = oci::AFTER_HELP)]
     Oci(oci::OciArgs),
+    /// Run a microVM's VMM behind a tap whose only way out is sluice (or fence an existing tap).
+    #[command(after_help = vm::AFTER_HELP)]
+    Vm(vm::VmArgs),
     /// Serve many sandboxes from one process, attached through a control socket (OCI hook).
     #[command(after_help = daemon::AFTER_HELP)]
     Daemon(daemon::DaemonArgs),
@@ -116,6 +120,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::Bundle(cmd) => bundle::execute(cmd),
         Command::Compare(args) => compare::execute(args),
         Command::Oci(args) => oci::execute(args),
+        Command::Vm(args) => vm::execute(args),
         Command::Daemon(args) => daemon::execute(args),
         Command::OciHook(args) => oci_hook::execute(args),
         Command::Status(args) => status::execute(args),

@@ -60,6 +60,37 @@ pub enum ProbeCommand {
     Udp { target: SocketAddr },
     /// Send one ICMP echo request over a raw socket.
     Icmp { target: std::net::IpAddr },
+    /// Send one raw Ethernet frame on a packet socket (needs root): what a
+    /// hostile microVM guest would send, to test sluice's tap fence.
+    Frame {
+        /// What to send.
+        #[arg(value_enum)]
+        kind: FrameKindArg,
+        /// The interface to send on.
+        #[arg(long, default_value = "eth0")]
+        dev: String,
+        /// Source MAC (default: the interface's own).
+        #[arg(long, value_name = "MAC")]
+        src_mac: Option<crate::mac::MacAddr>,
+        /// Destination MAC (default: broadcast).
+        #[arg(long, value_name = "MAC")]
+        dst_mac: Option<crate::mac::MacAddr>,
+        /// Source address (udp, ip, arp).
+        #[arg(long, value_name = "IP")]
+        src: Option<std::net::IpAddr>,
+        /// Destination address (udp, ip, arp, redirect).
+        #[arg(long, value_name = "IP")]
+        dst: Option<std::net::IpAddr>,
+        /// udp: the destination port.
+        #[arg(long, default_value_t = 9)]
+        port: u16,
+        /// ip: the protocol number.
+        #[arg(long, default_value_t = crate::probe::frame::EXPERIMENTAL_PROTOCOL)]
+        protocol: u8,
+        /// Tag the frame with this 802.1Q VLAN id.
+        #[arg(long, value_name = "ID")]
+        vlan: Option<u16>,
+    },
     /// Resolve NAME through the system's configured DNS server.
     Dns {
         name: String,
@@ -70,6 +101,18 @@ pub enum ProbeCommand {
         #[arg(long)]
         tcp: bool,
     },
+}
+
+/// `sluice probe frame`'s kinds.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum FrameKindArg {
+    Udp,
+    Ip,
+    Arp,
+    Ra,
+    Redirect,
+    Dhcpv6,
+    Ethertype,
 }
 
 /// Run one probe; its line goes to stdout, its status is the exit status.
@@ -99,6 +142,39 @@ pub fn execute(cmd: ProbeCommand) -> i32 {
         ProbeCommand::Udp { target } => probe::udp(target),
         ProbeCommand::Icmp { target } => probe::icmp(target),
         ProbeCommand::Dns { name, v6, tcp } => probe::dns(&name, v6, tcp),
+        ProbeCommand::Frame {
+            kind,
+            dev,
+            src_mac,
+            dst_mac,
+            src,
+            dst,
+            port,
+            protocol,
+            vlan,
+        } => {
+            use crate::probe::frame::FrameKind;
+            let kind = match kind {
+                FrameKindArg::Udp => FrameKind::Udp,
+                FrameKindArg::Ip => FrameKind::Ip,
+                FrameKindArg::Arp => FrameKind::Arp,
+                FrameKindArg::Ra => FrameKind::Ra,
+                FrameKindArg::Redirect => FrameKind::Redirect,
+                FrameKindArg::Dhcpv6 => FrameKind::Dhcpv6,
+                FrameKindArg::Ethertype => FrameKind::Ethertype,
+            };
+            crate::probe::frame::probe(&crate::probe::frame::FrameProbe {
+                dev,
+                kind,
+                src_mac,
+                dst_mac,
+                src,
+                dst,
+                port,
+                protocol,
+                vlan,
+            })
+        }
     };
     match result {
         Ok(line) => {

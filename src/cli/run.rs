@@ -47,7 +47,10 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
 
 /// The files this run of sluice reads or writes, which its workload must
 /// not change (see `confine::SluiceFiles`).
-fn sluice_files(source: &PolicySourceArgs, records: &RecordArgs) -> crate::confine::SluiceFiles {
+pub(crate) fn sluice_files(
+    source: &PolicySourceArgs,
+    records: &RecordArgs,
+) -> crate::confine::SluiceFiles {
     let bundle = source
         .bundle
         .as_deref()

@@ -75,7 +75,7 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     println!(
-        "{:<5} {:<12} {:<24} {:>8} {:>8} {:>10} {:>7} {:>8}",
+        "{:<5} {:<12} {:<24} {:>8} {:>8} {:>10} {:>7} {:>8}  VM (TAP GUEST)",
         "PATH", "ID", "POLICY", "ALLOWED", "DENIED", "WOULD-DENY", "ACTIVE", "DROPPED"
     );
     for s in &sandboxes {
@@ -85,7 +85,7 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
             &s.id[..12]
         };
         println!(
-            "{:<5} {:<12} {:<24} {:>8} {:>8} {:>10} {:>7} {:>8}",
+            "{:<5} {:<12} {:<24} {:>8} {:>8} {:>10} {:>7} {:>8}  {}",
             s.path,
             id,
             s.policy,
@@ -94,6 +94,8 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
             s.connections.would_deny,
             s.connections.active,
             s.dropped_packets.map_or("-".to_string(), |d| d.to_string()),
+            s.vm.as_ref()
+                .map_or("-".to_string(), |vm| format!("{} {}", vm.tap, vm.guest)),
         );
     }
     Ok(0)

@@ -32,7 +32,7 @@ pub mod terminal;
 use std::path::{Path, PathBuf};
 
 pub use mounts::FilePlan;
-pub use spawn::spawn;
+pub use spawn::{spawn, spawn_with_env};
 
 /// Who the workload runs as (`--user`); root when absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -37,6 +37,18 @@ pub async fn spawn(
     files: &SluiceFiles,
     netns: Option<OwnedFd>,
 ) -> Result<Child, ConfineError> {
+    spawn_with_env(argv, run_as, files, &[], netns).await
+}
+
+/// [`spawn`], with `env` added to the environment the workload inherits
+/// (the VMM under `sluice vm` is told its tap and its guest's addresses).
+pub async fn spawn_with_env(
+    argv: &[OsString],
+    run_as: Option<RunAs>,
+    files: &SluiceFiles,
+    env: &[(String, String)],
+    netns: Option<OwnedFd>,
+) -> Result<Child, ConfineError> {
     let program = argv[0].to_string_lossy().into_owned();
     let cwd = std::env::current_dir().map_err(ConfineError::Init)?;
     let plan = files.plan(&cwd)?;
@@ -57,7 +69,10 @@ pub async fn spawn(
     };
 
     let mut std_cmd = std::process::Command::new("/proc/self/exe");
-    std_cmd.arg0("sluice-init").args(args.to_args());
+    std_cmd
+        .arg0("sluice-init")
+        .args(args.to_args())
+        .envs(env.iter().map(|(k, v)| (k, v)));
     child::prepare(
         &mut std_cmd,
         ChildSetup {

@@ -196,6 +196,7 @@ mod tests {
             bundle: None,
             trust: None,
             binds: Vec::new(),
+            vm: None,
         }
     }
 

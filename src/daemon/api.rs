@@ -9,7 +9,8 @@
 //! that one byte the connection speaks plain HTTP/1.1:
 //!
 //! ```text
-//! POST   /v1/sandboxes        AttachRequest (JSON) -> 201 SandboxInfo   (first byte 'F' + fd)
+//! POST   /v1/sandboxes        AttachRequest (JSON) -> 201 SandboxInfo   (first byte 'F' + fd;
+//!                             with `vm`: fence that tap in the namespace sent)
 //! GET    /v1/sandboxes        -> 200 [SandboxInfo]                       (first byte 'N')
 //! DELETE /v1/sandboxes/{id}   -> 200 SandboxInfo | 404                   (first byte 'N')
 //! GET    /v1/audit            -> 200 AuditHead                           (first byte 'N')
@@ -61,6 +62,36 @@ pub struct AttachRequest {
     /// that reaches its audit checkpoint key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub binds: Vec<PathBuf>,
+    /// A microVM's tap in the namespace sent, to fence for one guest
+    /// (`sluice vm attach --daemon`); absent for a container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<VmAttach>,
+}
+
+/// The tap and the guest `sluice vm attach --daemon` asks the daemon to
+/// fence (addresses as text; the daemon checks them as `sluice vm` does).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmAttach {
+    pub tap: String,
+    pub guest_mac: String,
+    /// CIDR.
+    pub guest_ip: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// CIDR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_ip6: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<String>,
+}
+
+/// A VM's tap and guest address, as `sluice status` shows them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmInfo {
+    pub tap: String,
+    /// The guest's IPv4 address with its prefix.
+    pub guest: String,
 }
 
 impl From<&crate::attach::oci::hook::ContainerAttach> for AttachRequest {
@@ -73,6 +104,7 @@ impl From<&crate::attach::oci::hook::ContainerAttach> for AttachRequest {
             bundle: c.bundle.clone(),
             trust: c.trust.clone(),
             binds: c.binds.clone(),
+            vm: None,
         }
     }
 }
@@ -91,9 +123,12 @@ pub struct SandboxInfo {
     /// When it was attached (Unix seconds).
     pub attached: u64,
     pub connections: Connections,
-    /// The nft drop counter (None when it could not be read).
+    /// The nft drop counters, summed (None when they could not be read).
     #[serde(default)]
     pub dropped_packets: Option<u64>,
+    /// A microVM's tap and guest (path `vm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<VmInfo>,
 }
 
 /// Connection counts of one sandbox.

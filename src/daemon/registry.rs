@@ -22,8 +22,9 @@ use super::api::{AttachRequest, Connections, SandboxInfo};
 use super::config::Defaults;
 use super::exits::ExitWatcher;
 use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, DRAIN_GRACE};
+use crate::attach::vm::VmNet;
 use crate::drain::Drain;
-use crate::netns::{SandboxNetns, SANDBOX_LINK, SANDBOX_PEER};
+use crate::netns::{LinkAddress, SandboxNetns, SANDBOX_LINK, SANDBOX_PEER};
 use crate::workload::WorkloadPath;
 
 /// How often a sandbox attached without a pid is checked for processes.
@@ -70,6 +71,9 @@ struct Entry {
     netns: Arc<SandboxNetns>,
     pid: Option<i32>,
     attached: u64,
+    /// A microVM's tap: who it fences, and the gateway addresses the
+    /// attach added (removed again at release; the fence itself stays).
+    vm: Option<(VmNet, Vec<LinkAddress>)>,
     reloading: Reloading,
     /// The sandbox's reloader.
     reload: Drain,
@@ -226,9 +230,12 @@ impl Registry {
             .map_err(|e| ApiError::bad(crate::report::error_line(&e)))?;
 
         let pid = req.pid;
-        let (sandbox, process) = tokio::task::spawn_blocking(move || enforce(fd, pid))
-            .await
-            .map_err(|e| ApiError::internal(format!("attach task failed: {e}")))??;
+        let vm = req.vm.as_ref().map(vm_net).transpose()?;
+        let for_vm = vm.clone();
+        let (sandbox, process, added) =
+            tokio::task::spawn_blocking(move || enforce(fd, pid, for_vm.as_ref()))
+                .await
+                .map_err(|e| ApiError::internal(format!("attach task failed: {e}")))??;
         let netns = Arc::new(
             sandbox
                 .netns
@@ -273,6 +280,7 @@ impl Registry {
             netns,
             pid,
             attached: unix_now(),
+            vm: vm.map(|net| (net, added)),
             reloading,
             reload,
             watcher: Some(watcher),
@@ -306,7 +314,11 @@ impl Registry {
                         state,
                         allow_rollback: false,
                         sandbox: req.id.clone(),
-                        path: WorkloadPath::Oci,
+                        path: if req.vm.is_some() {
+                            WorkloadPath::Vm
+                        } else {
+                            WorkloadPath::Oci
+                        },
                         fetch: crate::reload::FetchConfig {
                             interval: self.defaults.poll_interval,
                             ..Default::default()
@@ -395,7 +407,19 @@ impl Registry {
                 watcher.abort();
             }
         }
+        let netns = entry.netns.clone();
+        let vm = entry.vm.take();
         entry.stop(deadline).await;
+        if let Some((net, added)) = vm {
+            // The fence stays: the guest reaches nothing until the tap goes
+            // or `sluice vm detach` removes it.
+            let removed =
+                tokio::task::spawn_blocking(move || netns.remove_tap_addresses(&net.tap, &added))
+                    .await;
+            if !matches!(removed, Ok(Ok(()))) {
+                tracing::warn!(sandbox = %id, "cannot remove the gateway addresses the attach added");
+            }
+        }
         if afterwards == Afterwards::Forget {
             self.records.remove(id);
         }
@@ -438,22 +462,28 @@ impl Registry {
 
     /// Every attached sandbox, with its counters.
     pub async fn list(&self) -> Vec<SandboxInfo> {
-        let snapshot: Vec<(SandboxInfo, Arc<SandboxNetns>)> = self
+        type Listed = (SandboxInfo, Arc<SandboxNetns>, crate::enforce::SandboxSpec);
+        let snapshot: Vec<Listed> = self
             .lock()
             .iter()
             .filter_map(|(id, slot)| match slot {
-                Slot::Ready(entry) => Some((self.info_of(id, entry), entry.netns.clone())),
+                Slot::Ready(entry) => Some((
+                    self.info_of(id, entry),
+                    entry.netns.clone(),
+                    entry.served.sandbox.attachment.spec.clone(),
+                )),
                 Slot::Pending => None,
             })
             .collect();
         tokio::task::spawn_blocking(move || {
             snapshot
                 .into_iter()
-                .map(|(mut info, netns)| {
+                .map(|(mut info, netns, spec)| {
                     info.dropped_packets = netns
-                        .run_in(|| crate::enforce::dropped_packets().ok())
+                        .run_in(move || crate::enforce::drop_counts(&spec).ok())
                         .ok()
-                        .flatten();
+                        .flatten()
+                        .map(|counts| counts.iter().map(|(_, n)| n).sum());
                     info
                 })
                 .collect()
@@ -480,6 +510,10 @@ impl Registry {
             netns_inode: entry.netns.inode(),
             pid: entry.pid,
             attached: entry.attached,
+            vm: entry.vm.as_ref().map(|(net, _)| super::api::VmInfo {
+                tap: net.tap.clone(),
+                guest: net.guest.to_string(),
+            }),
             connections: Connections {
                 allowed: tally.allowed,
                 denied: tally.denied,
@@ -507,17 +541,60 @@ fn check_id(id: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A VM attach's addressing, checked as `sluice vm` checks it.
+fn vm_net(vm: &super::api::VmAttach) -> Result<VmNet, ApiError> {
+    fn parse<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, ApiError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        text.parse()
+            .map_err(|e| ApiError::bad(format!("bad {what} {text:?}: {e}")))
+    }
+    fn opt<T: std::str::FromStr>(what: &str, text: &Option<String>) -> Result<Option<T>, ApiError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        text.as_deref().map(|t| parse(what, t)).transpose()
+    }
+    VmNet::new(
+        vm.tap.clone(),
+        parse("guest MAC", &vm.guest_mac)?,
+        parse("guest address", &vm.guest_ip)?,
+        opt("gateway", &vm.gateway)?,
+        opt("guest IPv6 address", &vm.guest_ip6)?,
+        opt("IPv6 gateway", &vm.gateway6)?,
+    )
+    .map_err(|e| ApiError::bad(format!("bad VM addressing: {e}")))
+}
+
+/// The sandbox, the process that ends it, and the addresses a VM attach added.
+type Enforced = (crate::attach::Sandbox, Option<Pidfd>, Vec<LinkAddress>);
+
 /// Blocking part of an attach: adopt the namespace, tie it to the
-/// container's process, give it its plumbing, enforce it.
-fn enforce(
-    fd: OwnedFd,
-    pid: Option<i32>,
-) -> Result<(crate::attach::Sandbox, Option<Pidfd>), ApiError> {
+/// container's (or VMM's) process, give it its plumbing (a VM: take over
+/// its tap), enforce it.
+fn enforce(fd: OwnedFd, pid: Option<i32>, vm: Option<&VmNet>) -> Result<Enforced, ApiError> {
     let netns = SandboxNetns::from_owned_fd(fd).map_err(|e| ApiError::bad(e.to_string()))?;
     let process = match pid {
         Some(pid) => Some(Pidfd::for_process_in(pid, &netns)?),
         None => None,
     };
+    if let Some(net) = vm {
+        // Someone else's namespace: only the tap is touched.
+        let added = netns
+            .adopt_tap(&net.tap, &net.gateway_addresses())
+            .map_err(|e| ApiError::bad(format!("cannot take over tap {}: {e}", net.tap)))?;
+        let kept = netns
+            .clone_handle()
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        return match crate::attach::prepare(netns, &net.attachment(false)) {
+            Ok(sandbox) => Ok((sandbox, process, added)),
+            Err(e) => {
+                let _ = kept.remove_tap_addresses(&net.tap, &added);
+                Err(ApiError::internal(format!("cannot fence the tap: {e}")))
+            }
+        };
+    }
     let links = netns
         .links()
         .map_err(|e| ApiError::internal(e.to_string()))?;
@@ -534,7 +611,7 @@ fn enforce(
     }
     let sandbox = crate::attach::prepare(netns, &crate::attach::oci::attachment())
         .map_err(|e| ApiError::internal(format!("cannot enforce the sandbox: {e}")))?;
-    Ok((sandbox, process))
+    Ok((sandbox, process, Vec::new()))
 }
 
 /// Release the sandbox once its container is gone: when its process exits

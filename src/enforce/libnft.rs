@@ -67,6 +67,19 @@ pub(super) type Run<'a> = dyn FnMut(&CStr) -> Reply + 'a;
 /// context, so later commands see what earlier ones did), and frees the
 /// context when `work` returns.
 pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
+    session_with(NFT_CTX_OUTPUT_JSON, work)
+}
+
+/// [`session`] with nft's text listings instead of JSON: for what nft
+/// 1.0.6's JSON leaves out (the device a netdev chain is bound to).
+pub(super) fn text_session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
+    session_with(0, work)
+}
+
+fn session_with<T>(
+    output_flags: c_uint,
+    work: impl FnOnce(&mut Run<'_>) -> T,
+) -> Result<T, EnforceError> {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let api = api()?;
     let _held = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
@@ -74,7 +87,7 @@ pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, Enfo
     // out first, and fail with an error instead.
     netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)
         .map_err(EnforceError::Netlink)?;
-    let ctx = match ffi(Call::Open(api)) {
+    let ctx = match ffi(Call::Open(api, output_flags)) {
         Done::Opened(Some(ctx)) => ctx,
         _ => return Err(EnforceError::Context),
     };
@@ -119,8 +132,9 @@ impl Drop for Context {
 enum Call<'a> {
     /// dlopen the library and resolve the entry points.
     Load,
-    /// A new context, with JSON output and buffered output and errors.
-    Open(&'static Api),
+    /// A new context with these output flags (JSON or text) and buffered
+    /// output and errors.
+    Open(&'static Api, c_uint),
     /// One command on a context, and what it printed.
     Run(&'a Context, &'a CStr),
     /// Free a context (only from its `Drop`: nothing uses it afterwards).
@@ -173,12 +187,12 @@ fn ffi(call: Call<'_>) -> Done {
                 };
                 Done::Loaded(load())
             }
-            Call::Open(api) => {
+            Call::Open(api, output_flags) => {
                 let Some(raw) = std::ptr::NonNull::new((api.ctx_new)(NFT_CTX_DEFAULT)) else {
                     return Done::Opened(None);
                 };
                 let ctx = Context { api, raw };
-                (api.output_set_flags)(raw.as_ptr(), NFT_CTX_OUTPUT_JSON);
+                (api.output_set_flags)(raw.as_ptr(), output_flags);
                 // Unbuffered, libnftables would print to sluice's own stdio.
                 let buffered =
                     (api.buffer_output)(raw.as_ptr()) == 0 && (api.buffer_error)(raw.as_ptr()) == 0;

@@ -13,6 +13,8 @@
 //! `inet sluice`. It knows nothing of sockets or policy; creating namespaces
 //! belongs to `netns`.
 
+#[forbid(unsafe_code)]
+mod fence;
 mod libnft;
 #[forbid(unsafe_code)]
 mod nft;
@@ -21,7 +23,7 @@ mod readback;
 #[forbid(unsafe_code)]
 mod ruleset;
 
-pub use nft::{apply, dropped_packets, verify};
+pub use nft::{apply, drop_counts, dropped_packets, remove, verify};
 
 /// Starts loading libnftables on a thread of its own and returns at once,
 /// so that the first [`apply`] finds it loaded (about 1 ms of dynamic
@@ -36,10 +38,13 @@ pub fn preload() {
             let _ = libnft::load_now();
         });
 }
+pub use fence::{DropReason, TapFence, TapIpv6, INGRESS, PREROUTING_FILTER};
 pub use ruleset::{
     ruleset, DROP_COUNTER, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT, PREROUTING_NAT,
     TABLE,
 };
+
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// What the table enforces for one sandbox.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,12 +54,12 @@ pub struct SandboxSpec {
     pub proxy_port: u16,
     /// Port of sluice's DNS responder; UDP and TCP port 53 are redirected here.
     pub dns_port: u16,
-    /// `None`: host mode (output hooks of a dedicated sandbox namespace).
-    /// `Some(tap)`: microVM mode — only traffic arriving on that tap is
-    /// redirected (prerouting), admitted (input: proxy/DNS ports) or dropped
-    /// (everything else, forward included); the namespace's own traffic is
-    /// left alone, since the VMM may share it.
-    pub tap: Option<String>,
+    /// `None`: host mode (the output hooks of a dedicated sandbox
+    /// namespace, table `inet sluice`). `Some(fence)`: a microVM's tap, fenced
+    /// on the host side by the tables `netdev sluice-TAP` (layer 2) and
+    /// `inet sluice-TAP` (redirects, input, forward; and the namespace's own
+    /// output when the namespace is the VMM's alone). See [`fence`].
+    pub tap: Option<TapFence>,
 }
 
 impl SandboxSpec {
@@ -67,13 +72,44 @@ impl SandboxSpec {
         }
     }
 
-    /// MicroVM mode spec for `tap`.
-    pub fn tap(proxy_port: u16, dns_port: u16, tap: impl Into<String>) -> SandboxSpec {
+    /// MicroVM mode spec: `fence` on the host side of its tap.
+    pub fn vm(proxy_port: u16, dns_port: u16, fence: TapFence) -> SandboxSpec {
         SandboxSpec {
             proxy_port,
             dns_port,
-            tap: Some(tap.into()),
+            tap: Some(fence),
         }
+    }
+
+    /// The tables this spec installs, as `(family, name)`.
+    pub fn tables(&self) -> Vec<(&'static str, String)> {
+        match &self.tap {
+            None => vec![("inet", TABLE.to_string())],
+            Some(fence) => vec![("inet", fence.table()), ("netdev", fence.table())],
+        }
+    }
+
+    /// Whether the namespace is the sandbox's alone, so that any table
+    /// sluice did not install there is a mismatch.
+    pub fn owns_namespace(&self) -> bool {
+        self.tap.as_ref().is_none_or(|fence| fence.dedicated)
+    }
+}
+
+/// A fence for `tap` in a test or an example: guest 198.19.254.2 behind
+/// gateway 198.19.254.1, MAC 52:54:00:5c:00:02, IPv6 2001:db8:5c:fffe::2
+/// behind ::1, in a namespace that is the VMM's alone.
+pub fn example_fence(tap: &str) -> TapFence {
+    TapFence {
+        name: tap.to_string(),
+        guest_mac: crate::mac::MacAddr([0x52, 0x54, 0, 0x5c, 0, 2]),
+        guest: Ipv4Addr::new(198, 19, 254, 2),
+        gateway: Ipv4Addr::new(198, 19, 254, 1),
+        ipv6: Some(TapIpv6 {
+            guest: Ipv6Addr::new(0x2001, 0xdb8, 0x5c, 0xfffe, 0, 0, 0, 2),
+            gateway: Ipv6Addr::new(0x2001, 0xdb8, 0x5c, 0xfffe, 0, 0, 0, 1),
+        }),
+        dedicated: true,
     }
 }
 
@@ -94,12 +130,12 @@ pub enum EnforceError {
     Permission { stderr: String },
     #[error("libnftables rejected the sluice ruleset, nothing was applied: {stderr}")]
     Apply { stderr: String },
-    #[error("table inet sluice does not exist in this namespace: apply the ruleset first")]
-    TableMissing,
-    #[error("reading back table inet sluice failed: {stderr}")]
-    List { stderr: String },
+    #[error("table {0} does not exist in this namespace: apply the ruleset first")]
+    TableMissing(String),
+    #[error("reading back {table} failed: {stderr}")]
+    List { table: String, stderr: String },
     #[error("could not parse libnftables' JSON output: {0}")]
     Parse(String),
-    #[error("table inet sluice differs from what sluice applied ({0}); something else changed the ruleset, refusing to run the workload")]
+    #[error("the sluice tables differ from what sluice applied ({0}); something else changed the ruleset, refusing to run the workload")]
     Mismatch(String),
 }

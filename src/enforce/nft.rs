@@ -1,33 +1,29 @@
-//! Apply one batch, read the table back and compare, count drops: each one
-//! libnftables session ([`super::libnft`]) in the calling thread's network
-//! namespace, where the session opens its netlink socket. No process is
-//! spawned.
+//! Apply one batch, read the tables back and compare, count drops, remove a
+//! fence: each one libnftables session ([`super::libnft`]) in the calling
+//! thread's network namespace, where the session opens its netlink socket.
+//! No process is spawned.
 
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 
 use serde_json::Value;
 
+use super::fence::DropReason;
 use super::libnft::{self, Reply};
 use super::readback::{self, Listing, Table};
-use super::ruleset::{first_ruleset, ruleset, DROP_COUNTER};
+use super::ruleset::{first_ruleset, removal, ruleset, DROP_COUNTER, TABLE};
 use super::{EnforceError, SandboxSpec};
 
-/// Host mode reads everything in one go: the table, and whether any other
-/// table exists (the namespace is the sandbox's alone).
+/// A namespace that is the sandbox's alone is read in one go: its tables,
+/// and whether any other table exists.
 const LIST_RULESET: &CStr = cr#"{"nftables":[{"list":{"ruleset":null}}]}"#;
-/// Tap mode may share its namespace with the host's own firewall, whose
-/// tables are none of sluice's business (and could be large).
-const LIST_TABLE: &CStr = cr#"{"nftables":[{"list":{"table":{"family":"inet","name":"sluice"}}}]}"#;
-/// The table's named counters, and nothing else: what a scrape reads.
-const LIST_COUNTERS: &CStr =
-    cr#"{"nftables":[{"list":{"counters":{"family":"inet","table":"sluice"}}}]}"#;
 
 /// Applies [`ruleset`] as one transaction (whole or nothing), replacing any
-/// previous `inet sluice` table in this thread's namespace.
+/// previous tables of the spec in this thread's namespace.
 ///
-/// A namespace without the table (every fresh sandbox) gets
-/// [`first_ruleset`], which creates it; only if one exists already is the
-/// full replacing batch sent. Either batch is one transaction.
+/// A namespace without them (every fresh sandbox) gets [`first_ruleset`],
+/// which creates them; only if one exists already is the full replacing
+/// batch sent. Either batch is one transaction.
 pub fn apply(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
     let first = command(&first_ruleset(spec))?;
@@ -38,7 +34,7 @@ pub fn apply(spec: &SandboxSpec) -> Result<(), EnforceError> {
             return Ok(());
         }
         // EEXIST from `create table`: the batch was refused whole, and the
-        // table there is replaced whole instead.
+        // tables there are replaced whole instead.
         if !reply.error.contains("File exists") {
             return Err(apply_error(reply));
         }
@@ -51,36 +47,127 @@ pub fn apply(spec: &SandboxSpec) -> Result<(), EnforceError> {
     })?
 }
 
-/// Reads `inet sluice` back and compares chains (type, hook, priority,
-/// policy), every rule's expressions, in order, and the named counters with
-/// what [`ruleset`] builds for `spec`. Handles and counter values are
-/// ignored.
+/// Removes the spec's tables from this thread's namespace, in one
+/// transaction (`sluice vm detach`): what is not there is no error.
+pub fn remove(spec: &SandboxSpec) -> Result<(), EnforceError> {
+    validate(spec)?;
+    let batch = command(&removal(spec))?;
+    let reply = libnft::session(|nft| nft(&batch))?;
+    if reply.ok {
+        Ok(())
+    } else {
+        Err(apply_error(reply))
+    }
+}
+
+/// Reads the spec's tables back and compares chains (type, hook, priority,
+/// policy, device), every rule's expressions, in order, and the named
+/// counters with what [`ruleset`] builds for `spec`. Handles and counter
+/// values are ignored.
 ///
-/// In host mode the namespace belongs to the sandbox alone, so any other
-/// table in it is a mismatch too: a foreign chain could, for instance, DNAT
-/// traffic past `ct status dnat accept`. (Tap mode may share its namespace
-/// with the host's own firewall, so there only `inet sluice` is checked.)
+/// When the namespace belongs to the sandbox alone (host mode, and a VMM's
+/// namespace under `sluice vm`), any other table in it is a mismatch too: a
+/// foreign chain could, for instance, DNAT traffic past `ct status dnat
+/// accept`. (A tap attached in someone else's namespace shares it with their
+/// firewall, so there only sluice's own tables are checked.)
 pub fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
+    validate(spec)?;
     let want = Table::from_batch(&serde_json::to_value(ruleset(spec)).map_err(parse_err)?)?;
-    let host = spec.tap.is_none();
-    let listing = Listing::parse(&list(if host { LIST_RULESET } else { LIST_TABLE })?)?;
-    let got = listing.sluice.ok_or(EnforceError::TableMissing)?;
-    want.compare(&got).map_err(EnforceError::Mismatch)?;
-    if host {
+    let ours: Vec<String> = want.keys().cloned().collect();
+    let listing = if spec.owns_namespace() {
+        Listing::parse(&list(LIST_RULESET, "the ruleset")?, &ours)?
+    } else {
+        let mut listing = Listing::default();
+        for key in &ours {
+            let one = Listing::parse(&list(&list_table(key)?, key)?, &ours)?;
+            listing.tables.extend(one.tables);
+        }
+        listing
+    };
+    readback::compare_all(&want, &listing)?;
+    if spec.owns_namespace() {
         if let Some(other) = listing.foreign.first() {
             return Err(EnforceError::Mismatch(format!(
                 "unexpected table {other} in the sandbox namespace"
             )));
         }
     }
+    verify_devices(&want, &listing)
+}
+
+/// The devices of netdev chains, where the JSON listing did not say: from
+/// nft's text listing of each such chain (`type filter hook ingress device
+/// "TAP" priority ...`).
+fn verify_devices(want: &BTreeMap<String, Table>, listed: &Listing) -> Result<(), EnforceError> {
+    for (key, table) in want {
+        let said = listed.tables.get(key).map(|t| &t.devices);
+        for (chain, device) in &table.devices {
+            if said.is_some_and(|d| d.contains(&(chain.clone(), device.clone()))) {
+                continue;
+            }
+            let (family, name) = key.split_once(' ').unwrap_or_default();
+            let command = CString::new(format!("list chain {family} {name} {chain}"))
+                .map_err(|e| EnforceError::Parse(e.to_string()))?;
+            let reply = libnft::text_session(|nft| nft(&command))?;
+            if !reply.ok {
+                return Err(EnforceError::List {
+                    table: key.clone(),
+                    stderr: reply.error,
+                });
+            }
+            let hook = reply
+                .output
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("type "))
+                .unwrap_or_default();
+            let expected = format!("device \"{device}\" ");
+            if !hook.contains(&expected) {
+                return Err(EnforceError::Mismatch(format!(
+                    "table {key}: chain {chain} is `{hook}`, expected it on device {device}"
+                )));
+            }
+        }
+    }
     Ok(())
 }
 
-/// Packets dropped so far by the table's drop rules in this thread's
+/// Packets dropped so far by the host table's drop rules in this thread's
 /// namespace: one read of its named counters (every drop rule counts into
 /// [`DROP_COUNTER`]).
 pub fn dropped_packets() -> Result<u64, EnforceError> {
-    readback::counted(&list(LIST_COUNTERS)?, DROP_COUNTER)
+    Ok(drop_counts(&SandboxSpec::host(1, 1))?
+        .into_iter()
+        .map(|(_, n)| n)
+        .sum())
+}
+
+/// Packets the spec's drop rules dropped so far in this thread's namespace,
+/// per reason (host mode counts everything as [`DropReason::Output`]).
+pub fn drop_counts(spec: &SandboxSpec) -> Result<Vec<(DropReason, u64)>, EnforceError> {
+    let mut counts: BTreeMap<DropReason, u64> = BTreeMap::new();
+    for (family, name) in spec.tables() {
+        let key = format!("{family} {name}");
+        let command = CString::new(format!(
+            r#"{{"nftables":[{{"list":{{"counters":{{"family":"{family}","table":"{name}"}}}}}}]}}"#
+        ))
+        .map_err(|e| EnforceError::Parse(e.to_string()))?;
+        for (table, counter, packets) in readback::counters(&list(&command, &key)?)? {
+            if table != key {
+                continue;
+            }
+            let reason = if name == TABLE && counter == DROP_COUNTER {
+                Some(DropReason::Output)
+            } else {
+                DropReason::of_counter(&counter)
+            };
+            if let Some(reason) = reason {
+                let n = counts.entry(reason).or_default();
+                *n = n.saturating_add(packets);
+            }
+        }
+    }
+    Ok(counts.into_iter().collect())
 }
 
 fn validate(spec: &SandboxSpec) -> Result<(), EnforceError> {
@@ -90,7 +177,8 @@ fn validate(spec: &SandboxSpec) -> Result<(), EnforceError> {
             spec.proxy_port, spec.dns_port
         )));
     }
-    if let Some(tap) = &spec.tap {
+    if let Some(fence) = &spec.tap {
+        let tap = &fence.name;
         let ok = !tap.is_empty()
             && tap.len() < libc::IFNAMSIZ
             && tap
@@ -101,8 +189,21 @@ fn validate(spec: &SandboxSpec) -> Result<(), EnforceError> {
                 "tap name {tap:?} is not a valid interface name (1-15 characters of [A-Za-z0-9._-])"
             )));
         }
+        if fence.guest == fence.gateway || fence.ipv6.is_some_and(|v6| v6.guest == v6.gateway) {
+            return Err(EnforceError::InvalidSpec(
+                "the guest and the gateway must have different addresses".into(),
+            ));
+        }
     }
     Ok(())
+}
+
+/// `{"list":{"table":...}}` for `family name`.
+fn list_table(key: &str) -> Result<CString, EnforceError> {
+    let (family, name) = key.split_once(' ').unwrap_or_default();
+    let doc =
+        serde_json::json!({"nftables": [{"list": {"table": {"family": family, "name": name}}}]});
+    CString::new(doc.to_string()).map_err(|e| EnforceError::Parse(e.to_string()))
 }
 
 /// A batch as the NUL-terminated JSON text libnftables takes.
@@ -113,18 +214,19 @@ fn command(batch: &nftables::schema::Nftables<'_>) -> Result<CString, EnforceErr
     CString::new(json).map_err(|e| EnforceError::Parse(format!("serializing the ruleset: {e}")))
 }
 
-/// Runs one listing command and parses its JSON output.
-fn list(command: &CStr) -> Result<Value, EnforceError> {
+/// Runs one listing command (of `what`) and parses its JSON output.
+fn list(command: &CStr, what: &str) -> Result<Value, EnforceError> {
     let reply = libnft::session(|nft| nft(command))?;
     if !reply.ok {
         return Err(if reply.error.contains("No such file or directory") {
-            EnforceError::TableMissing
+            EnforceError::TableMissing(what.to_string())
         } else if is_permission(&reply.error) {
             EnforceError::Permission {
                 stderr: reply.error,
             }
         } else {
             EnforceError::List {
+                table: what.to_string(),
                 stderr: reply.error,
             }
         });
@@ -156,17 +258,31 @@ fn parse_err(e: impl std::fmt::Display) -> EnforceError {
 mod tests {
     use super::*;
 
+    fn vm(tap: &str) -> SandboxSpec {
+        SandboxSpec::vm(1, 2, crate::enforce::example_fence(tap))
+    }
+
     #[test]
     fn invalid_tap_name_is_refused() {
-        assert!(validate(&SandboxSpec::tap(1, 2, "tap\"0")).is_err());
-        assert!(validate(&SandboxSpec::tap(1, 2, "a-very-long-tap-name")).is_err());
-        assert!(validate(&SandboxSpec::tap(1, 2, "tap0")).is_ok());
+        assert!(validate(&vm("tap\"0")).is_err());
+        assert!(validate(&vm("a-very-long-tap-name")).is_err());
+        assert!(validate(&vm("tap0")).is_ok());
         assert!(validate(&SandboxSpec::host(0, 2)).is_err());
     }
 
     #[test]
+    fn a_guest_with_the_gateways_address_is_refused() {
+        let mut spec = vm("tap0");
+        if let Some(fence) = spec.tap.as_mut() {
+            fence.guest = fence.gateway;
+        }
+        assert!(validate(&spec).is_err());
+    }
+
+    #[test]
     fn listing_commands_are_valid_json() {
-        for c in [LIST_RULESET, LIST_TABLE, LIST_COUNTERS] {
+        let table = list_table("netdev sluice-tap0").unwrap();
+        for c in [LIST_RULESET, table.as_c_str()] {
             let v: Value = serde_json::from_slice(c.to_bytes()).unwrap();
             assert!(v["nftables"][0]["list"].is_object(), "{v}");
         }

@@ -2,32 +2,38 @@
 //! against the batch sluice applied. Pure (JSON in, verdict out), so every
 //! way a table can differ is unit-tested without a namespace.
 //!
-//! Compared: chains with their type, hook, priority and policy; every rule's
-//! expressions, in order; named objects (the drop counter). Ignored: handles
-//! and counter values. Anything else in the table (a set, a quota, a chain or
-//! rule sluice did not add) is a difference. This module must never
-//! tolerate a difference: it only says which one it found first.
+//! Compared, per table sluice applied: chains with their type, hook,
+//! priority, policy and device; every rule's expressions, in order (the
+//! elements of an anonymous set in any order); named objects (the drop
+//! counters). Ignored: handles and counter values. Anything else in one of
+//! sluice's tables (a set, a quota, a chain or rule sluice did not add) is a
+//! difference. This module must never tolerate a difference: it only says
+//! which one it found first.
+
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::ruleset::TABLE;
 use super::EnforceError;
 
-/// What a listing holds: the `inet sluice` table (if any) and every other
-/// table, as `family name`.
+/// What a listing holds: the tables sluice asked about (if there), keyed
+/// `family name`, and every other table, as `family name`.
 #[derive(Debug, Default)]
 pub(super) struct Listing {
-    pub sluice: Option<Table>,
+    pub tables: BTreeMap<String, Table>,
     pub foreign: Vec<String>,
 }
 
-/// The comparable content of the table: chains with their properties,
-/// each chain's rules (expressions only), in order, and named counters.
+/// The comparable content of one table: chains with their properties,
+/// each chain's rules (expressions only), in order, named counters, and
+/// the devices netdev chains are bound to.
 #[derive(Debug, Default)]
 pub(super) struct Table {
     chains: Vec<(String, Value)>,
     rules: Vec<(String, Value)>,
     counters: Vec<String>,
+    /// `(chain, device)` of chains bound to a device, where the JSON says.
+    pub devices: Vec<(String, String)>,
 }
 
 pub(super) fn objects(doc: &Value) -> Result<&Vec<Value>, EnforceError> {
@@ -44,36 +50,39 @@ fn kind_of(obj: &Value) -> (&str, &Value) {
         .unwrap_or(("", &Value::Null))
 }
 
-/// Whether `body` (a table, or an object inside one) belongs to `inet sluice`.
-fn in_sluice(kind: &str, body: &Value) -> bool {
+/// `family name` of the table that `body` (a table, or an object inside
+/// one) belongs to.
+pub(super) fn table_key(kind: &str, body: &Value) -> String {
     let name = if kind == "table" {
         &body["name"]
     } else {
         &body["table"]
     };
-    body["family"] == "inet" && name == TABLE
+    format!(
+        "{} {}",
+        body["family"].as_str().unwrap_or_default(),
+        name.as_str().unwrap_or_default()
+    )
 }
 
 impl Listing {
-    /// From a JSON listing (`list ruleset`, `list table inet sluice`).
-    pub(super) fn parse(listing: &Value) -> Result<Listing, EnforceError> {
+    /// From a JSON listing (`list ruleset`, `list table ...`), keeping the
+    /// content of the tables named in `ours` (`family name`).
+    pub(super) fn parse(listing: &Value, ours: &[String]) -> Result<Listing, EnforceError> {
         let mut out = Listing::default();
         for obj in objects(listing)? {
             let (kind, body) = kind_of(obj);
             if kind == "metainfo" {
                 continue;
             }
-            if !in_sluice(kind, body) {
+            let key = table_key(kind, body);
+            if !ours.contains(&key) {
                 if kind == "table" {
-                    out.foreign.push(format!(
-                        "{} {}",
-                        body["family"].as_str().unwrap_or_default(),
-                        body["name"].as_str().unwrap_or_default()
-                    ));
+                    out.foreign.push(key);
                 }
                 continue;
             }
-            let table = out.sluice.get_or_insert_with(Table::default);
+            let table = out.tables.entry(key).or_default();
             match kind {
                 "table" => {}
                 "chain" | "rule" | "counter" => table.push(obj),
@@ -90,29 +99,39 @@ impl Listing {
 
 impl Table {
     /// From the batch sluice applies: the `add` commands for chains, rules
-    /// and counters.
-    pub(super) fn from_batch(batch: &Value) -> Result<Table, EnforceError> {
-        let mut t = Table::default();
+    /// and counters, per table (`family name`).
+    pub(super) fn from_batch(batch: &Value) -> Result<BTreeMap<String, Table>, EnforceError> {
+        let mut tables: BTreeMap<String, Table> = BTreeMap::new();
         for obj in objects(batch)? {
-            if let Some(added) = obj.get("add") {
-                t.push(added);
+            let Some(added) = obj.get("add") else {
+                continue;
+            };
+            let (kind, body) = kind_of(added);
+            let table = tables.entry(table_key(kind, body)).or_default();
+            if kind != "table" {
+                table.push(added);
             }
         }
-        Ok(t)
+        Ok(tables)
     }
 
     fn push(&mut self, obj: &Value) {
         if let Some(chain) = obj.get("chain") {
             let mut chain = chain.clone();
+            let name = chain["name"].as_str().unwrap_or_default().to_string();
             if let Some(m) = chain.as_object_mut() {
                 m.remove("handle");
+                // Compared on its own: nft 1.0.6 leaves it out of JSON listings.
+                if let Some(Value::String(dev)) = m.remove("dev") {
+                    self.devices.push((name.clone(), dev));
+                }
             }
-            let name = chain["name"].as_str().unwrap_or_default().to_string();
             self.chains.push((name, chain));
         } else if let Some(rule) = obj.get("rule") {
             let name = rule["chain"].as_str().unwrap_or_default().to_string();
             let mut expr = rule.get("expr").cloned().unwrap_or(Value::Null);
             normalize_counters(&mut expr);
+            sort_sets(&mut expr);
             let mut body = serde_json::json!({ "expr": expr });
             if let Some(c) = rule.get("comment") {
                 body["comment"] = c.clone();
@@ -181,27 +200,48 @@ impl Table {
         if let Some(name) = got.counters.iter().find(|c| !self.counters.contains(c)) {
             return Err(format!("unexpected counter {name}"));
         }
+        for (chain, dev) in &got.devices {
+            if !self.devices.contains(&(chain.clone(), dev.clone())) {
+                return Err(format!("chain {chain} is bound to device {dev}"));
+            }
+        }
         Ok(())
     }
 }
 
-/// Packets counted so far by the `inet sluice` counters in `listing` whose
-/// name starts with `prefix`, summed.
-pub(super) fn counted(listing: &Value, prefix: &str) -> Result<u64, EnforceError> {
-    let mut total = 0u64;
+/// Compares every table `want` holds (from [`Table::from_batch`]) with the
+/// listing; the first difference, or a missing table, is the error.
+pub(super) fn compare_all(
+    want: &BTreeMap<String, Table>,
+    got: &Listing,
+) -> Result<(), EnforceError> {
+    for (key, table) in want {
+        let have = got
+            .tables
+            .get(key)
+            .ok_or_else(|| EnforceError::TableMissing(key.clone()))?;
+        table
+            .compare(have)
+            .map_err(|e| EnforceError::Mismatch(format!("table {key}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The named counters of the tables in `listing`: `(table, name, packets)`.
+pub(super) fn counters(listing: &Value) -> Result<Vec<(String, String, u64)>, EnforceError> {
+    let mut out = Vec::new();
     for obj in objects(listing)? {
         let (kind, body) = kind_of(obj);
-        if kind == "counter"
-            && in_sluice(kind, body)
-            && body["name"].as_str().is_some_and(|n| n.starts_with(prefix))
-        {
-            let packets = body["packets"].as_u64().ok_or_else(|| {
-                EnforceError::Parse(format!("counter without a packet count: {obj}"))
-            })?;
-            total = total.saturating_add(packets);
+        if kind != "counter" {
+            continue;
         }
+        let packets = body["packets"]
+            .as_u64()
+            .ok_or_else(|| EnforceError::Parse(format!("counter without a packet count: {obj}")))?;
+        let name = body["name"].as_str().unwrap_or_default().to_string();
+        out.push((table_key(kind, body), name, packets));
     }
-    Ok(total)
+    Ok(out)
 }
 
 /// Counter values change as packets flow: compare only that a counter is
@@ -219,6 +259,25 @@ fn normalize_counters(expr: &mut Value) {
     }
 }
 
+/// An anonymous set matches the same whatever the order of its elements,
+/// and nft lists them in its own order: compare them sorted.
+fn sort_sets(value: &mut Value) {
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(sort_sets),
+        Value::Object(map) => {
+            for (key, inner) in map.iter_mut() {
+                if key == "set" {
+                    if let Value::Array(elements) = inner {
+                        elements.sort_by_key(|e| e.to_string());
+                    }
+                }
+                sort_sets(inner);
+            }
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::ruleset::{ruleset, DROP_COUNTER};
@@ -227,13 +286,32 @@ mod tests {
     use serde_json::json;
 
     /// Simulates libnftables' listing of the applied batch: handles added,
-    /// counter values filled in.
+    /// counter values filled in, netdev chains without their device (as
+    /// nft 1.0.6 lists them).
     fn listing_for(spec: &SandboxSpec) -> Value {
         let batch = serde_json::to_value(ruleset(spec)).unwrap();
         let mut objs = vec![json!({"metainfo": {"version": "1.0.6"}})];
-        // Skip the leading add + delete of the table.
-        for (handle, obj) in (1..).zip(batch["nftables"].as_array().unwrap().iter().skip(2)) {
-            let mut o = obj["add"].clone();
+        let mut tables = Vec::new();
+        let added = batch["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|o| o.get("add"))
+            .filter(|o| match o.get("table") {
+                Some(t) if tables.contains(t) => false,
+                Some(t) => {
+                    tables.push(t.clone());
+                    true
+                }
+                None => true,
+            })
+            .cloned()
+            .collect::<Vec<_>>();
+        for (handle, obj) in (1..).zip(added) {
+            let mut o = obj;
+            if let Some(chain) = o.get_mut("chain").and_then(Value::as_object_mut) {
+                chain.remove("dev");
+            }
             let (kind, inner) = o
                 .as_object_mut()
                 .unwrap()
@@ -251,10 +329,21 @@ mod tests {
         json!({ "nftables": objs })
     }
 
+    fn ours(spec: &SandboxSpec) -> Vec<String> {
+        spec.tables()
+            .into_iter()
+            .map(|(f, n)| format!("{f} {n}"))
+            .collect()
+    }
+
     fn compare(spec: &SandboxSpec, listing: &Value) -> Result<(), String> {
         let want = Table::from_batch(&serde_json::to_value(ruleset(spec)).unwrap()).unwrap();
-        let got = Listing::parse(listing).map_err(|e| e.to_string())?;
-        want.compare(&got.sluice.expect("the listing has the table"))
+        let got = Listing::parse(listing, &ours(spec)).map_err(|e| e.to_string())?;
+        compare_all(&want, &got).map_err(|e| e.to_string())
+    }
+
+    fn vm_spec() -> SandboxSpec {
+        SandboxSpec::vm(15001, 15053, crate::enforce::example_fence("tap0"))
     }
 
     fn push(listing: &mut Value, obj: Value) {
@@ -263,10 +352,7 @@ mod tests {
 
     #[test]
     fn readback_with_handles_and_counts_matches() {
-        for spec in [
-            SandboxSpec::host(15001, 15053),
-            SandboxSpec::tap(1, 2, "tap0"),
-        ] {
+        for spec in [SandboxSpec::host(15001, 15053), vm_spec()] {
             compare(&spec, &listing_for(&spec)).unwrap();
         }
     }
@@ -366,7 +452,7 @@ mod tests {
             &mut l,
             json!({"set": {"family": "inet", "table": "sluice", "name": "s", "type": "ipv4_addr"}}),
         );
-        let err = Listing::parse(&l).unwrap_err().to_string();
+        let err = Listing::parse(&l, &ours(&spec)).unwrap_err().to_string();
         assert!(err.contains("unexpected set object"), "{err}");
     }
 
@@ -387,7 +473,7 @@ mod tests {
             &mut l,
             json!({"table": {"family": "ip6", "name": "sluice", "handle": 10}}),
         );
-        let listing = Listing::parse(&l).unwrap();
+        let listing = Listing::parse(&l, &ours(&spec)).unwrap();
         assert_eq!(listing.foreign, ["ip intruder", "ip6 sluice"]);
         compare(&spec, &l).unwrap();
     }
@@ -395,18 +481,104 @@ mod tests {
     #[test]
     fn a_listing_without_the_table_has_none() {
         let l = json!({"nftables": [{"metainfo": {}}, {"table": {"family": "ip", "name": "x"}}]});
-        assert!(Listing::parse(&l).unwrap().sluice.is_none());
+        let ours = ours(&SandboxSpec::host(1, 2));
+        assert!(Listing::parse(&l, &ours).unwrap().tables.is_empty());
     }
 
     #[test]
-    fn drop_counters_are_summed_by_name() {
+    fn counters_are_read_per_table() {
         let l = json!({"nftables": [
             {"metainfo": {}},
             {"counter": {"family": "inet", "table": "sluice", "name": "dropped", "packets": 3, "bytes": 9}},
-            {"counter": {"family": "inet", "table": "sluice", "name": "dropped_arp", "packets": 4, "bytes": 9}},
-            {"counter": {"family": "inet", "table": "sluice", "name": "seen", "packets": 100, "bytes": 9}},
-            {"counter": {"family": "ip", "table": "other", "name": "dropped", "packets": 100, "bytes": 9}},
+            {"counter": {"family": "netdev", "table": "sluice-tap0", "name": "dropped-arp", "packets": 4, "bytes": 9}},
         ]});
-        assert_eq!(counted(&l, DROP_COUNTER).unwrap(), 7);
+        assert_eq!(
+            counters(&l).unwrap(),
+            [
+                ("inet sluice".to_string(), "dropped".to_string(), 3),
+                (
+                    "netdev sluice-tap0".to_string(),
+                    "dropped-arp".to_string(),
+                    4
+                )
+            ]
+        );
+    }
+
+    #[test]
+    fn set_elements_in_another_order_match() {
+        let spec = vm_spec();
+        let mut l = listing_for(&spec);
+        let mut reversed = false;
+        for o in l["nftables"].as_array_mut().unwrap() {
+            let expr = o
+                .get_mut("rule")
+                .and_then(|r| r.get_mut("expr"))
+                .and_then(Value::as_array_mut);
+            if let Some(expr) = expr {
+                for s in expr {
+                    let set = s
+                        .get_mut("match")
+                        .and_then(|m| m.get_mut("right"))
+                        .and_then(|r| r.get_mut("set"))
+                        .and_then(Value::as_array_mut);
+                    if let Some(set) = set {
+                        set.reverse();
+                        reversed = true;
+                    }
+                }
+            }
+        }
+        assert!(reversed);
+        compare(&spec, &l).unwrap();
+    }
+
+    #[test]
+    fn a_missing_fence_table_is_named() {
+        let spec = vm_spec();
+        let mut l = listing_for(&spec);
+        l["nftables"].as_array_mut().unwrap().retain(|o| {
+            let (kind, body) = kind_of(o);
+            kind == "metainfo" || !table_key(kind, body).starts_with("netdev")
+        });
+        let err = compare(&spec, &l).unwrap_err();
+        assert!(err.contains("netdev sluice-tap0"), "{err}");
+    }
+
+    #[test]
+    fn a_fence_that_admits_another_mac_or_drops_nothing_is_a_mismatch() {
+        let spec = vm_spec();
+        let mut l = listing_for(&spec);
+        for o in l["nftables"].as_array_mut().unwrap() {
+            if o["chain"]["name"] == "ingress" {
+                o["chain"]["policy"] = json!("accept");
+            }
+        }
+        let err = compare(&spec, &l).unwrap_err();
+        assert!(err.contains("chain ingress"), "{err}");
+
+        let mut l = listing_for(&spec);
+        let text = serde_json::to_string(&l)
+            .unwrap()
+            .replace("52:54:00:5c:00:02", "52:54:00:5c:00:66");
+        l = serde_json::from_str(&text).unwrap();
+        let err = compare(&spec, &l).unwrap_err();
+        assert!(
+            err.contains("table netdev sluice-tap0: chain ingress rule 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_netdev_chain_listed_on_another_device_is_a_mismatch() {
+        let spec = vm_spec();
+        let mut l = listing_for(&spec);
+        for o in l["nftables"].as_array_mut().unwrap() {
+            if o["chain"]["name"] == "ingress" {
+                o["chain"]["dev"] = json!("eth0");
+            }
+        }
+        let err = compare(&spec, &l).unwrap_err();
+        assert!(err.contains("bound to device eth0"), "{err}");
     }
 }

@@ -1,5 +1,7 @@
-//! The pure builder of the `inet sluice` table: a [`SandboxSpec`] in, one
-//! nftables JSON batch out. No I/O here, so golden tests can pin the output.
+//! The pure builder of a sandbox's tables: a [`SandboxSpec`] in, one
+//! nftables JSON batch out. Host mode's `inet sluice` is built here; a
+//! microVM tap's fence (`netdev` and `inet sluice-TAP`) in `fence`. No I/O
+//! here, so golden tests can pin the output.
 
 use std::borrow::Cow;
 
@@ -26,12 +28,12 @@ pub const FORWARD_FILTER: &str = "forward_filter";
 /// one object is all a drop-count scrape needs.
 pub const DROP_COUNTER: &str = "dropped";
 
-const NAT_PRIORITY: i32 = -100;
-const FILTER_PRIORITY: i32 = 0;
+pub(super) const NAT_PRIORITY: i32 = -100;
+pub(super) const FILTER_PRIORITY: i32 = 0;
 
-/// Builds the whole batch: create-then-delete the table (so re-applying
-/// replaces it instead of appending, in the same transaction), then the table,
-/// its drop counter, chains and rules.
+/// Builds the whole batch: create-then-delete each table (so re-applying
+/// replaces it instead of appending, in the same transaction), then the
+/// tables, their drop counters, chains and rules.
 ///
 /// Host mode (`spec.tap == None`), applied inside the sandbox namespace:
 ///
@@ -47,41 +49,38 @@ const FILTER_PRIORITY: i32 = 0;
 ///     counter name "dropped" drop }
 /// ```
 ///
-/// Tap mode (`spec.tap == Some(TAP)`), applied in the namespace where the
-/// VMM and its tap live (possibly a shared one, so every rule is scoped to
-/// `iifname TAP` and the chains themselves accept):
-///
-/// ```text
-/// chain prerouting_nat { type nat hook prerouting priority -100; policy accept;
-///     iifname TAP udp dport 53 redirect to :DNS
-///     iifname TAP tcp dport 53 redirect to :DNS
-///     iifname TAP meta l4proto tcp redirect to :PROXY }
-/// chain input_filter   { type filter hook input priority 0; policy accept;
-///     iifname TAP tcp dport PROXY accept
-///     iifname TAP tcp dport DNS accept
-///     iifname TAP udp dport DNS accept
-///     iifname TAP icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
-///     iifname TAP counter name "dropped" drop }
-/// chain forward_filter { type filter hook forward priority 0; policy accept;
-///     iifname TAP counter name "dropped" drop }
-/// ```
+/// Tap mode (`spec.tap == Some(fence)`): the fence's two tables, see
+/// [`super::fence`].
 pub fn ruleset(spec: &SandboxSpec) -> Nftables<'static> {
-    let mut objects = vec![
-        add(NfListObject::Table(table())),
-        NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(table()))),
-        add(NfListObject::Table(table())),
-        add(NfListObject::Counter(schema::Counter {
-            family: NfFamily::INet,
-            table: TABLE.into(),
-            name: DROP_COUNTER.into(),
-            handle: None,
-            packets: None,
-            bytes: None,
-        })),
-    ];
+    batch(spec, true)
+}
+
+fn batch(spec: &SandboxSpec, replace: bool) -> Nftables<'static> {
+    let mut objects = Vec::new();
     match &spec.tap {
-        None => host_chains(spec, &mut objects),
-        Some(tap) => tap_chains(spec, tap, &mut objects),
+        None => {
+            if replace {
+                objects.push(add(NfListObject::Table(table())));
+                objects.push(NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(
+                    table(),
+                ))));
+                objects.push(add(NfListObject::Table(table())));
+            } else {
+                objects.push(NfObject::CmdObject(NfCmd::Create(NfListObject::Table(
+                    table(),
+                ))));
+            }
+            objects.push(add(NfListObject::Counter(schema::Counter {
+                family: NfFamily::INet,
+                table: TABLE.into(),
+                name: DROP_COUNTER.into(),
+                handle: None,
+                packets: None,
+                bytes: None,
+            })));
+            host_chains(spec, &mut objects);
+        }
+        Some(fence) => fence.objects(spec.proxy_port, spec.dns_port, replace, &mut objects),
     }
     Nftables {
         objects: Cow::Owned(objects),
@@ -95,13 +94,30 @@ pub fn ruleset(spec: &SandboxSpec) -> Nftables<'static> {
 /// wait for an RCU grace period when the netlink socket closes (about 10 ms
 /// here), so a fresh sandbox does not pay for replacing what is not there.
 pub(super) fn first_ruleset(spec: &SandboxSpec) -> Nftables<'static> {
-    let mut objects = ruleset(spec).objects.into_owned();
-    objects.splice(
-        ..3,
-        [NfObject::CmdObject(NfCmd::Create(NfListObject::Table(
-            table(),
-        )))],
-    );
+    batch(spec, false)
+}
+
+/// A batch that removes the spec's tables (and nothing else) if they are
+/// there: each is added (a no-op when it exists) and deleted, in one
+/// transaction.
+pub(super) fn removal(spec: &SandboxSpec) -> Nftables<'static> {
+    let mut objects = Vec::new();
+    for (family, name) in spec.tables() {
+        let family = if family == "netdev" {
+            NfFamily::NetDev
+        } else {
+            NfFamily::INet
+        };
+        let t = || {
+            NfListObject::Table(Table {
+                family,
+                name: name.clone().into(),
+                handle: None,
+            })
+        };
+        objects.push(add(t()));
+        objects.push(NfObject::CmdObject(NfCmd::Delete(t())));
+    }
     Nftables {
         objects: Cow::Owned(objects),
     }
@@ -109,6 +125,8 @@ pub(super) fn first_ruleset(spec: &SandboxSpec) -> Nftables<'static> {
 
 fn host_chains(spec: &SandboxSpec, out: &mut Vec<NfObject<'static>>) {
     out.push(add(base_chain(
+        NfFamily::INet,
+        TABLE,
         OUTPUT_NAT,
         NfChainType::NAT,
         NfHook::Output,
@@ -116,6 +134,8 @@ fn host_chains(spec: &SandboxSpec, out: &mut Vec<NfObject<'static>>) {
         NfChainPolicy::Accept,
     )));
     out.push(add(base_chain(
+        NfFamily::INet,
+        TABLE,
         OUTPUT_FILTER,
         NfChainType::Filter,
         NfHook::Output,
@@ -140,54 +160,7 @@ fn host_chains(spec: &SandboxSpec, out: &mut Vec<NfObject<'static>>) {
     }
 }
 
-fn tap_chains(spec: &SandboxSpec, tap: &str, out: &mut Vec<NfObject<'static>>) {
-    out.push(add(base_chain(
-        PREROUTING_NAT,
-        NfChainType::NAT,
-        NfHook::Prerouting,
-        NAT_PRIORITY,
-        NfChainPolicy::Accept,
-    )));
-    out.push(add(base_chain(
-        INPUT_FILTER,
-        NfChainType::Filter,
-        NfHook::Input,
-        FILTER_PRIORITY,
-        NfChainPolicy::Accept,
-    )));
-    out.push(add(base_chain(
-        FORWARD_FILTER,
-        NfChainType::Filter,
-        NfHook::Forward,
-        FILTER_PRIORITY,
-        NfChainPolicy::Accept,
-    )));
-
-    let from_tap = || meta_eq(MetaKey::Iifname, tap);
-    for stmts in [
-        vec![from_tap(), dport("udp", 53), redirect(spec.dns_port)],
-        vec![from_tap(), dport("tcp", 53), redirect(spec.dns_port)],
-        vec![
-            from_tap(),
-            meta_eq(MetaKey::L4proto, "tcp"),
-            redirect(spec.proxy_port),
-        ],
-    ] {
-        out.push(rule(PREROUTING_NAT, stmts));
-    }
-    for stmts in [
-        vec![from_tap(), dport("tcp", spec.proxy_port), accept()],
-        vec![from_tap(), dport("tcp", spec.dns_port), accept()],
-        vec![from_tap(), dport("udp", spec.dns_port), accept()],
-        vec![from_tap(), neighbor_discovery(), accept()],
-        vec![from_tap(), counter(), drop()],
-    ] {
-        out.push(rule(INPUT_FILTER, stmts));
-    }
-    out.push(rule(FORWARD_FILTER, vec![from_tap(), counter(), drop()]));
-}
-
-fn add(obj: NfListObject<'static>) -> NfObject<'static> {
+pub(super) fn add(obj: NfListObject<'static>) -> NfObject<'static> {
     NfObject::CmdObject(NfCmd::Add(obj))
 }
 
@@ -199,7 +172,9 @@ fn table() -> Table<'static> {
     }
 }
 
-fn base_chain(
+pub(super) fn base_chain(
+    family: NfFamily,
+    table: &str,
     name: &'static str,
     kind: NfChainType,
     hook: NfHook,
@@ -207,8 +182,8 @@ fn base_chain(
     policy: NfChainPolicy,
 ) -> NfListObject<'static> {
     NfListObject::Chain(Chain {
-        family: NfFamily::INet,
-        table: TABLE.into(),
+        family,
+        table: table.to_owned().into(),
         name: name.into(),
         _type: Some(kind),
         hook: Some(hook),
@@ -219,16 +194,25 @@ fn base_chain(
 }
 
 fn rule(chain: &'static str, stmts: Vec<Statement<'static>>) -> NfObject<'static> {
+    rule_in(NfFamily::INet, TABLE, chain, stmts)
+}
+
+pub(super) fn rule_in(
+    family: NfFamily,
+    table: &str,
+    chain: &'static str,
+    stmts: Vec<Statement<'static>>,
+) -> NfObject<'static> {
     add(NfListObject::Rule(Rule {
-        family: NfFamily::INet,
-        table: TABLE.into(),
+        family,
+        table: table.to_owned().into(),
         chain: chain.into(),
         expr: Cow::Owned(stmts),
         ..Rule::default()
     }))
 }
 
-fn matches(
+pub(super) fn matches(
     left: Expression<'static>,
     op: Operator,
     right: Expression<'static>,
@@ -236,20 +220,24 @@ fn matches(
     Statement::Match(Match { left, right, op })
 }
 
-fn dport(protocol: &'static str, port: u16) -> Statement<'static> {
+pub(super) fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+        PayloadField {
+            protocol: protocol.into(),
+            field: field.into(),
+        },
+    )))
+}
+
+pub(super) fn dport(protocol: &'static str, port: u16) -> Statement<'static> {
     matches(
-        Expression::Named(NamedExpression::Payload(Payload::PayloadField(
-            PayloadField {
-                protocol: protocol.into(),
-                field: "dport".into(),
-            },
-        ))),
+        payload(protocol, "dport"),
         Operator::EQ,
         Expression::Number(u32::from(port)),
     )
 }
 
-fn meta_eq(key: MetaKey, value: &str) -> Statement<'static> {
+pub(super) fn meta_eq(key: MetaKey, value: &str) -> Statement<'static> {
     matches(
         Expression::Named(NamedExpression::Meta(Meta { key })),
         Operator::EQ,
@@ -257,7 +245,7 @@ fn meta_eq(key: MetaKey, value: &str) -> Statement<'static> {
     )
 }
 
-fn ct_status_dnat() -> Statement<'static> {
+pub(super) fn ct_status_dnat() -> Statement<'static> {
     matches(
         Expression::Named(NamedExpression::CT(CT {
             key: "status".into(),
@@ -269,23 +257,7 @@ fn ct_status_dnat() -> Statement<'static> {
     )
 }
 
-fn neighbor_discovery() -> Statement<'static> {
-    matches(
-        Expression::Named(NamedExpression::Payload(Payload::PayloadField(
-            PayloadField {
-                protocol: "icmpv6".into(),
-                field: "type".into(),
-            },
-        ))),
-        Operator::EQ,
-        Expression::Named(NamedExpression::Set(vec![
-            nftables::expr::SetItem::Element(Expression::String("nd-neighbor-solicit".into())),
-            nftables::expr::SetItem::Element(Expression::String("nd-neighbor-advert".into())),
-        ])),
-    )
-}
-
-fn redirect(port: u16) -> Statement<'static> {
+pub(super) fn redirect(port: u16) -> Statement<'static> {
     Statement::Redirect(Some(NAT {
         addr: None,
         family: None,
@@ -294,11 +266,11 @@ fn redirect(port: u16) -> Statement<'static> {
     }))
 }
 
-fn accept() -> Statement<'static> {
+pub(super) fn accept() -> Statement<'static> {
     Statement::Accept(None)
 }
 
-fn drop() -> Statement<'static> {
+pub(super) fn drop() -> Statement<'static> {
     Statement::Drop(None)
 }
 
@@ -346,15 +318,17 @@ mod tests {
     }
 
     #[test]
-    fn tap_ruleset_matches_golden_file() {
-        golden(
-            "tap.json",
-            &SandboxSpec {
-                proxy_port: 15001,
-                dns_port: 15053,
-                tap: Some("sluicetap0".into()),
-            },
-        );
+    fn vm_ruleset_matches_golden_file() {
+        let spec = SandboxSpec::vm(15001, 15053, super::super::example_fence("tap0"));
+        golden("vm.json", &spec);
+    }
+
+    #[test]
+    fn attached_vm_ruleset_matches_golden_file() {
+        let mut fence = super::super::example_fence("vmtap7");
+        fence.dedicated = false;
+        fence.ipv6 = None;
+        golden("vm-attach.json", &SandboxSpec::vm(15001, 15053, fence));
     }
 
     #[test]
@@ -389,41 +363,104 @@ mod tests {
         assert_eq!(cmds, ["add", "delete", "add"]);
     }
 
+    fn vm_spec() -> SandboxSpec {
+        SandboxSpec::vm(1, 2, super::super::example_fence("tap0"))
+    }
+
     #[test]
-    fn first_ruleset_creates_the_table_and_adds_the_same_objects() {
-        for spec in [SandboxSpec::host(1, 2), SandboxSpec::tap(1, 2, "tap0")] {
+    fn first_ruleset_creates_the_tables_and_adds_the_same_objects() {
+        for (spec, tables) in [(SandboxSpec::host(1, 2), 1), (vm_spec(), 2)] {
             let full = serde_json::to_value(ruleset(&spec)).unwrap();
             let first = serde_json::to_value(first_ruleset(&spec)).unwrap();
             let (full, first) = (
                 full["nftables"].as_array().unwrap(),
                 first["nftables"].as_array().unwrap(),
             );
-            assert_eq!(first[0]["create"]["table"], full[2]["add"]["table"]);
-            assert_eq!(first[1..], full[3..]);
+            for t in 0..tables {
+                assert_eq!(first[t]["create"]["table"], full[3 * t + 2]["add"]["table"]);
+            }
+            assert_eq!(first[tables..], full[3 * tables..]);
             assert!(!first.iter().any(|o| o.get("delete").is_some()));
         }
     }
 
     #[test]
-    fn every_drop_rule_counts_into_the_named_counter() {
-        for spec in [SandboxSpec::host(1, 2), SandboxSpec::tap(1, 2, "tap0")] {
+    fn removal_deletes_exactly_the_specs_tables() {
+        let json = serde_json::to_value(removal(&vm_spec())).unwrap();
+        let objects = json["nftables"].as_array().unwrap();
+        let deleted: Vec<String> = objects
+            .iter()
+            .filter_map(|o| o.get("delete"))
+            .map(|d| format!("{} {}", d["table"]["family"], d["table"]["name"]))
+            .collect();
+        assert_eq!(
+            deleted,
+            [r#""inet" "sluice-tap0""#, r#""netdev" "sluice-tap0""#]
+        );
+    }
+
+    #[test]
+    fn every_drop_rule_counts_into_a_named_counter_of_its_table() {
+        for spec in [SandboxSpec::host(1, 2), vm_spec()] {
             let json = serde_json::to_value(ruleset(&spec)).unwrap();
             let objects = json["nftables"].as_array().unwrap();
-            assert!(objects
+            let counters: Vec<(String, String)> = objects
                 .iter()
-                .any(|o| o["add"]["counter"]["name"] == DROP_COUNTER));
+                .filter_map(|o| o["add"]["counter"].as_object())
+                .map(|c| {
+                    (
+                        c["table"].to_string() + &c["family"].to_string(),
+                        c["name"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
             let drops: Vec<_> = objects
                 .iter()
-                .filter_map(|o| o["add"]["rule"]["expr"].as_array())
-                .filter(|e| e.iter().any(|s| s.get("drop").is_some()))
+                .filter_map(|o| o["add"]["rule"].as_object())
+                .filter(|r| {
+                    r["expr"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|s| s.get("drop").is_some())
+                })
                 .collect();
             assert!(!drops.is_empty());
-            for expr in drops {
+            for r in drops {
+                let name = r["expr"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find_map(|s| s["counter"].as_str())
+                    .unwrap_or_else(|| panic!("a drop without a named counter: {r:?}"));
+                let table = r["table"].to_string() + &r["family"].to_string();
                 assert!(
-                    expr.iter().any(|s| s["counter"] == DROP_COUNTER),
-                    "{expr:?}"
+                    counters.contains(&(table, name.to_string())),
+                    "{name} is not a counter of its table"
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_vm_fence_drops_by_default_on_layer_two_and_in_the_vmms_output() {
+        let json = serde_json::to_value(ruleset(&vm_spec())).unwrap();
+        let chains: Vec<&serde_json::Value> = json["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|o| o["add"].get("chain"))
+            .collect();
+        let policy = |name: &str| {
+            chains
+                .iter()
+                .find(|c| c["name"] == name)
+                .map(|c| c["policy"].as_str().unwrap().to_string())
+        };
+        assert_eq!(policy(super::super::INGRESS).as_deref(), Some("drop"));
+        assert_eq!(policy(OUTPUT_FILTER).as_deref(), Some("drop"));
+        let ingress = chains.iter().find(|c| c["name"] == "ingress").unwrap();
+        assert_eq!(ingress["dev"], "tap0");
+        assert_eq!(ingress["family"], "netdev");
     }
 }

@@ -1,5 +1,8 @@
-//! `sluice_dropped_packets_total{sandbox}`: each sandbox's nft drop counter,
-//! read in the background and exported as last read.
+//! `sluice_dropped_packets_total{sandbox,reason}`: each sandbox's nft drop
+//! counters, read in the background and exported as last read. A host
+//! sandbox has one reason (`output`); a microVM's fence one per reason it
+//! refuses a packet for (`mac`, `arp`, `ipv4-source`, ...: a bounded set,
+//! named by `enforce`).
 //!
 //! Reading a counter means entering the sandbox's namespace (a thread, and
 //! for now an `nft` process): milliseconds, and more with many sandboxes. A
@@ -21,6 +24,17 @@ use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 /// refresher thread, never on a scrape's.
 pub type DropSource = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
+/// Reads one sandbox's dropped-packet counts per reason (label values from a
+/// bounded set); `None` when they cannot be read right now.
+pub type DropCounts = Box<dyn Fn() -> Option<Vec<(&'static str, u64)>> + Send + Sync>;
+
+/// One read of a sandbox's counts: `(reason, packets)`.
+type Counts = Vec<(&'static str, u64)>;
+
+/// The reason a [`DropSource`]'s single count is exported under: what a
+/// host sandbox's one drop rule drops, the namespace's own output.
+pub const SINGLE_REASON: &str = "output";
+
 /// How often the counters are read while someone scrapes.
 pub const REFRESH: Duration = Duration::from_secs(1);
 /// No scrape for this long: the refresher rests until the next one.
@@ -28,12 +42,12 @@ pub const IDLE: Duration = Duration::from_secs(60);
 
 const NAME: &str = "sluice_dropped_packets_total";
 const HELP: &str =
-    "Packets the sandbox's nftables output filter dropped (everything that is not redirected to sluice), read from the nft counter in the background (at most a second or two old).";
+    "Packets the sandbox's nftables rules dropped, by reason (output: the namespace's own traffic not redirected to sluice; a microVM's tap fence: mac, vlan, arp, ipv4-source, ipv6-router, ipv6-source, ethertype, not-redirected, input, forward), read from the nft counters in the background (at most a second or two old).";
 
 struct Source {
-    read: Arc<DropSource>,
-    /// The last value read (`None`: not read yet, or unreadable).
-    last: Option<u64>,
+    read: Arc<DropCounts>,
+    /// The last values read (`None`: not read yet, or unreadable).
+    last: Option<Counts>,
 }
 
 #[derive(Default)]
@@ -68,7 +82,7 @@ impl DroppedPackets {
             desc: Desc::new(
                 NAME.to_string(),
                 HELP.to_string(),
-                vec!["sandbox".to_string()],
+                vec!["sandbox".to_string(), "reason".to_string()],
                 Default::default(),
             )?,
             shared: Arc::new(Shared {
@@ -78,7 +92,7 @@ impl DroppedPackets {
         })
     }
 
-    pub(super) fn register(&self, sandbox: String, read: DropSource) {
+    pub(super) fn register(&self, sandbox: String, read: DropCounts) {
         let mut state = self.shared.lock();
         state.sources.insert(
             sandbox,
@@ -97,7 +111,7 @@ impl DroppedPackets {
 
     /// The cached values; notes the scrape and starts or wakes the
     /// refresher. Never reads a counter itself.
-    fn scrape(&self) -> Vec<(String, u64)> {
+    fn scrape(&self) -> Vec<(String, &'static str, u64)> {
         let mut state = self.shared.lock();
         let rested = state.last_scrape.is_none_or(|at| at.elapsed() >= IDLE);
         state.last_scrape = Some(Instant::now());
@@ -114,11 +128,13 @@ impl DroppedPackets {
         } else if rested {
             self.shared.wake.notify_all();
         }
-        state
-            .sources
-            .iter()
-            .filter_map(|(sandbox, s)| s.last.map(|v| (sandbox.clone(), v)))
-            .collect()
+        let mut out = Vec::new();
+        for (sandbox, source) in &state.sources {
+            for &(reason, value) in source.last.iter().flatten() {
+                out.push((sandbox.clone(), reason, value));
+            }
+        }
+        out
     }
 }
 
@@ -133,7 +149,7 @@ impl Drop for DroppedPackets {
 /// when nobody scraped for [`IDLE`], until someone does).
 fn refresh(shared: &Shared) {
     loop {
-        let sources: Vec<(String, Arc<DropSource>)> = {
+        let sources: Vec<(String, Arc<DropCounts>)> = {
             let state = shared.lock();
             if state.stopping {
                 return;
@@ -146,7 +162,7 @@ fn refresh(shared: &Shared) {
         };
         // Read without the lock: a read may take a while, and scrapes and
         // registrations must not wait for it.
-        let values: Vec<(String, Arc<DropSource>, Option<u64>)> = sources
+        let values: Vec<(String, Arc<DropCounts>, Option<Counts>)> = sources
             .into_iter()
             .map(|(sandbox, read)| {
                 let value = read();
@@ -197,13 +213,19 @@ impl prometheus::core::Collector for Collector {
             .0
             .scrape()
             .into_iter()
-            .map(|(sandbox, value)| {
-                let mut label = LabelPair::default();
-                label.set_name("sandbox".to_string());
-                label.set_value(sandbox);
+            .map(|(sandbox, reason, value)| {
+                let label = |name: &str, value: String| {
+                    let mut label = LabelPair::default();
+                    label.set_name(name.to_string());
+                    label.set_value(value);
+                    label
+                };
                 let mut counter = Counter::default();
                 counter.set_value(value as f64);
-                let mut metric = Metric::from_label(vec![label]);
+                let mut metric = Metric::from_label(vec![
+                    label("reason", reason.to_string()),
+                    label("sandbox", sandbox),
+                ]);
                 metric.set_counter(counter);
                 metric
             })

@@ -25,7 +25,7 @@ use prometheus::{
 
 use crate::workload::WorkloadPath;
 
-pub use drops::{DropSource, REFRESH as DROPS_REFRESH};
+pub use drops::{DropCounts, DropSource, REFRESH as DROPS_REFRESH, SINGLE_REASON};
 pub use server::{bind, render, serve, serve_listener, serve_on_thread, ServeError};
 
 /// Histogram buckets for a loopback proxy: 10 µs up to a minute.
@@ -76,7 +76,7 @@ pub struct Metrics {
     bytes: IntCounterVec,
     /// sluice_dns_queries_total{verdict}
     dns_queries: IntCounterVec,
-    /// sluice_dropped_packets_total{sandbox}, read in the background.
+    /// sluice_dropped_packets_total{sandbox,reason}, read in the background.
     drops: Arc<drops::DroppedPackets>,
     /// sluice_bundle_revision{bundle}
     bundle_revision: IntGaugeVec,
@@ -286,6 +286,16 @@ impl Metrics {
     /// out while there is none (`f` returned `None`, or has not run yet).
     /// Registering the same sandbox again replaces its source.
     pub fn register_drop_source(&self, sandbox: String, f: DropSource) {
+        self.drops.register(
+            sandbox,
+            Box::new(move || f().map(|n| vec![(SINGLE_REASON, n)])),
+        );
+    }
+
+    /// [`register_drop_source`](Self::register_drop_source) for a sandbox
+    /// whose counters say why they dropped (a microVM's tap fence): one
+    /// series per reason `f` returns.
+    pub fn register_drop_counts(&self, sandbox: String, f: DropCounts) {
         self.drops.register(sandbox, f);
     }
 

@@ -99,15 +99,23 @@ fn quiet_ipv6_defaults() {
     }
 }
 
+/// What [`Rtnl::link`] found out about a link.
+pub(super) struct LinkFacts {
+    pub index: u32,
+    /// `IFLA_INFO_KIND`: `tun` for a tap (and a tun), `veth`, ...
+    pub kind: Option<String>,
+    pub mac: Option<Vec<u8>>,
+}
+
 /// A NETLINK_ROUTE socket in the calling thread's namespace.
-struct Rtnl {
+pub(super) struct Rtnl {
     socket: Socket,
     seq: u32,
     buf: Vec<u8>,
 }
 
 impl Rtnl {
-    fn open() -> Result<Rtnl, NetnsError> {
+    pub(super) fn open() -> Result<Rtnl, NetnsError> {
         let fail = |source| NetnsError::Netlink {
             step: "opening a NETLINK_ROUTE socket",
             source,
@@ -122,7 +130,7 @@ impl Rtnl {
         })
     }
 
-    fn set_up(&mut self, step: &'static str, name: &str) -> Result<(), NetnsError> {
+    pub(super) fn set_up(&mut self, step: &'static str, name: &str) -> Result<(), NetnsError> {
         let mut link = LinkMessage::default();
         link.header.flags = LinkFlags::Up;
         link.header.change_mask = LinkFlags::Up;
@@ -153,7 +161,7 @@ impl Rtnl {
         )
     }
 
-    fn index_of(&mut self, name: &str) -> Result<u32, NetnsError> {
+    pub(super) fn index_of(&mut self, name: &str) -> Result<u32, NetnsError> {
         let mut query = LinkMessage::default();
         query.attributes.push(LinkAttribute::IfName(name.into()));
         let mut index = None;
@@ -173,7 +181,7 @@ impl Rtnl {
         })
     }
 
-    fn add_address(
+    pub(super) fn add_address(
         &mut self,
         step: &'static str,
         index: u32,
@@ -227,6 +235,93 @@ impl Rtnl {
             RouteNetlinkMessage::NewRoute(msg),
             NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
         )
+    }
+
+    /// The kind of link `name` is (`tun` for a tap), its index and MAC
+    /// address; `None` when there is no such link.
+    pub(super) fn link(&mut self, name: &str) -> Result<Option<LinkFacts>, NetnsError> {
+        let mut found = None;
+        let mut query = LinkMessage::default();
+        query.attributes.push(LinkAttribute::IfName(name.into()));
+        let asked = self.exchange(
+            "looking up a link",
+            RouteNetlinkMessage::GetLink(query),
+            NLM_F_ACK,
+            |msg| {
+                if let RouteNetlinkMessage::NewLink(link) = msg {
+                    let mut facts = LinkFacts {
+                        index: link.header.index,
+                        kind: None,
+                        mac: None,
+                    };
+                    for attribute in link.attributes {
+                        match attribute {
+                            LinkAttribute::LinkInfo(info) => {
+                                facts.kind = info.into_iter().find_map(|i| match i {
+                                    LinkInfo::Kind(kind) => Some(kind.to_string()),
+                                    _ => None,
+                                });
+                            }
+                            LinkAttribute::Address(mac) => facts.mac = Some(mac),
+                            _ => {}
+                        }
+                    }
+                    found = Some(facts);
+                }
+            },
+        );
+        match asked {
+            Ok(()) => Ok(found),
+            Err(NetnsError::Netlink { source, .. })
+                if source.raw_os_error() == Some(libc::ENODEV) =>
+            {
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The addresses on link `index`, with their prefix lengths.
+    pub(super) fn addresses(&mut self, index: u32) -> Result<Vec<(IpAddr, u8)>, NetnsError> {
+        use netlink_packet_route::address::AddressAttribute;
+        let mut out = Vec::new();
+        self.dump(
+            "listing addresses",
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            |msg| {
+                if let RouteNetlinkMessage::NewAddress(addr) = msg {
+                    if addr.header.index != index {
+                        return;
+                    }
+                    let prefix = addr.header.prefix_len;
+                    out.extend(addr.attributes.into_iter().find_map(|a| match a {
+                        AddressAttribute::Local(ip) => Some((ip, prefix)),
+                        AddressAttribute::Address(ip) if ip.is_ipv6() => Some((ip, prefix)),
+                        _ => None,
+                    }));
+                }
+            },
+        )?;
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Removes `addr/prefix` from link `index`.
+    pub(super) fn del_address(
+        &mut self,
+        step: &'static str,
+        index: u32,
+        addr: IpAddr,
+        prefix: u8,
+    ) -> Result<(), NetnsError> {
+        use netlink_packet_route::address::AddressAttribute;
+        let mut msg = AddressMessage::default();
+        msg.header.family = family(addr);
+        msg.header.prefix_len = prefix;
+        msg.header.index = index;
+        msg.attributes.push(AddressAttribute::Local(addr));
+        msg.attributes.push(AddressAttribute::Address(addr));
+        self.ack(step, RouteNetlinkMessage::DelAddress(msg), NLM_F_ACK)
     }
 
     fn ack(

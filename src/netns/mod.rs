@@ -15,15 +15,22 @@
 //! changes namespace. Links, addresses and routes are set over rtnetlink
 //! from that thread (`links`); no `ip` process is spawned. This module must
 //! never touch the namespace sluice itself runs in: no links, routes or
-//! rules are ever created outside the sandbox namespace. Firewall rules are
-//! not this module's job (see `enforce`).
+//! rules are ever created outside the sandbox namespace, and in a namespace
+//! it did not create (a tap attached where its VMM runs) it changes only
+//! that tap: its sysctls and the gateway addresses it adds (and removes
+//! again). Firewall rules are not this module's job (see `enforce`). A
+//! microVM's tap is made and adopted here (`tap`).
 
+#[forbid(unsafe_code)]
 mod links;
+#[forbid(unsafe_code)]
 mod processes;
+#[allow(unsafe_code)]
+pub mod tap;
 
 use std::fs::File;
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -45,6 +52,11 @@ pub const SANDBOX_V6_PREFIX: u8 = 128;
 pub const SANDBOX_LINK: &str = "sbx0";
 /// Name of its peer (also inside the namespace).
 pub const SANDBOX_PEER: &str = "sbx1";
+
+pub use tap::TapOwner;
+
+/// An address with its prefix length, as it sits on a link.
+pub type LinkAddress = (IpAddr, u8);
 
 /// Errors from creating or entering a sandbox namespace.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +86,23 @@ pub enum NetnsError {
     #[error("setting up the sandbox namespace's network failed while {step}: {source}{}", netlink_hint(.source))]
     Netlink {
         step: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("tap {tap}: {step} failed: {source}{}", tap_hint(.source))]
+    Tap {
+        tap: String,
+        step: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no link named {tap} in the namespace: create the tap first (e.g. `ip tuntap add dev {tap} mode tap`), or name the one the VMM uses")]
+    NoSuchTap { tap: String },
+    #[error("{tap} is a {kind} link, not a tap: sluice fences only tap devices")]
+    NotATap { tap: String, kind: String },
+    #[error("cannot set {path}: {source}")]
+    Sysctl {
+        path: String,
         #[source]
         source: io::Error,
     },
@@ -234,6 +263,124 @@ impl SandboxNetns {
         self.fd.try_clone()
     }
 
+    /// Creates the persistent tap `name` in this namespace for a VMM running
+    /// as `owner`, with the hardened sysctls (`tap::harden_sysctls`),
+    /// `addresses` on it (IPv6 without DAD) and up.
+    pub fn create_tap(
+        &self,
+        name: &str,
+        owner: TapOwner,
+        addresses: &[LinkAddress],
+    ) -> Result<(), NetnsError> {
+        let (name, addresses) = (name.to_string(), addresses.to_vec());
+        self.run_in(move || {
+            tap::create_persistent(&name, owner)?;
+            tap::harden_sysctls(&name)?;
+            let mut rtnl = links::Rtnl::open()?;
+            let index = rtnl.index_of(&name)?;
+            for &(addr, prefix) in &addresses {
+                rtnl.add_address(
+                    "adding the gateway address to the tap",
+                    index,
+                    addr,
+                    prefix,
+                    netlink_packet_route::address::AddressScope::Universe,
+                )?;
+            }
+            rtnl.set_up("bringing the tap up", &name)
+        })?
+    }
+
+    /// Takes over the existing tap `name` for a fence: checks it is a tap,
+    /// hardens its sysctls, adds those of `addresses` it lacks and brings it
+    /// up. Returns the addresses it added (to remove them again with
+    /// [`SandboxNetns::remove_tap_addresses`]), none of the tap's own.
+    pub fn adopt_tap(
+        &self,
+        name: &str,
+        addresses: &[LinkAddress],
+    ) -> Result<Vec<LinkAddress>, NetnsError> {
+        let (name, addresses) = (name.to_string(), addresses.to_vec());
+        self.run_in(move || {
+            let mut rtnl = links::Rtnl::open()?;
+            let facts = rtnl
+                .link(&name)?
+                .ok_or_else(|| NetnsError::NoSuchTap { tap: name.clone() })?;
+            match facts.kind.as_deref() {
+                Some("tun") => {}
+                other => {
+                    return Err(NetnsError::NotATap {
+                        tap: name,
+                        kind: other.unwrap_or("kindless (physical?)").to_string(),
+                    })
+                }
+            }
+            tap::harden_sysctls(&name)?;
+            let present = rtnl.addresses(facts.index)?;
+            let mut added = Vec::new();
+            for &(addr, prefix) in &addresses {
+                if present.iter().any(|(a, _)| *a == addr) {
+                    continue;
+                }
+                rtnl.add_address(
+                    "adding the gateway address to the tap",
+                    facts.index,
+                    addr,
+                    prefix,
+                    netlink_packet_route::address::AddressScope::Universe,
+                )?;
+                added.push((addr, prefix));
+            }
+            rtnl.set_up("bringing the tap up", &name)?;
+            Ok(added)
+        })?
+    }
+
+    /// Removes `addresses` from tap `name` (what [`SandboxNetns::adopt_tap`]
+    /// added); a tap that is gone has none left to remove.
+    pub fn remove_tap_addresses(
+        &self,
+        name: &str,
+        addresses: &[LinkAddress],
+    ) -> Result<(), NetnsError> {
+        let (name, addresses) = (name.to_string(), addresses.to_vec());
+        self.run_in(move || {
+            let mut rtnl = links::Rtnl::open()?;
+            let Some(facts) = rtnl.link(&name)? else {
+                return Ok(());
+            };
+            let present = rtnl.addresses(facts.index)?;
+            for &(addr, prefix) in &addresses {
+                if present.iter().any(|(a, _)| *a == addr) {
+                    rtnl.del_address(
+                        "removing the gateway address sluice added",
+                        facts.index,
+                        addr,
+                        prefix,
+                    )?;
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// Whether a link named `name` exists in this namespace.
+    pub fn has_link(&self, name: &str) -> Result<bool, NetnsError> {
+        let name = name.to_string();
+        self.run_in(move || Ok(links::Rtnl::open()?.link(&name)?.is_some()))?
+    }
+
+    /// The MAC address of link `name`, if it has one.
+    pub fn link_mac(&self, name: &str) -> Result<Option<crate::mac::MacAddr>, NetnsError> {
+        let name = name.to_string();
+        self.run_in(move || {
+            let facts = links::Rtnl::open()?.link(&name)?;
+            Ok(facts
+                .and_then(|f| f.mac)
+                .and_then(|m| crate::mac::MacAddr::from_slice(&m)))
+        })?
+    }
+
     /// The namespace's inode number (as in `net:[INODE]`).
     pub fn inode(&self) -> u64 {
         self.ino
@@ -268,6 +415,18 @@ impl SandboxNetns {
 impl AsFd for SandboxNetns {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// What to do about a tap failure, after what failed.
+fn tap_hint(err: &io::Error) -> &'static str {
+    match err.raw_os_error() {
+        Some(libc::ENOENT) => " (no /dev/net/tun: load the tun module with `modprobe tun`)",
+        Some(libc::EPERM) | Some(libc::EACCES) => " (needs root: run sluice as root)",
+        Some(libc::EBUSY) | Some(libc::EEXIST) => {
+            " (a link of that name exists already: choose another --tap)"
+        }
+        _ => "",
     }
 }
 

@@ -3,6 +3,9 @@
 //! installed. Each probe returns one line saying what happened, as `Ok` on
 //! success and `Err` on failure; the command prints it.
 
+#[allow(unsafe_code)]
+pub mod frame;
+
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 

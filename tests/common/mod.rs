@@ -14,6 +14,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod vm;
+
 pub use sluice::testbed::{pattern, OuterNetns};
 
 pub const ORIGIN_V4: &str = "198.18.0.1";

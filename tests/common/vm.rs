@@ -460,6 +460,32 @@ impl Vm {
         Ok(ran.output)
     }
 
+    /// Wait (bounded by `limit`) for QEMU, or the wrapper it runs under, to
+    /// exit by itself; its exit status.
+    pub fn wait_exit(&mut self, limit: Duration) -> Result<std::process::ExitStatus> {
+        let (done, wait) = std::sync::mpsc::channel();
+        let pid = nix::unistd::Pid::from_raw(self.qemu.id() as i32);
+        // waitpid on a thread, so that the wait has a deadline.
+        std::thread::spawn(move || {
+            let _ = done.send(nix::sys::wait::waitpid(pid, None));
+        });
+        match wait.recv_timeout(limit) {
+            Ok(Ok(nix::sys::wait::WaitStatus::Exited(_, code))) => {
+                self.reaped = true;
+                Ok(std::os::unix::process::ExitStatusExt::from_raw(code << 8))
+            }
+            Ok(Ok(other)) => {
+                self.reaped = true;
+                bail!("qemu ended with {other:?}")
+            }
+            Ok(Err(e)) => bail!("waitpid: {e}"),
+            Err(_) => bail!(
+                "qemu did not exit within {limit:?}: {}",
+                self.console_tail()
+            ),
+        }
+    }
+
     /// What QEMU and the guest's console printed so far.
     pub fn console(&self) -> String {
         String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()

@@ -1,0 +1,171 @@
+//! `sluice vm` and `sluice vm attach`: serving one microVM's tap.
+//!
+//! The wrapper makes an anonymous namespace, a persistent tap in it owned
+//! by the VMM's user, fences the tap (applied and read back), binds the
+//! listeners and the DHCP socket on the gateway's addresses, then runs the
+//! VMM confined there (as `sluice run` runs a command) and exits with its
+//! status. The namespace, and the tap and tables in it, go with the last
+//! process inside: nothing is left, even after SIGKILL of sluice (the VMM
+//! dies with it). `attach` fences a tap in someone else's namespace and
+//! serves it until SIGINT or SIGTERM; stopping leaves the fence in place
+//! (the guest reaches nothing) until the tap goes or `sluice vm detach`
+//! removes it. Neither ever kills a process it did not start.
+
+use std::ffi::OsString;
+
+use anyhow::{Context, Result};
+
+use super::{supervise_command, PolicySource, ServiceOptions, Session};
+use crate::attach::{self, host, vm::VmNet};
+use crate::confine::{RunAs, SluiceFiles};
+use crate::netns::{SandboxNetns, TapOwner};
+
+/// Everything `sluice vm -- VMM ...` was asked to do.
+pub struct VmOptions {
+    pub policy: PolicySource,
+    pub services: ServiceOptions,
+    pub net: VmNet,
+    /// The `sandbox` field of its records.
+    pub id: String,
+    /// Who the VMM runs as (and who owns the tap); root when absent.
+    pub user: Option<String>,
+    pub command: Vec<OsString>,
+    pub files: SluiceFiles,
+}
+
+/// Run the VMM behind a fenced tap; returns its exit status.
+pub async fn run(opts: VmOptions) -> Result<i32> {
+    let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
+    let owner = run_as.map_or(TapOwner { uid: 0, gid: 0 }, |RunAs { uid, gid }| TapOwner {
+        uid,
+        gid,
+    });
+    let session = Session::start(opts.services, opts.policy).await?;
+    let sandbox = match own_namespace(&opts.net, owner) {
+        Ok(sandbox) => sandbox,
+        Err(err) => {
+            session.finish(None, super::Leftovers::Unknown).await;
+            return Err(err);
+        }
+    };
+    let served = session.serve(sandbox, opts.id)?;
+    let terminal = crate::confine::terminal::Foreground::now();
+    let env = opts.net.environment();
+    // Spawned from this (the runtime's main) thread: see host::spawn.
+    let spawned = match served.sandbox.netns.entry() {
+        Ok(netns) => {
+            crate::confine::spawn_with_env(&opts.command, run_as, &opts.files, &env, Some(netns))
+                .await
+        }
+        Err(err) => Err(crate::confine::ConfineError::Init(err)),
+    };
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => {
+            session
+                .finish(Some(served), super::Leftovers::Unknown)
+                .await;
+            return Err(match err {
+                crate::confine::ConfineError::Exec { program, source } => {
+                    attach::AttachError::Spawn { program, source }.into()
+                }
+                err => attach::AttachError::Confine(err).into(),
+            });
+        }
+    };
+    let status = supervise_command(&mut child, &session).await;
+    if let Some(terminal) = terminal {
+        terminal.take_back();
+    }
+    session
+        .finish(Some(served), super::Leftovers::Unknown)
+        .await;
+    status
+}
+
+/// A fresh namespace with the tap in it, fenced, listeners bound.
+fn own_namespace(net: &VmNet, owner: TapOwner) -> Result<attach::Sandbox> {
+    let netns = SandboxNetns::create().context("cannot create the VMM's network namespace")?;
+    netns
+        .create_tap(&net.tap, owner, &net.gateway_addresses())
+        .with_context(|| format!("cannot create the tap {}", net.tap))?;
+    attach::prepare(netns, &net.attachment(true)).context("cannot fence the tap")
+}
+
+/// Everything `sluice vm attach` was asked to do.
+pub struct AttachOptions {
+    pub policy: PolicySource,
+    pub services: ServiceOptions,
+    /// The namespace the tap is in.
+    pub netns: SandboxNetns,
+    pub net: VmNet,
+    pub id: String,
+}
+
+/// Fence and serve a tap someone else made until SIGINT or SIGTERM; the
+/// fence stays after (see the module's note). Returns 0.
+pub async fn attach(opts: AttachOptions) -> Result<i32> {
+    let session = Session::start(opts.services, opts.policy).await?;
+    let net = opts.net;
+    let netns = opts.netns;
+    let added = match netns.adopt_tap(&net.tap, &net.gateway_addresses()) {
+        Ok(added) => added,
+        Err(err) => {
+            session.finish(None, super::Leftovers::Unknown).await;
+            return Err(
+                anyhow::Error::from(err).context(format!("cannot take over tap {}", net.tap))
+            );
+        }
+    };
+    let kept = netns.clone_handle()?;
+    let sandbox = match attach::prepare(netns, &net.attachment(false)) {
+        Ok(sandbox) => sandbox,
+        Err(err) => {
+            let _ = kept.remove_tap_addresses(&net.tap, &added);
+            session.finish(None, super::Leftovers::Unknown).await;
+            return Err(anyhow::Error::from(err).context("cannot fence the tap"));
+        }
+    };
+    let served = session.serve(sandbox, opts.id)?;
+    tracing::info!(tap = %net.tap, guest = %net.guest, "serving the tap until SIGINT or SIGTERM");
+    wait_for_stop(&session).await;
+    tracing::info!(
+        tap = %net.tap,
+        "stopping: the fence stays on the tap (the guest reaches nothing) until the tap goes or `sluice vm detach` removes it"
+    );
+    session.finish_attached(Some(served)).await;
+    if let Err(err) = kept.remove_tap_addresses(&net.tap, &added) {
+        tracing::warn!(tap = %net.tap, "cannot remove the gateway addresses sluice added: {err}");
+    }
+    Ok(0)
+}
+
+/// Until SIGINT or SIGTERM; SIGHUP reloads the policy.
+async fn wait_for_stop(session: &Session) {
+    let mut sigint = session.signals.int.lock().await;
+    let mut sigterm = session.signals.term.lock().await;
+    let mut sighup = session.signals.hup.lock().await;
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => return,
+            _ = sigterm.recv() => return,
+            _ = sighup.recv() => {
+                tracing::info!("SIGHUP received: reloading the policy");
+                session.reloading.reload_now();
+            }
+        }
+    }
+}
+
+/// `sluice vm detach`: remove the fence of `tap` in `netns` (both of its
+/// tables). The tap itself and its addresses are left alone.
+pub fn detach(netns: &SandboxNetns, tap: &str) -> Result<()> {
+    let spec = crate::enforce::SandboxSpec::vm(
+        attach::PROXY_PORT,
+        attach::DNS_PORT,
+        crate::enforce::example_fence(tap),
+    );
+    netns
+        .run_in(move || crate::enforce::remove(&spec))?
+        .with_context(|| format!("cannot remove the fence of tap {tap}"))
+}

@@ -1,0 +1,312 @@
+//! `sluice vm -- VMM ...`, `sluice vm attach` and `sluice vm detach`: a
+//! microVM whose only network path is sluice, fenced on the host side of
+//! its tap.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use ipnet::{Ipv4Net, Ipv6Net};
+
+use super::args::{policy_source, PolicySourceArgs, RecordArgs};
+use super::BadInput;
+use crate::attach::vm::{
+    VmNet, DEFAULT_GUEST_IP, DEFAULT_GUEST_IP6, DEFAULT_GUEST_MAC, DEFAULT_TAP,
+};
+use crate::mac::MacAddr;
+use crate::netns::SandboxNetns;
+use crate::workload::WorkloadPath;
+
+pub const AFTER_HELP: &str = "Examples:\n  \
+sluice vm --policy policies/dev.yaml -- sh -c 'exec qemu-system-x86_64 -M microvm ... \\\n      \
+-netdev tap,id=n0,ifname=$SLUICE_TAP,script=no,downscript=no \\\n      \
+-device virtio-net-device,netdev=n0,mac=$SLUICE_GUEST_MAC -append \"... $SLUICE_KERNEL_IP_ARG\"'\n  \
+sluice vm attach --policy P --tap tap0 --netns vm1 --guest-mac 52:54:00:12:34:56 --guest-ip 10.0.0.2/30\n  \
+sluice vm detach --tap tap0 --netns vm1\n\n\
+`sluice vm` creates a network namespace with the tap in it (owned by --user, so the VMM opens it \
+without CAP_NET_ADMIN), fences the tap (one nftables transaction, read back), answers DHCP with \
+the one lease below, then runs the VMM confined in that namespace (as `sluice run` runs a \
+command) with SLUICE_TAP, SLUICE_GUEST_MAC, SLUICE_GUEST_IP, SLUICE_GATEWAY, SLUICE_GUEST_IP6, \
+SLUICE_GATEWAY6 and SLUICE_KERNEL_IP_ARG (a kernel `ip=` argument) in its environment. It exits \
+with the VMM's status and leaves nothing behind. The guest's gateway is sluice: its DNS server \
+and its only way out; TCP is proxied under the policy, DNS answered under it, everything else \
+dropped and counted (sluice_dropped_packets_total{reason}).\n\n\
+Addresses: the defaults (guest 198.19.254.2/30 behind 198.19.254.1, 2001:db8:5c:fffe::2/64 \
+behind ::1) are private to the VMM's namespace and collide with nothing outside it; choose others \
+only if the guest must have a given address, inside a prefix of /30 (IPv6 /64 to /126) or wider, \
+and never one of the destinations its policy allows. The gateway is the first free address of \
+the guest's prefix. Records carry path \"vm\" and --id as sandbox. Needs root; see docs/vm.md.";
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct VmArgs {
+    #[command(subcommand)]
+    pub action: Option<VmAction>,
+    #[command(flatten)]
+    pub wrap: Box<WrapArgs>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VmAction {
+    /// Fence an existing tap in another namespace and serve it until SIGINT or SIGTERM.
+    #[command(after_help = ATTACH_AFTER_HELP)]
+    Attach(Box<AttachArgs>),
+    /// Remove the fence `sluice vm attach` left on a tap.
+    Detach(DetachArgs),
+}
+
+const ATTACH_AFTER_HELP: &str = "The tap must exist (e.g. `ip tuntap add tap0 mode tap`, in the \
+VMM's namespace). sluice adds the gateway address to it when missing (and removes only what it \
+added when it stops), hardens its sysctls, installs the fence for this guest, and serves it. \
+Stopping sluice (SIGINT, SIGTERM) never opens the tap: the fence stays, and the guest reaches \
+nothing, until the tap goes or `sluice vm detach` removes the fence. SIGHUP reloads the policy.";
+
+/// The VM's addresses, common to the wrapper and attach.
+#[derive(Debug, Args)]
+pub struct GuestArgs {
+    /// The guest's NIC's MAC address: the only source MAC the tap accepts.
+    #[arg(long, value_name = "MAC")]
+    pub guest_mac: Option<MacAddr>,
+    /// The guest's IPv4 address with its prefix (its only IPv4 source).
+    #[arg(long, value_name = "CIDR")]
+    pub guest_ip: Option<Ipv4Net>,
+    /// sluice's IPv4 address on the tap (default: the first free address of the guest's prefix).
+    #[arg(long, value_name = "IP")]
+    pub gateway: Option<std::net::Ipv4Addr>,
+    /// The guest's IPv6 address with its prefix.
+    #[arg(long, value_name = "CIDR", conflicts_with = "no_ipv6")]
+    pub guest_ip6: Option<Ipv6Net>,
+    /// sluice's IPv6 address on the tap (default: the first free address of the guest's prefix).
+    #[arg(long, value_name = "IP")]
+    pub gateway6: Option<std::net::Ipv6Addr>,
+    /// Give the guest no IPv6 (the fence then drops all of it).
+    #[arg(long)]
+    pub no_ipv6: bool,
+    /// The `sandbox` field of the VM's records and its name in metrics
+    /// (1-64 of [A-Za-z0-9._-]; default vm-<sluice's pid>).
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+}
+
+/// Where an existing tap is.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false, id = "namespace")]
+pub struct NamespaceArgs {
+    /// The namespace, by name (/run/netns/NAME) or path.
+    #[arg(long, value_name = "NAME|PATH", group = "namespace")]
+    pub netns: Option<String>,
+    /// The namespace of this process (the VMM's).
+    #[arg(long, value_name = "VMM_PID", group = "namespace")]
+    pub pid: Option<u32>,
+}
+
+impl NamespaceArgs {
+    fn path(&self) -> PathBuf {
+        match (&self.netns, self.pid) {
+            (Some(name), _) if !name.contains('/') => PathBuf::from("/run/netns").join(name),
+            (Some(path), _) => PathBuf::from(path),
+            (None, Some(pid)) => PathBuf::from(format!("/proc/{pid}/ns/net")),
+            (None, None) => unreachable!("clap requires one of --netns and --pid"),
+        }
+    }
+
+    fn open(&self) -> anyhow::Result<SandboxNetns> {
+        let path = self.path();
+        SandboxNetns::from_path(&path).map_err(|e| {
+            BadInput(anyhow::Error::from(e).context(format!(
+                "cannot open the network namespace {} (name it with --netns NAME|PATH or --pid VMM_PID)",
+                path.display()
+            )))
+            .into()
+        })
+    }
+}
+
+/// `sluice vm [OPTIONS] -- VMM ARGS...`.
+#[derive(Debug, Args)]
+pub struct WrapArgs {
+    #[command(flatten)]
+    pub source: PolicySourceArgs,
+    #[command(flatten)]
+    pub records: RecordArgs,
+    /// The tap's name (in the VMM's namespace, so any name is free).
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_TAP)]
+    pub tap: String,
+    #[command(flatten)]
+    pub guest: GuestArgs,
+    /// Run the VMM as USER (name or uid) instead of root; the tap is theirs.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// The VMM's command, after `--` (QEMU, Firecracker, a script).
+    #[arg(last = true, required = true, value_name = "VMM")]
+    pub command: Vec<OsString>,
+}
+
+/// `sluice vm attach`.
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub source: PolicySourceArgs,
+    #[command(flatten)]
+    pub records: RecordArgs,
+    /// The tap to fence.
+    #[arg(long, value_name = "NAME")]
+    pub tap: String,
+    #[command(flatten)]
+    pub namespace: NamespaceArgs,
+    #[command(flatten)]
+    pub guest: GuestArgs,
+    /// Ask the running `sluice daemon` to fence and serve the tap, and return
+    /// at once (the daemon's audit log and metrics apply; it releases the VM
+    /// when the VMM (--pid), or every process of the namespace, is gone).
+    #[arg(long)]
+    pub daemon: bool,
+    /// With --daemon: its control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
+    #[arg(long, value_name = "PATH", requires = "daemon")]
+    pub socket: Option<PathBuf>,
+}
+
+/// `sluice vm detach`.
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// The fenced tap.
+    #[arg(long, value_name = "NAME")]
+    pub tap: String,
+    #[command(flatten)]
+    pub namespace: NamespaceArgs,
+}
+
+pub fn execute(args: VmArgs) -> anyhow::Result<i32> {
+    match args.action {
+        None => wrap(*args.wrap),
+        Some(VmAction::Attach(args)) => attach(*args),
+        Some(VmAction::Detach(args)) => detach(args),
+    }
+}
+
+fn wrap(args: WrapArgs) -> anyhow::Result<i32> {
+    let net = vm_net(&args.tap, &args.guest, true)?;
+    let id = sandbox_id(&args.guest)?;
+    let policy = policy_source(&args.source, WorkloadPath::Vm)?;
+    crate::confine::require_root("sluice vm")?;
+    let files = super::run::sluice_files(&args.source, &args.records);
+    let opts = crate::app::vm::VmOptions {
+        policy,
+        services: args.records.services(&args.source.bundle_opts.state_dir),
+        net,
+        id,
+        user: args.user,
+        command: args.command,
+        files,
+    };
+    crate::app::runtime::one_sandbox()?.block_on(crate::app::vm::run(opts))
+}
+
+fn attach(args: AttachArgs) -> anyhow::Result<i32> {
+    if args.guest.guest_mac.is_none() || args.guest.guest_ip.is_none() {
+        return Err(BadInput(anyhow::anyhow!(
+            "sluice vm attach needs --guest-mac and --guest-ip: the fence admits only that guest"
+        ))
+        .into());
+    }
+    let net = vm_net(&args.tap, &args.guest, false)?;
+    let id = sandbox_id(&args.guest)?;
+    let policy = policy_source(&args.source, WorkloadPath::Vm)?;
+    if args.daemon {
+        return attach_through_daemon(&args, id);
+    }
+    crate::confine::require_root("sluice vm attach")?;
+    let netns = args.namespace.open()?;
+    let opts = crate::app::vm::AttachOptions {
+        policy,
+        services: args.records.services(&args.source.bundle_opts.state_dir),
+        netns,
+        net,
+        id,
+    };
+    crate::app::runtime::one_sandbox()?.block_on(crate::app::vm::attach(opts))
+}
+
+/// `sluice vm attach --daemon`: the daemon fences the tap in the namespace
+/// this process opens and sends along; prints the daemon's view of the VM.
+fn attach_through_daemon(args: &AttachArgs, id: String) -> anyhow::Result<i32> {
+    use std::os::fd::AsFd;
+    let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let path = args.namespace.path();
+    let netns = std::fs::File::open(&path).map_err(|e| {
+        BadInput(anyhow::Error::from(e).context(format!(
+            "cannot open the network namespace {}",
+            path.display()
+        )))
+    })?;
+    let guest = &args.guest;
+    let request = crate::daemon::api::AttachRequest {
+        id,
+        pid: args.namespace.pid.map(|p| p as i32),
+        policy: args.source.policy.as_deref().map(absolute),
+        bundle: args.source.bundle.clone(),
+        trust: args.source.bundle_opts.trust.as_deref().map(absolute),
+        binds: Vec::new(),
+        vm: Some(crate::daemon::api::VmAttach {
+            tap: args.tap.clone(),
+            guest_mac: guest.guest_mac.unwrap_or(DEFAULT_GUEST_MAC).to_string(),
+            guest_ip: guest.guest_ip.map(|n| n.to_string()).unwrap_or_default(),
+            gateway: guest.gateway.map(|g| g.to_string()),
+            guest_ip6: guest.guest_ip6.map(|n| n.to_string()),
+            gateway6: guest.gateway6.map(|g| g.to_string()),
+        }),
+    };
+    let socket = crate::daemon::socket_path(args.socket.as_deref());
+    let info = crate::daemon::Client::new(socket)
+        .attach(&request, netns.as_fd())
+        .context("the daemon did not attach the VM")?;
+    println!("{}", serde_json::to_string(&info).expect("serializable"));
+    Ok(0)
+}
+
+fn detach(args: DetachArgs) -> anyhow::Result<i32> {
+    crate::confine::require_root("sluice vm detach")?;
+    let netns = args.namespace.open()?;
+    crate::app::vm::detach(&netns, &args.tap)?;
+    eprintln!("sluice: removed the fence of tap {}", args.tap);
+    Ok(0)
+}
+
+/// The guest's addressing; the wrapper fills in its defaults, attach has
+/// only what it is told (no IPv6 unless given).
+fn vm_net(tap: &str, guest: &GuestArgs, defaults: bool) -> anyhow::Result<VmNet> {
+    let mac = guest.guest_mac.unwrap_or(DEFAULT_GUEST_MAC);
+    let ip = match guest.guest_ip {
+        Some(ip) => ip,
+        None => DEFAULT_GUEST_IP.parse().expect("a valid default"),
+    };
+    let ip6 = match guest.guest_ip6 {
+        Some(ip6) => Some(ip6),
+        None if defaults && !guest.no_ipv6 => {
+            Some(DEFAULT_GUEST_IP6.parse().expect("a valid default"))
+        }
+        None => None,
+    };
+    VmNet::new(tap.to_string(), mac, ip, guest.gateway, ip6, guest.gateway6)
+        .map_err(|e| BadInput(anyhow::Error::from(e).context("bad VM addressing")).into())
+}
+
+fn sandbox_id(guest: &GuestArgs) -> anyhow::Result<String> {
+    let id = guest
+        .id
+        .clone()
+        .unwrap_or_else(|| format!("vm-{}", std::process::id()));
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !ok {
+        return Err(BadInput(anyhow::anyhow!(
+            "--id {id:?}: use 1-64 characters of [A-Za-z0-9._-]"
+        )))
+        .context("bad VM id");
+    }
+    Ok(id)
+}

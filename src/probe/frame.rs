@@ -1,0 +1,429 @@
+//! `sluice probe frame`: Ethernet frames a hostile guest would send, built
+//! byte by byte and sent on a packet socket, so that the tests can attack a
+//! tap's fence from inside a root guest (router advertisements, VLAN tags,
+//! other ethertypes, spoofed sources, raw IP of any protocol). The builders
+//! are pure (bytes out) and also serve the tests that write frames straight
+//! into a tap. Nothing here parses what comes back.
+//!
+//! The one `unsafe` block turns a `sockaddr_ll` into nix's `LinkAddr`,
+//! which has no safe constructor.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::mac::MacAddr;
+
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+pub const ETH_P_8021Q: u16 = 0x8100;
+/// IEEE 802 local experimental ethertype: no kernel handles it.
+pub const ETH_P_EXPERIMENTAL: u16 = 0x88b5;
+/// An IP protocol number no stack implements (RFC 3692 experimentation).
+pub const EXPERIMENTAL_PROTOCOL: u8 = 253;
+
+/// An Ethernet II frame.
+pub fn ethernet(dst: MacAddr, src: MacAddr, ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + payload.len());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// `frame` with an 802.1Q tag (VLAN `vid`) after its source MAC.
+pub fn vlan_tagged(frame: &[u8], vid: u16) -> Vec<u8> {
+    let mut f = frame[..12].to_vec();
+    f.extend_from_slice(&ETH_P_8021Q.to_be_bytes());
+    f.extend_from_slice(&(vid & 0x0fff).to_be_bytes());
+    f.extend_from_slice(&frame[12..]);
+    f
+}
+
+/// An ARP request or reply (`op` 1 or 2) for Ethernet and IPv4.
+pub fn arp(
+    src: MacAddr,
+    op: u16,
+    sender: (MacAddr, Ipv4Addr),
+    target: (MacAddr, Ipv4Addr),
+) -> Vec<u8> {
+    let mut p = Vec::with_capacity(28);
+    p.extend_from_slice(&1u16.to_be_bytes());
+    p.extend_from_slice(&ETH_P_IP.to_be_bytes());
+    p.extend_from_slice(&[6, 4]);
+    p.extend_from_slice(&op.to_be_bytes());
+    p.extend_from_slice(&sender.0.octets());
+    p.extend_from_slice(&sender.1.octets());
+    p.extend_from_slice(&target.0.octets());
+    p.extend_from_slice(&target.1.octets());
+    ethernet(MacAddr::BROADCAST, src, ETH_P_ARP, &p)
+}
+
+/// The Internet checksum (RFC 1071) of `parts`, concatenated.
+fn checksum(parts: &[&[u8]]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut odd: Option<u8> = None;
+    for part in parts {
+        for &b in *part {
+            match odd.take() {
+                Some(hi) => sum += u32::from(u16::from_be_bytes([hi, b])),
+                None => odd = Some(b),
+            }
+        }
+    }
+    if let Some(hi) = odd {
+        sum += u32::from(u16::from_be_bytes([hi, 0]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An IPv4 packet of `protocol` carrying `payload` (TTL 64, no options).
+pub fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, payload: &[u8]) -> Vec<u8> {
+    let len = (20 + payload.len()) as u16;
+    let mut h = vec![0x45, 0];
+    h.extend_from_slice(&len.to_be_bytes());
+    h.extend_from_slice(&[0, 0, 0x40, 0, 64, protocol, 0, 0]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    let sum = checksum(&[&h]);
+    h[10..12].copy_from_slice(&sum.to_be_bytes());
+    h.extend_from_slice(payload);
+    h
+}
+
+/// A UDP datagram from `sport` to `dport`, checksummed for `src` -> `dst`.
+pub fn udp(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
+    let len = (8 + data.len()) as u16;
+    let mut d = Vec::with_capacity(len as usize);
+    d.extend_from_slice(&sport.to_be_bytes());
+    d.extend_from_slice(&dport.to_be_bytes());
+    d.extend_from_slice(&len.to_be_bytes());
+    d.extend_from_slice(&[0, 0]);
+    d.extend_from_slice(data);
+    let sum = match pseudo_header(src, dst, 17, len as u32) {
+        Some(pseudo) => checksum(&[&pseudo, &d]),
+        None => 0,
+    };
+    // 0 means "no checksum" over IPv4; an all-ones sum is sent as 0xffff.
+    let sum = if sum == 0 { 0xffff } else { sum };
+    d[6..8].copy_from_slice(&sum.to_be_bytes());
+    d
+}
+
+/// The checksum pseudo-header of `src` -> `dst` (both of one family).
+fn pseudo_header(src: IpAddr, dst: IpAddr, protocol: u8, len: u32) -> Option<Vec<u8>> {
+    let mut p = Vec::new();
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            p.extend_from_slice(&s.octets());
+            p.extend_from_slice(&d.octets());
+            p.extend_from_slice(&[0, protocol]);
+            p.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            p.extend_from_slice(&s.octets());
+            p.extend_from_slice(&d.octets());
+            p.extend_from_slice(&len.to_be_bytes());
+            p.extend_from_slice(&[0, 0, 0, protocol]);
+        }
+        _ => return None,
+    }
+    Some(p)
+}
+
+/// An IPv6 packet with next header `next` carrying `payload`.
+pub fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, hop_limit: u8, payload: &[u8]) -> Vec<u8> {
+    let mut h = vec![0x60, 0, 0, 0];
+    h.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    h.extend_from_slice(&[next, hop_limit]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    h.extend_from_slice(payload);
+    h
+}
+
+/// An ICMPv6 message (`kind`, code 0, `body` after the checksum) in an IPv6
+/// packet with hop limit 255, as neighbour discovery requires.
+pub fn icmpv6(src: Ipv6Addr, dst: Ipv6Addr, kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![kind, 0, 0, 0];
+    m.extend_from_slice(body);
+    let pseudo = pseudo_header(src.into(), dst.into(), 58, m.len() as u32).unwrap_or_default();
+    let sum = checksum(&[&pseudo, &m]);
+    m[2..4].copy_from_slice(&sum.to_be_bytes());
+    ipv6(src, dst, 58, 255, &m)
+}
+
+/// A router advertisement from `src` (a link-local address, with `mac` as
+/// its source link-layer option) to all nodes, offering itself as default
+/// router for 30 minutes and `2001:db8:bad::/64` for autoconfiguration.
+pub fn router_advertisement(mac: MacAddr, src: Ipv6Addr) -> Vec<u8> {
+    let mut body = vec![64, 0];
+    body.extend_from_slice(&1800u16.to_be_bytes());
+    body.extend_from_slice(&[0; 8]);
+    // Source link-layer address option.
+    body.extend_from_slice(&[1, 1]);
+    body.extend_from_slice(&mac.octets());
+    // Prefix information: on-link, autonomous, valid and preferred a day.
+    body.extend_from_slice(&[3, 4, 64, 0xc0]);
+    body.extend_from_slice(&86400u32.to_be_bytes());
+    body.extend_from_slice(&86400u32.to_be_bytes());
+    body.extend_from_slice(&[0; 4]);
+    body.extend_from_slice(
+        &"2001:db8:bad::"
+            .parse::<Ipv6Addr>()
+            .unwrap_or(Ipv6Addr::UNSPECIFIED)
+            .octets(),
+    );
+    let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+    let packet = icmpv6(src, all_nodes, 134, &body);
+    ethernet(MacAddr([0x33, 0x33, 0, 0, 0, 1]), mac, ETH_P_IPV6, &packet)
+}
+
+/// A redirect from `src` telling `dst` to reach `target` by way of `via`.
+pub fn redirect(
+    mac: MacAddr,
+    dst_mac: MacAddr,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    via: Ipv6Addr,
+    target: Ipv6Addr,
+) -> Vec<u8> {
+    let mut body = vec![0; 4];
+    body.extend_from_slice(&via.octets());
+    body.extend_from_slice(&target.octets());
+    ethernet(dst_mac, mac, ETH_P_IPV6, &icmpv6(src, dst, 137, &body))
+}
+
+/// A DHCPv6 ADVERTISE (a server's answer) from `src` port 547 to the
+/// all-DHCP-agents group's client port 546.
+pub fn dhcpv6_advertise(mac: MacAddr, src: Ipv6Addr) -> Vec<u8> {
+    let dst = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
+    let data = [2, 0x12, 0x34, 0x56];
+    let datagram = udp(src.into(), dst.into(), 547, 546, &data);
+    ethernet(
+        MacAddr([0x33, 0x33, 0, 1, 0, 2]),
+        mac,
+        ETH_P_IPV6,
+        &ipv6(src, dst, 17, 1, &datagram),
+    )
+}
+
+/// Sends `frame` as it is on interface `dev` through a packet socket.
+pub fn send(dev: &str, frame: &[u8]) -> std::io::Result<()> {
+    use nix::sys::socket::{
+        sendto, socket, AddressFamily, LinkAddr, MsgFlags, SockFlag, SockProtocol, SockType,
+        SockaddrLike,
+    };
+    let index = nix::net::if_::if_nametoindex(dev)?;
+    let fd = socket(
+        AddressFamily::Packet,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::EthAll,
+    )?;
+    let mut dst = [0u8; 8];
+    dst[..6].copy_from_slice(&frame[..6.min(frame.len())]);
+    let sll = libc::sockaddr_ll {
+        sll_family: libc::AF_PACKET as u16,
+        sll_protocol: 0,
+        sll_ifindex: index as i32,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 6,
+        sll_addr: dst,
+    };
+    // SAFETY: `sll` is a fully initialised sockaddr_ll, alive for the call,
+    // and the length given is exactly its size; from_raw only copies it.
+    let addr = unsafe {
+        LinkAddr::from_raw(
+            (&sll as *const libc::sockaddr_ll).cast(),
+            Some(std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t),
+        )
+    }
+    .ok_or_else(|| std::io::Error::other("cannot make a link-layer address"))?;
+    let sent = sendto(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        frame,
+        &addr,
+        MsgFlags::empty(),
+    )?;
+    if sent != frame.len() {
+        return Err(std::io::Error::other(format!(
+            "sent {sent} of {} bytes",
+            frame.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The MAC address of interface `dev` (from sysfs).
+pub fn mac_of(dev: &str) -> Result<MacAddr, String> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{dev}/address"))
+        .map_err(|e| format!("FAIL no interface {dev}: {e}"))?;
+    text.trim().parse().map_err(|e| format!("FAIL {dev}: {e}"))
+}
+
+/// What `sluice probe frame` sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    /// UDP to `dst`:`port` from `src` (either family).
+    Udp,
+    /// A raw IP packet of `protocol` from `src` to `dst`.
+    Ip,
+    /// An ARP request from `src` asking for `dst` (gratuitous when equal).
+    Arp,
+    /// A router advertisement from DEV's link-local address.
+    Ra,
+    /// An ICMPv6 redirect from DEV's link-local address to `dst`.
+    Redirect,
+    /// A DHCPv6 server message (ADVERTISE) from DEV's link-local address.
+    Dhcpv6,
+    /// A frame of an ethertype nothing handles (0x88b5).
+    Ethertype,
+}
+
+/// One `sluice probe frame`.
+#[derive(Debug, Clone)]
+pub struct FrameProbe {
+    pub dev: String,
+    pub kind: FrameKind,
+    pub src_mac: Option<MacAddr>,
+    pub dst_mac: Option<MacAddr>,
+    pub src: Option<IpAddr>,
+    pub dst: Option<IpAddr>,
+    pub port: u16,
+    pub protocol: u8,
+    pub vlan: Option<u16>,
+}
+
+/// Builds and sends the frame; `Ok` says what went out.
+pub fn probe(p: &FrameProbe) -> super::Outcome {
+    let own = mac_of(&p.dev)?;
+    let src_mac = p.src_mac.unwrap_or(own);
+    let dst_mac = p.dst_mac.unwrap_or(MacAddr::BROADCAST);
+    let link_local = {
+        let m = src_mac.octets();
+        Ipv6Addr::from([
+            0xfe,
+            0x80,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            m[0] ^ 2,
+            m[1],
+            m[2],
+            0xff,
+            0xfe,
+            m[3],
+            m[4],
+            m[5],
+        ])
+    };
+    let need =
+        |a: Option<IpAddr>, what: &str| a.ok_or_else(|| format!("FAIL {what} needs --{what}"));
+    let frame = match p.kind {
+        FrameKind::Udp | FrameKind::Ip => {
+            let (src, dst) = (need(p.src, "src")?, need(p.dst, "dst")?);
+            let (protocol, payload) = match p.kind {
+                FrameKind::Udp => (17, udp(src, dst, 40000, p.port, b"sluice-probe-frame")),
+                _ => (p.protocol, b"sluice-probe-frame".to_vec()),
+            };
+            match (src, dst) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    ethernet(dst_mac, src_mac, ETH_P_IP, &ipv4(s, d, protocol, &payload))
+                }
+                (IpAddr::V6(s), IpAddr::V6(d)) => ethernet(
+                    dst_mac,
+                    src_mac,
+                    ETH_P_IPV6,
+                    &ipv6(s, d, protocol, 64, &payload),
+                ),
+                _ => return Err("FAIL --src and --dst must be of one family".into()),
+            }
+        }
+        FrameKind::Arp => {
+            let (IpAddr::V4(src), IpAddr::V4(dst)) = (need(p.src, "src")?, need(p.dst, "dst")?)
+            else {
+                return Err("FAIL arp needs IPv4 --src and --dst".into());
+            };
+            arp(src_mac, 1, (src_mac, src), (MacAddr([0; 6]), dst))
+        }
+        FrameKind::Ra => router_advertisement(src_mac, link_local),
+        FrameKind::Redirect => {
+            let IpAddr::V6(dst) = need(p.dst, "dst")? else {
+                return Err("FAIL redirect needs an IPv6 --dst".into());
+            };
+            redirect(
+                src_mac,
+                dst_mac,
+                link_local,
+                dst,
+                link_local,
+                "2001:db8:bad::1".parse().unwrap_or(dst),
+            )
+        }
+        FrameKind::Dhcpv6 => dhcpv6_advertise(src_mac, link_local),
+        FrameKind::Ethertype => {
+            ethernet(dst_mac, src_mac, ETH_P_EXPERIMENTAL, b"sluice-probe-frame")
+        }
+    };
+    let frame = match p.vlan {
+        Some(vid) => vlan_tagged(&frame, vid),
+        None => frame,
+    };
+    send(&p.dev, &frame).map_err(|e| format!("FAIL send on {}: {e}", p.dev))?;
+    Ok(format!(
+        "FRAME sent {:?} {} bytes on {} from {src_mac}",
+        p.kind,
+        frame.len(),
+        p.dev
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checksum_of_a_known_ipv4_header_is_right() {
+        // RFC 1071's example style: a header whose checksum field holds the
+        // right value sums to zero.
+        let h = ipv4(
+            Ipv4Addr::new(192, 0, 2, 1),
+            Ipv4Addr::new(192, 0, 2, 2),
+            17,
+            &[],
+        );
+        assert_eq!(checksum(&[&h[..20]]), 0);
+    }
+
+    #[test]
+    fn a_vlan_tag_goes_after_the_source_mac() {
+        let f = ethernet(
+            MacAddr::BROADCAST,
+            MacAddr([2, 0, 0, 0, 0, 1]),
+            ETH_P_IP,
+            &[1, 2],
+        );
+        let t = vlan_tagged(&f, 5);
+        assert_eq!(&t[12..16], &[0x81, 0x00, 0x00, 0x05]);
+        assert_eq!(&t[16..18], &[0x08, 0x00]);
+        assert_eq!(t.len(), f.len() + 4);
+    }
+
+    #[test]
+    fn an_icmpv6_message_checksums_to_zero_with_its_pseudo_header() {
+        let (s, d) = ("fe80::1".parse().unwrap(), "ff02::1".parse().unwrap());
+        let p = icmpv6(s, d, 134, &[0; 12]);
+        let m = &p[40..];
+        let pseudo = pseudo_header(IpAddr::V6(s), IpAddr::V6(d), 58, m.len() as u32).unwrap();
+        assert_eq!(checksum(&[&pseudo, m]), 0);
+        assert_eq!(p[7], 255);
+    }
+}

@@ -1,0 +1,744 @@
+//! `sluice vm` and `sluice vm attach` end to end, with real QEMU microVMs
+//! and a root guest (tests/common/vm.rs): what the policy allows works,
+//! everything else reaches nothing, a hostile guest's frames are dropped and
+//! counted, and nothing is left behind. One boot serves many checks; the
+//! boots of this file take turns (at most one VM of this file at a time).
+//! Needs root and qemu; skips loudly without them, fails under
+//! SLUICE_REQUIRE_PRIVILEGED=1.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::vm::{add_tap, GuestNet, Kit, Vm, VmSpec};
+use common::*;
+use sha2::Digest;
+
+/// sluice vm's defaults, which the guest is configured for.
+const TAP: &str = "tap0";
+const MAC: &str = "52:54:00:5c:fe:02";
+const GUEST: &str = "198.19.254.2/30";
+const GATEWAY: &str = "198.19.254.1";
+const GUEST6: &str = "2001:db8:5c:fffe::2/64";
+const GATEWAY6: &str = "2001:db8:5c:fffe::1";
+const METRICS: &str = "127.0.0.1:9464";
+
+const POLICY: &str = r#"
+version: 1
+name: vm-e2e
+rules:
+  - name: origin
+    action: allow
+    cidrs: ["198.18.0.1/32", "2001:db8::1/128"]
+    ports: [8080]
+  - name: names
+    action: allow
+    hosts: ["origin.test", "api.tls.test"]
+    ports: [8080, 8443]
+dns:
+  upstream: []
+  hosts:
+    origin.test: ["198.18.0.1"]
+    api.tls.test: ["198.18.0.1"]
+"#;
+
+/// The boots of this file take turns.
+static ONE_VM: Mutex<()> = Mutex::new(());
+
+fn one_vm() -> std::sync::MutexGuard<'static, ()> {
+    ONE_VM.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn static_net() -> GuestNet {
+    GuestNet::Static {
+        ip: GUEST.into(),
+        gateway: GATEWAY.into(),
+        ip6: Some(GUEST6.into()),
+        gateway6: Some(GATEWAY6.into()),
+    }
+}
+
+/// A VM booted under `sluice vm` in the world's outer namespace, as
+/// sandbox `id`, with metrics on [`METRICS`] there.
+fn wrapped_spec(w: &World, policy: &Path, id: &str, net: GuestNet) -> VmSpec {
+    let mut spec = VmSpec::new(Some(w.outer.path()), TAP, MAC, net);
+    spec.lifetime = Duration::from_secs(300);
+    spec.wrapper = [
+        sluice_bin().into(),
+        "-v".into(),
+        "vm".into(),
+        "--policy".into(),
+        policy.as_os_str().to_owned(),
+        "--audit".into(),
+        w.audit_path().into_os_string(),
+        "--state-dir".into(),
+        w.state_dir().into_os_string(),
+        "--metrics".into(),
+        METRICS.into(),
+        "--id".into(),
+        id.into(),
+        "--".into(),
+    ]
+    .to_vec();
+    spec
+}
+
+fn world_and_kit() -> Option<(World, Kit)> {
+    let w = World::new()?;
+    let kit = Kit::get()?;
+    Some((w, kit))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Write a file into the guest (one command line per file line).
+fn put_file(vm: &mut Vm, path: &str, text: &str) {
+    let lines: Vec<String> = text.lines().map(|l| format!("'{l}'")).collect();
+    vm.check(&format!("printf '%s\\n' {} > {path}", lines.join(" ")))
+        .unwrap();
+}
+
+/// `sluice_dropped_packets_total{sandbox=id,reason}` as last exported.
+fn dropped(w: &World, id: &str, reason: &str) -> f64 {
+    w.http_get_outer(METRICS, "/metrics")
+        .and_then(|text| {
+            metric_value(
+                &text,
+                "sluice_dropped_packets_total",
+                &[
+                    &format!("sandbox=\"{id}\""),
+                    &format!("reason=\"{reason}\""),
+                ],
+            )
+        })
+        .unwrap_or(0.0)
+}
+
+/// Waits until the exported count of `reason` exceeds `before`.
+fn wait_counted(w: &World, id: &str, reason: &str, before: f64) -> f64 {
+    let mut now = before;
+    let counted = eventually(Duration::from_secs(20), || {
+        now = dropped(w, id, reason);
+        now > before
+    });
+    assert!(counted, "no drop counted as {reason} (still {now})");
+    now
+}
+
+#[test]
+fn a_guest_under_sluice_vm_fetches_what_the_policy_allows_by_address_name_tls_and_ipv6() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("198.18.0.1:8080");
+    w.http_origin("[2001:db8::1]:8080");
+    let ca = w.tls_origin("198.18.0.1:8443", &["api.tls.test"]);
+    let policy = w.policy(POLICY);
+    let mut vm =
+        Vm::boot(&kit, &wrapped_spec(&w, &policy, "vm-allow", static_net())).expect("boot");
+
+    let out = vm
+        .check("sluice probe http http://198.18.0.1:8080/bytes/1048576")
+        .unwrap();
+    let want = format!(
+        "HTTP 200 1048576 bytes sha256={}",
+        sha256_hex(&pattern(1 << 20))
+    );
+    assert!(out.contains(&want), "{out}");
+
+    // The guest's resolver is the gateway: sluice answers.
+    let out = vm.check("cat /etc/resolv.conf").unwrap();
+    assert!(out.contains(&format!("nameserver {GATEWAY}")), "{out}");
+    let out = vm.check("sluice probe dns origin.test").unwrap();
+    assert!(out.contains("198.18.0.1"), "{out}");
+    let out = vm
+        .check("sluice probe http http://origin.test:8080/")
+        .unwrap();
+    assert!(out.contains("HTTP 200"), "{out}");
+
+    put_file(
+        &mut vm,
+        "/tmp/ca.pem",
+        &std::fs::read_to_string(&ca).unwrap(),
+    );
+    let out = vm
+        .check("sluice probe tls api.tls.test:8443 --ca /tmp/ca.pem")
+        .unwrap();
+    assert!(out.contains("TLS api.tls.test HTTP/1.1 200 OK"), "{out}");
+
+    let out = vm
+        .check("sluice probe http http://[2001:db8::1]:8080/bytes/4096")
+        .unwrap();
+    let want = format!("HTTP 200 4096 bytes sha256={}", sha256_hex(&pattern(4096)));
+    assert!(out.contains(&want), "{out}");
+}
+
+#[test]
+fn a_guest_under_sluice_vm_reaches_no_denied_port_address_gateway_port_or_metadata_address() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    let hits = w.http_origin("198.18.0.1:8082");
+    w.echo_origin("198.18.0.2:7000");
+    let policy = w.policy(POLICY);
+    let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, "vm-deny", static_net())).expect("boot");
+
+    let ran = vm
+        .run("sluice probe http --body http://198.18.0.1:8082/")
+        .unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+    assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
+    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+    for target in [
+        "198.18.0.2:7000",
+        "[2001:db8::2]:7000",
+        &format!("{GATEWAY}:22"),
+        &format!("{GATEWAY}:15001"),
+        &format!("[{GATEWAY6}]:22"),
+        "169.254.169.254:80",
+    ] {
+        let ran = vm
+            .run(&format!("sluice probe tcp {target} --send hi"))
+            .unwrap();
+        assert_eq!(ran.status, 1, "{target}: {}", ran.output);
+        assert!(!ran.output.contains("echo:"), "{target}: {}", ran.output);
+    }
+
+    let ran = vm.run("sluice probe dns example.com").unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+    assert!(ran.output.contains("Refused"), "{}", ran.output);
+
+    // Every refusal is audited as this VM's: path vm, its id.
+    let audit = w.audit();
+    let denies: Vec<_> = audit.iter().filter(|r| r["verdict"] == "deny").collect();
+    assert!(denies.len() >= 3, "{audit:?}");
+    for record in &denies {
+        assert_eq!(record["path"], "vm", "{record}");
+        assert_eq!(record["sandbox"], "vm-deny", "{record}");
+    }
+    for dst in ["198.18.0.1:8082", "198.18.0.2:7000", "169.254.169.254:80"] {
+        assert!(denies.iter().any(|r| r["dst"] == dst), "{dst}: {audit:?}");
+    }
+}
+
+#[test]
+fn udp_icmp_and_raw_ip_from_a_guest_under_sluice_vm_are_dropped_and_counted() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    let udp = w.udp_sink("198.18.0.1:9999");
+    let policy = w.policy(POLICY);
+    let id = "vm-proto";
+    let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, id, static_net())).expect("boot");
+
+    let mut seen = dropped(&w, id, "not-redirected");
+    for probe in [
+        "sluice probe udp 198.18.0.1:9999",
+        "sluice probe udp [2001:db8::1]:9999",
+        "sluice probe icmp 198.18.0.1",
+        "sluice probe icmp 2001:db8::1",
+        "sluice probe frame ip --src 198.19.254.2 --dst 198.18.0.1",
+    ] {
+        // The send itself succeeds in the guest: the fence drops it.
+        let _ = vm.run(probe).unwrap();
+        seen = wait_counted(&w, id, "not-redirected", seen);
+    }
+    // The sink got nothing before the canary sent after the probes.
+    w.udp_canary("198.18.0.1:9999");
+    assert_eq!(wait_for_count(&udp, 1), 1);
+}
+
+#[test]
+fn spoofed_addresses_macs_arp_and_router_advertisements_from_a_guest_are_dropped_and_counted() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("198.18.0.1:8080");
+    let policy = w.policy(POLICY);
+    let id = "vm-spoof";
+    let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, id, static_net())).expect("boot");
+
+    for (frame, reason) in [
+        ("udp --src 198.18.0.9 --dst 198.18.0.1", "ipv4-source"),
+        (
+            "udp --src-mac 02:00:00:00:00:66 --src 198.19.254.2 --dst 198.18.0.1",
+            "mac",
+        ),
+        ("arp --src 198.19.254.1 --dst 198.19.254.1", "arp"),
+        ("ra", "ipv6-router"),
+        ("udp --src 2001:db8::66 --dst 2001:db8::1", "ipv6-source"),
+        ("udp --vlan 7 --src 198.19.254.2 --dst 198.18.0.1", "vlan"),
+    ] {
+        let before = dropped(&w, id, reason);
+        vm.check(&format!("sluice probe frame {frame}")).unwrap();
+        wait_counted(&w, id, reason, before);
+    }
+    // The guest itself still gets through.
+    let out = vm
+        .check("sluice probe http http://198.18.0.1:8080/")
+        .unwrap();
+    assert!(out.contains("HTTP 200"), "{out}");
+}
+
+#[test]
+fn a_guest_booted_for_dhcp_under_sluice_vm_gets_its_lease_from_sluice_and_fetches() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("198.18.0.1:8080");
+    let policy = w.policy(POLICY);
+    let mut vm =
+        Vm::boot(&kit, &wrapped_spec(&w, &policy, "vm-dhcp", GuestNet::Dhcp)).expect("boot");
+    assert!(vm.ready.contains(&format!("addr={GUEST}")), "{}", vm.ready);
+    let out = vm.check("cat /etc/resolv.conf; ip route").unwrap();
+    assert!(out.contains(&format!("nameserver {GATEWAY}")), "{out}");
+    assert!(out.contains(&format!("default via {GATEWAY}")), "{out}");
+    let out = vm
+        .check("sluice probe http http://origin.test:8080/")
+        .unwrap();
+    assert!(out.contains("HTTP 200"), "{out}");
+}
+
+/// The namespace sluice logged for its sandbox, once the log is complete.
+fn sandbox_inode(console: &str) -> u64 {
+    logged_netns_inode(console).expect("sluice logged its namespace")
+}
+
+#[test]
+fn when_the_vmm_exits_sluice_vm_exits_with_its_status_and_leaves_nothing() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    let policy = w.policy(POLICY);
+    let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, "vm-exit", static_net())).expect("boot");
+    let inode = sandbox_inode(&vm.console());
+    // The guest reboots: QEMU exits 0 (-no-reboot), and so does sluice.
+    let _ = vm.run_for("reboot -f", Duration::from_secs(5));
+    let status = vm.wait_exit(Duration::from_secs(60)).unwrap();
+    assert_eq!(status.code(), Some(0), "{}", vm.console());
+    assert!(processes_in_netns(inode).is_empty());
+}
+
+#[test]
+fn sigkill_of_sluice_vm_takes_the_vmm_and_its_namespace_with_it() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    let policy = w.policy(POLICY);
+    let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, "vm-kill", static_net())).expect("boot");
+    let inode = sandbox_inode(&vm.console());
+    // timeout (vm.pid()) runs sluice as its only child.
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", vm.pid())).unwrap();
+    let sluice: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sluice),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The guest's control port closes: QEMU died with sluice.
+    assert!(vm.run("true").is_err());
+    let _ = vm.wait_exit(Duration::from_secs(60));
+    assert!(eventually(Duration::from_secs(20), || processes_in_netns(
+        inode
+    )
+    .is_empty()));
+}
+
+#[test]
+fn the_vmm_is_told_its_tap_and_guest_and_its_exit_status_passes_through() {
+    let Some(w) = World::new() else { return };
+    let policy = w.policy(POLICY);
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .args(["vm", "--policy"])
+        .arg(&policy)
+        .args(["--state-dir"])
+        .arg(w.state_dir())
+        .args(["--tap", "vmtap", "--user", "65534", "--"])
+        .args([
+            "sh",
+            "-c",
+            "env | grep ^SLUICE_ | sort; ip link show \"$SLUICE_TAP\" && exit 7",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(|child| wait_bounded(child, Duration::from_secs(60)))
+        .unwrap();
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(7), "{text}\n{}", stderr(&out));
+    for line in [
+        "SLUICE_TAP=vmtap",
+        "SLUICE_GUEST_MAC=52:54:00:5c:fe:02",
+        "SLUICE_GUEST_IP=198.19.254.2/30",
+        "SLUICE_GATEWAY=198.19.254.1",
+        "SLUICE_GUEST_IP6=2001:db8:5c:fffe::2/64",
+        "SLUICE_GATEWAY6=2001:db8:5c:fffe::1",
+        "SLUICE_KERNEL_IP_ARG=ip=198.19.254.2::198.19.254.1:255.255.255.252::eth0:off:198.19.254.1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line}: {text}");
+    }
+}
+
+#[test]
+fn bad_vm_addressing_is_refused_with_exit_2_before_anything_runs() {
+    let Some(w) = World::new() else { return };
+    let policy = w.policy(POLICY);
+    let marker = w.dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    for bad in [
+        &["--guest-ip", "198.19.254.2/32"][..],
+        &["--guest-ip", "198.19.254.2/30", "--gateway", "198.18.0.1"],
+        &["--guest-mac", "01:00:5e:00:00:01"],
+        &["--id", "no spaces"],
+    ] {
+        let out = w
+            .outer
+            .command(sluice_bin())
+            .args(["vm", "--policy"])
+            .arg(&policy)
+            .args(bad)
+            .args(["--", "sh", "-c", &touch])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        assert!(!marker.exists());
+    }
+}
+
+/// `sluice vm attach` in the world's namespace for tap [`TAP`] in `netns`;
+/// returns once it serves.
+fn attach(w: &World, policy: &Path, netns: &Path, id: &str) -> Child {
+    let mut child = w
+        .outer
+        .command(sluice_bin())
+        .args(["-v", "vm", "attach", "--policy"])
+        .arg(policy)
+        .arg("--audit")
+        .arg(w.audit_path())
+        .arg("--state-dir")
+        .arg(w.state_dir())
+        .args(["--tap", TAP, "--netns"])
+        .arg(netns)
+        .args([
+            "--guest-mac",
+            MAC,
+            "--guest-ip",
+            GUEST,
+            "--guest-ip6",
+            GUEST6,
+        ])
+        .args(["--id", id])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice vm attach");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut log = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains("serving the tap") {
+                let _ = tx.send(Ok(()));
+            }
+        }
+        let _ = tx.send(Err(log));
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(())) => child,
+        other => {
+            let _ = child.kill();
+            panic!("sluice vm attach did not start serving: {other:?}")
+        }
+    }
+}
+
+fn tables_in(netns: &Path) -> String {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["nft", "list", "tables"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn an_attached_tap_serves_its_guest_and_stays_closed_after_sluice_stops_until_detach() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("198.18.0.1:8080");
+    let hits = w.http_origin("198.18.0.1:8082");
+    let policy = w.policy(POLICY);
+    // The VMM's namespace and its tap, made by someone else: no address.
+    let vmm = OuterNetns::create("sluice-vmm", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let vmm_path: PathBuf = vmm.path();
+    let mut sluice = attach(&w, &policy, &vmm_path, "vm-attached");
+    let mut vm = Vm::boot(
+        &kit,
+        &VmSpec::new(Some(vmm_path.clone()), TAP, MAC, static_net()),
+    )
+    .expect("boot");
+
+    let out = vm
+        .check("sluice probe http http://origin.test:8080/bytes/65536")
+        .unwrap();
+    let want = format!(
+        "HTTP 200 65536 bytes sha256={}",
+        sha256_hex(&pattern(65536))
+    );
+    assert!(out.contains(&want), "{out}");
+    let ran = vm.run("sluice probe http http://198.18.0.1:8082/").unwrap();
+    assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
+    let deny = w
+        .audit()
+        .into_iter()
+        .find(|r| r["verdict"] == "deny")
+        .expect("the deny is audited");
+    assert_eq!(deny["path"], "vm");
+    assert_eq!(deny["sandbox"], "vm-attached");
+
+    // Stopped, sluice leaves the fence: the guest reaches nothing.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sluice.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = sluice.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let tables = tables_in(&vmm_path);
+    assert!(tables.contains("netdev sluice-tap0"), "{tables}");
+    assert!(tables.contains("inet sluice-tap0"), "{tables}");
+    let ran = vm.run("sluice probe http http://198.18.0.1:8080/").unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // The gateway address it added is gone again.
+    let addrs = std::process::Command::new("ip")
+        .args(["-n", vmm.name(), "addr", "show", TAP])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&addrs.stdout).contains(GATEWAY));
+
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .args(["vm", "detach", "--tap", TAP, "--netns"])
+        .arg(&vmm_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tables = tables_in(&vmm_path);
+    assert!(!tables.contains("sluice-tap0"), "{tables}");
+}
+
+/// `sluice daemon` in the world's namespace; killed when dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    audit: PathBuf,
+    config: PathBuf,
+}
+
+impl Daemon {
+    fn start(w: &World) -> Daemon {
+        let socket = w.dir.path().join("daemon.sock");
+        let audit = w.dir.path().join("daemon-audit.jsonl");
+        let config = w.dir.path().join("daemon.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "socket: {}\naudit: {}\ndefaults:\n  state_dir: {}\n",
+                socket.display(),
+                audit.display(),
+                w.state.path().join("daemon-state").display()
+            ),
+        )
+        .unwrap();
+        let mut daemon = Daemon {
+            child: std::process::Command::new("true").spawn().unwrap(),
+            socket,
+            audit,
+            config,
+        };
+        daemon.restart(w);
+        daemon
+    }
+
+    /// Stop it (SIGTERM) if running, and start it again on the same config.
+    fn restart(&mut self, w: &World) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        self.child = w
+            .outer
+            .command(sluice_bin())
+            .args(["-v", "daemon", "--config"])
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the daemon");
+        let socket = self.socket.clone();
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                std::os::unix::net::UnixStream::connect(&socket).is_ok()
+            }),
+            "the daemon did not open its socket"
+        );
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A VMM namespace with a bare tap and a guest booted on it.
+fn vm_on_bare_tap(kit: &Kit, prefix: &str, ip: &str, gateway: &str) -> (OuterNetns, Vm) {
+    let ns = OuterNetns::create(prefix, &[]).expect("VMM namespace");
+    add_tap(ns.name(), TAP, &[]).expect("tap");
+    let net = GuestNet::Static {
+        ip: ip.into(),
+        gateway: gateway.into(),
+        ip6: None,
+        gateway6: None,
+    };
+    let vm = Vm::boot(kit, &VmSpec::new(Some(ns.path()), TAP, MAC, net)).expect("boot");
+    (ns, vm)
+}
+
+#[test]
+fn two_vms_through_one_daemon_get_their_own_policy_and_id_cannot_reach_each_other_and_are_adopted_after_a_restart(
+) {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("198.18.0.1:8080");
+    w.http_origin("198.18.0.1:8081");
+    let policy = |name: &str, port: u16| {
+        let path = w.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!("version: 1\nname: {name}\nrules:\n  - name: origin\n    action: allow\n    cidrs: [\"198.18.0.1/32\"]\n    ports: [{port}]\n"),
+        )
+        .unwrap();
+        path
+    };
+    let mut daemon = Daemon::start(&w);
+    let (_ns_a, mut a) = vm_on_bare_tap(&kit, "sluice-vma", "198.19.254.2/30", "198.19.254.1");
+    let (_ns_b, mut b) = vm_on_bare_tap(&kit, "sluice-vmb", "198.19.253.2/30", "198.19.253.1");
+    for (vm, id, guest, policy) in [
+        (&a, "vm-a", "198.19.254.2/30", policy("policy-a", 8080)),
+        (&b, "vm-b", "198.19.253.2/30", policy("policy-b", 8081)),
+    ] {
+        let out = w
+            .outer
+            .command(sluice_bin())
+            .args(["vm", "attach", "--daemon", "--socket"])
+            .arg(&daemon.socket)
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--tap", TAP, "--pid", &vm.pid().to_string()])
+            .args(["--guest-mac", MAC, "--guest-ip", guest, "--id", id])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{id}: {}", stderr(&out));
+        assert!(stdout(&out).contains("\"path\":\"vm\""), "{}", stdout(&out));
+    }
+
+    assert!(a
+        .check("sluice probe http http://198.18.0.1:8080/")
+        .unwrap()
+        .contains("HTTP 200"));
+    let ran = a.run("sluice probe http http://198.18.0.1:8081/").unwrap();
+    assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
+    assert!(b
+        .check("sluice probe http http://198.18.0.1:8081/")
+        .unwrap()
+        .contains("HTTP 200"));
+    let ran = b.run("sluice probe http http://198.18.0.1:8080/").unwrap();
+    assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
+    // Each other's addresses are denied like any other.
+    let ran = a.run("sluice probe tcp 198.19.253.2:22 --send hi").unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+    let ran = b.run("sluice probe tcp 198.19.254.2:22 --send hi").unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+
+    let denies: Vec<_> = audit_records(&daemon.audit)
+        .into_iter()
+        .filter(|r| r["verdict"] == "deny")
+        .collect();
+    for (id, dst) in [
+        ("vm-a", "198.18.0.1:8081"),
+        ("vm-a", "198.19.253.2:22"),
+        ("vm-b", "198.18.0.1:8080"),
+        ("vm-b", "198.19.254.2:22"),
+    ] {
+        assert!(
+            denies
+                .iter()
+                .any(|r| r["sandbox"] == id && r["dst"] == dst && r["path"] == "vm"),
+            "{id} {dst}: {denies:?}"
+        );
+    }
+
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    for (id, guest, policy) in [
+        ("vm-a", "198.19.254.2/30", "policy-a"),
+        ("vm-b", "198.19.253.2/30", "policy-b"),
+    ] {
+        let vm = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap_or_else(|| panic!("{id} not listed: {listed}"));
+        assert_eq!(vm["path"], "vm");
+        assert_eq!(vm["policy"], policy);
+        assert_eq!(vm["vm"]["tap"], TAP);
+        assert_eq!(vm["vm"]["guest"], guest);
+    }
+
+    // A restarted daemon adopts them again (their VMMs still run).
+    daemon.restart(&w);
+    assert!(eventually(Duration::from_secs(30), || {
+        a.run("sluice probe http http://198.18.0.1:8080/")
+            .is_ok_and(|r| r.output.contains("HTTP 200"))
+    }));
+    let ran = a.run("sluice probe http http://198.18.0.1:8081/").unwrap();
+    assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
+}
