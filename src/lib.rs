@@ -21,11 +21,12 @@
 //! `report` (one-line errors). `policy`
 //! and `bundle` import no tokio and no nftables.
 //!
-//! `unsafe` is forbidden in every module but the three where an API
+//! `unsafe` is forbidden in every module but the four where an API
 //! demands it, one block each: `confine::child` (the one `pre_exec` hook,
-//! which runs a plain-data setup between fork and exec), `confine::init`
-//! (adopting the descriptor sluice passed its init) and `enforce::libnft`
-//! (every call into libnftables); each says why it is sound, and clippy's
+//! which runs a plain-data setup between fork and exec), `enforce::libnft`
+//! (every call into libnftables), `netns::tap` (the tun driver's ioctls)
+//! and `probe::frame` (a `sockaddr_ll` for nix); each says why it is
+//! sound, and clippy's
 //! `undocumented_unsafe_blocks` is denied.
 
 #[forbid(unsafe_code)]

@@ -20,7 +20,6 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -155,16 +154,24 @@ pub fn main() -> ! {
         );
         std::process::exit(2);
     }
-    // SAFETY: sluice created this pipe for this process and passed its
-    // number (checked open above); nothing else in this freshly executed
-    // process owns it.
-    let report = unsafe { OwnedFd::from_raw_fd(args.report_fd) };
-    let mut report = std::fs::File::from(report);
-    // The workload must not inherit it: its close at exec is the "started".
-    let _ = nix::fcntl::fcntl(
-        &report,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    );
+    // Adopted without `unsafe`: the pipe reopened through /proc (a new,
+    // close-on-exec descriptor of the same pipe: the workload must not
+    // inherit it, its close at exec is the "started"), then the inherited
+    // number closed. Nothing else in this freshly executed process uses it.
+    let reopened = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/self/fd/{}", args.report_fd));
+    let _ = nix::unistd::close(args.report_fd);
+    let mut report = match reopened {
+        Ok(report) => report,
+        Err(err) => {
+            eprintln!(
+                "sluice: error: {MARKER}: cannot reopen descriptor {}: {err}",
+                args.report_fd
+            );
+            std::process::exit(2);
+        }
+    };
     let code = match start(&args) {
         Ok((workload, signals)) => {
             drop(report);

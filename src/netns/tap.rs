@@ -37,40 +37,68 @@ fn ifreq(name: &str, flags: libc::c_int) -> io::Result<libc::ifreq> {
             format!("{name:?} is not an interface name (1 to 15 bytes)"),
         ));
     }
-    // SAFETY: ifreq is a plain C struct (a name array and a union of
-    // integers and addresses) for which all-zero bytes are a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (slot, byte) in req.ifr_name.iter_mut().zip(name.bytes()) {
+    let mut ifr_name = [0 as libc::c_char; libc::IFNAMSIZ];
+    for (slot, byte) in ifr_name.iter_mut().zip(name.bytes()) {
         *slot = byte as libc::c_char;
     }
+    // The union's largest member, all zero, then the flags written over
+    // its first bytes (writing a union field is safe; only reading is not).
+    let zero = libc::__c_anonymous_ifru_map {
+        mem_start: 0,
+        mem_end: 0,
+        base_addr: 0,
+        irq: 0,
+        dma: 0,
+        port: 0,
+    };
+    let mut req = libc::ifreq {
+        ifr_name,
+        ifr_ifru: libc::__c_anonymous_ifr_ifru { ifru_map: zero },
+    };
     req.ifr_ifru.ifru_flags = flags as libc::c_short;
     Ok(req)
+}
+
+/// A tun ioctl and its argument, as <linux/if_tun.h> declares them.
+enum TunIoctl<'a> {
+    /// TUNSETIFF: reads (and may write the name back into) one `struct
+    /// ifreq`.
+    SetIff(&'a mut libc::ifreq),
+    /// TUNSETOWNER, TUNSETGROUP, TUNSETPERSIST: an integer taken by value.
+    SetInt(libc::Ioctl, libc::c_ulong),
+}
+
+/// The one place this module calls ioctl(2).
+fn tun_ioctl(file: &File, call: TunIoctl<'_>) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is an open /dev/net/tun descriptor borrowed for the
+    // call. TUNSETIFF gets a pointer to a whole `struct ifreq` (built in
+    // `ifreq`: name and zeroed union, then the flags), which the exclusive
+    // borrow keeps alive and writable for the call; the
+    // integer requests take their argument by value (the kernel follows no
+    // pointer).
+    let rc = unsafe {
+        match call {
+            TunIoctl::SetIff(req) => libc::ioctl(fd, libc::TUNSETIFF, std::ptr::from_mut(req)),
+            TunIoctl::SetInt(request, value) => libc::ioctl(fd, request, value),
+        }
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// TUNSETIFF on `file`: creates the tap `name`, or attaches `file` to it as
 /// one of its queues when it exists.
 fn set_iff(file: &File, name: &str) -> io::Result<()> {
-    let req = ifreq(name, libc::IFF_TAP | libc::IFF_NO_PI)?;
-    // SAFETY: TUNSETIFF reads (and may write back the name into) one
-    // `struct ifreq`, which `req` is, alive and writable for the call; the
-    // descriptor is an open /dev/net/tun.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &req) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    let mut req = ifreq(name, libc::IFF_TAP | libc::IFF_NO_PI)?;
+    tun_ioctl(file, TunIoctl::SetIff(&mut req))
 }
 
 /// One of TUNSETOWNER, TUNSETGROUP, TUNSETPERSIST: an integer argument.
 fn set_int(file: &File, request: libc::Ioctl, value: libc::c_ulong) -> io::Result<()> {
-    // SAFETY: these requests take their argument by value (the kernel reads
-    // `arg` itself as an integer, no pointer is followed); the descriptor
-    // is an open /dev/net/tun attached to a tap.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), request, value) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    tun_ioctl(file, TunIoctl::SetInt(request, value))
 }
 
 fn open_control() -> io::Result<File> {
