@@ -65,6 +65,8 @@ impl Harness {
             path: crate::workload::WorkloadPath::Host,
             default_upstream: Vec::new(),
             metrics: None,
+            budget: Default::default(),
+            lookups: Default::default(),
         });
         Harness {
             ctx,
