@@ -99,12 +99,17 @@ pub struct InternalAddrs {
 
 impl InternalAddrs {
     pub fn contains(&self, dst: SocketAddr) -> bool {
-        let ip = dst.ip();
-        self.ips.contains(&ip)
-            || self
-                .endpoints
-                .iter()
-                .any(|a| a.port() == dst.port() && (a.ip() == ip || a.ip().is_unspecified()))
+        let ip = policy::canonical(dst.ip());
+        if self.holds(ip, dst.port()) {
+            return true;
+        }
+        match ip {
+            IpAddr::V6(v6) => policy::embedded_v4(v6)
+                .into_iter()
+                .flatten()
+                .any(|v4| self.holds(IpAddr::V4(v4), dst.port())),
+            IpAddr::V4(_) => false,
+        }
     }
 
     /// `ip` (canonical) on `port` is one of these.
