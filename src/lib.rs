@@ -4,7 +4,7 @@
 //! top to bottom:
 //!
 //! ```text
-//! cli -> {app, daemon, demo} -> attach -> {enforce, netns, proxy, dns}
+//! cli -> {app, daemon, bench, demo} -> attach -> {enforce, netns, proxy, dns}
 //!     -> {metrics, audit, timing} -> bundle -> policy
 //! ```
 //!
@@ -12,7 +12,9 @@
 //! vm) into an `Attachment` that one `prepare` enforces; `proxy` learns
 //! sluice's internal addresses and its resolver only through its context.
 //! `testbed` (throwaway topology, fast origin, load client) serves the demo,
-//! the probe and the tests and is on no enforcement path. `app` owns
+//! the probe, `bench` and the tests and is on no enforcement path. `bench`
+//! runs sluice, its peers and the native client side by side (the demo's
+//! last step is a short run of it). `app` owns
 //! shutdown: one deadline, which every long-lived task meets through
 //! `drain`. Small leaves that any layer may use: `workload` (the path enum),
 //! `drain`, `confine` (root check, capabilities, descriptor limits),
@@ -29,6 +31,8 @@ pub mod app;
 pub mod attach;
 #[forbid(unsafe_code)]
 pub mod audit;
+#[forbid(unsafe_code)]
+pub mod bench;
 #[forbid(unsafe_code)]
 pub mod bundle;
 #[forbid(unsafe_code)]

@@ -451,3 +451,161 @@ fn status_without_a_daemon_says_to_start_one_and_exits_4() {
     assert!(text.contains("no sluice daemon answers"), "{text}");
     assert!(text.contains("sluice daemon --config FILE"), "{text}");
 }
+
+// ------------------------------------------------------ audit checkpoints
+
+/// `sluice audit keygen --state-dir DIR/state`: the key's public half.
+fn audit_keygen(dir: &Path) -> String {
+    let state = dir.join("state");
+    let out = sluice(&["audit", "keygen", "--state-dir", state.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", said(&out));
+    stdout(&out).trim().to_string()
+}
+
+/// A log of `n` denies signed with the key in DIR/state, checkpoints every
+/// `every` records and at the end, written as sluice writes it.
+fn signed_log(dir: &Path, n: usize, every: u64) -> std::path::PathBuf {
+    use sluice::audit::{AuditEvent, AuditKey, AuditOptions, AuditWriter, CheckpointOptions};
+    let path = dir.join("audit.jsonl");
+    let key = std::sync::Arc::new(AuditKey::open_or_create(&dir.join("state")).unwrap());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let opts = AuditOptions {
+            checkpoints: Some(CheckpointOptions {
+                key,
+                every_records: every,
+                interval: std::time::Duration::ZERO,
+            }),
+            ..AuditOptions::default()
+        };
+        let (log, writer) = AuditWriter::with_options(Some(&path), opts);
+        let task = tokio::spawn(writer.run());
+        for _ in 0..n {
+            log.record(AuditEvent {
+                sandbox: "sb".into(),
+                path: sluice::workload::WorkloadPath::Host,
+                verdict: "deny",
+                rule: None,
+                reason: "no-rule",
+                proto: sluice::audit::Proto::Tcp,
+                src: None,
+                dst: Some("198.18.0.2:7000".parse().unwrap()),
+                host: None,
+                bundle: "b".into(),
+            })
+            .await;
+        }
+        drop(log);
+        task.await.unwrap().unwrap();
+    });
+    path
+}
+
+#[test]
+fn audit_keygen_writes_a_key_only_its_owner_reads_prints_the_public_key_and_never_overwrites() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let public = audit_keygen(dir.path());
+    assert_eq!(public.len(), 64, "{public}");
+    let key = dir.path().join("state/audit.key");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let trust = std::fs::read_to_string(dir.path().join("state/audit.pub")).unwrap();
+    assert!(trust.contains(&public), "{trust}");
+    let state = dir.path().join("state");
+    let again = sluice(&["audit", "keygen", "--state-dir", state.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(2), "{}", said(&again));
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        stderr(&again)
+    );
+}
+
+#[test]
+fn audit_verify_with_the_key_says_every_record_is_anchored_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let public = audit_keygen(dir.path());
+    let log = signed_log(dir.path(), 7, 3);
+    let out = sluice(&["audit", "verify", "--key", &public, log.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", said(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("chain intact: 7 records and 3 checkpoints"),
+        "{text}"
+    );
+    assert!(text.contains("3 checkpoints verified"), "{text}");
+    assert!(text.contains("every record is anchored"), "{text}");
+}
+
+#[test]
+fn audit_verify_with_the_key_file_says_how_many_records_are_unanchored_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    audit_keygen(dir.path());
+    let log = signed_log(dir.path(), 7, 3);
+    // The shutdown checkpoint is lost (sluice was killed before it).
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::write(&log, lines[..lines.len() - 1].join("\n") + "\n").unwrap();
+    let public = dir.path().join("state/audit.pub");
+    let out = sluice(&[
+        "audit",
+        "verify",
+        "--key",
+        public.to_str().unwrap(),
+        log.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("1 record after the newest checkpoint (seq 7) is unanchored"),
+        "{text}"
+    );
+}
+
+#[test]
+fn audit_verify_without_a_key_says_checkpoints_were_not_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = signed_log(dir.path(), 2, 0);
+    let out = sluice(&["audit", "verify", log.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        stdout(&out).contains("checkpoints not verified: no --key given"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn audit_verify_of_a_checkpoint_under_another_key_exits_1_naming_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = signed_log(dir.path(), 2, 0);
+    let other = tempfile::tempdir().unwrap();
+    let public = audit_keygen(other.path());
+    let out = sluice(&["audit", "verify", "--key", &public, log.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with(&format!("{}:3: the checkpoint names key", log.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn audit_verify_with_a_key_that_is_not_one_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = signed_log(dir.path(), 1, 0);
+    let out = sluice(&[
+        "audit",
+        "verify",
+        "--key",
+        "/nonexistent/audit.pub",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        stderr(&out).contains("--key /nonexistent/audit.pub"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -55,10 +55,19 @@ fn the_demo_shows_each_step_and_cleans_up() {
         text.contains("1 request(s) on :8080, 0 on :9090, 0 UDP datagram(s)"),
         "{text}"
     );
+    // Step 10 compares direct and sluice side by side and points further.
+    assert!(step(10).contains("direct "), "{}", step(10));
+    assert!(step(10).contains("x native"), "{}", step(10));
+    assert!(step(10).contains("sluice bench --out DIR"), "{}", step(10));
     assert!(text.contains("Cleaned up"), "{text}");
     let namespaces = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(
         !stdout(&namespaces).contains(&format!("sluice-demo-{pid}-")),
+        "{}",
+        stdout(&namespaces)
+    );
+    assert!(
+        !stdout(&namespaces).contains(&format!("sluice-bench-{pid}-")),
         "{}",
         stdout(&namespaces)
     );

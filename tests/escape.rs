@@ -363,7 +363,12 @@ fn a_root_workload_cannot_truncate_or_rewrite_the_audit_log() {
     let out = finish(sluice_run(
         &w,
         &w.policy(STRICT),
-        &["--audit", audit.to_str().unwrap()],
+        &[
+            "--audit",
+            audit.to_str().unwrap(),
+            "--state-dir",
+            w.state_dir().to_str().unwrap(),
+        ],
         &["sh", "-c", &script],
     ));
     let text = stdout(&out);
@@ -377,6 +382,53 @@ fn a_root_workload_cannot_truncate_or_rewrite_the_audit_log() {
         .unwrap();
     assert!(verify.status.success(), "{}", stdout(&verify));
     assert_eq!(w.audit().len(), 1);
+}
+
+#[test]
+fn a_root_workload_cannot_read_or_replace_the_audit_checkpoint_key() {
+    let Some(w) = World::new() else { return };
+    let audit = w.audit_path();
+    let key = w.state_dir().join("audit.key");
+    let script = format!(
+        "{bin} probe tcp 198.18.0.2:7000 --send x; \
+         grep -q ed25519_pkcs8 {k} 2>/dev/null && echo READ; \
+         cp {k} {stolen} 2>/dev/null && grep -q ed25519_pkcs8 {stolen} && echo COPIED; \
+         rm -f {k} 2>/dev/null && [ ! -e {k} ] && echo REMOVED; \
+         mv {k} {k}.old 2>/dev/null && echo MOVED; \
+         echo done",
+        bin = sluice_bin(),
+        k = key.display(),
+        stolen = w.dir.path().join("stolen").display(),
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[
+            "--audit",
+            audit.to_str().unwrap(),
+            "--state-dir",
+            w.state_dir().to_str().unwrap(),
+        ],
+        &["sh", "-c", &script],
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("done"), "{text}\n{}", stderr(&out));
+    for what in ["READ", "COPIED", "REMOVED", "MOVED"] {
+        assert!(!text.contains(what), "{what}: {text}");
+    }
+    // The key on the host is the one that signed this run's checkpoint
+    // (what the workload could open there was /dev/null, writes included).
+    let checkpoints = audit_checkpoints(&audit);
+    assert_eq!(checkpoints.len(), 1);
+    let on_host = sluice::audit::AuditKey::open_or_create(&w.state_dir()).unwrap();
+    assert_eq!(checkpoints[0]["key"], on_host.id());
+    let verify = std::process::Command::new(sluice_bin())
+        .args(["audit", "verify", "--key"])
+        .arg(w.state_dir().join("audit.pub"))
+        .arg(&audit)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", stdout(&verify));
 }
 
 #[test]
@@ -429,6 +481,8 @@ fn a_root_workload_cannot_rewrite_a_rotated_audit_log() {
             audit.to_str().unwrap(),
             "--audit-max-bytes",
             "300",
+            "--state-dir",
+            w.state_dir().to_str().unwrap(),
         ],
         &["sh", "-c", &script],
     ));
@@ -448,7 +502,14 @@ fn a_rotating_audit_log_in_the_working_directory_is_refused_before_anything_runs
     let mut cmd = sluice_run(
         &w,
         &w.policy(STRICT),
-        &["--audit", "audit.jsonl", "--audit-max-bytes", "1000"],
+        &[
+            "--audit",
+            "audit.jsonl",
+            "--audit-max-bytes",
+            "1000",
+            "--state-dir",
+            w.state_dir().to_str().unwrap(),
+        ],
         &["touch", marker.to_str().unwrap()],
     );
     cmd.current_dir(w.dir.path());

@@ -358,6 +358,8 @@ fn every_metric_has_help_and_type() {
         "sluice_bundle_reloads_total",
         "sluice_build_info",
         "sluice_audit_waits_total",
+        "sluice_audit_head_seq",
+        "sluice_audit_checkpoint_seq",
     ] {
         assert!(
             text.contains(&format!("# HELP {name} ")),
@@ -574,12 +576,17 @@ async fn tampered(f: impl FnOnce(&mut Vec<String>)) -> audit::VerifyError {
 
 #[tokio::test]
 async fn verify_detects_an_edited_line() {
+    // The line no longer matches its own hash.
     let err = tampered(|l| l[4] = l[4].replace("\"deny\"", "\"allow\"")).await;
-    assert_eq!(err.line, 6, "{err}");
-    assert!(err.what.contains("line 5 was edited"), "{err}");
+    assert_eq!(err.line, 5, "{err}");
+    assert!(err.what.contains("this line was edited"), "{err}");
     // A one-character change without touching JSON structure, too.
     let err = tampered(|l| l[2] = l[2].replace("198.18.0.1", "198.18.0.2")).await;
-    assert_eq!(err.line, 4, "{err}");
+    assert_eq!(err.line, 3, "{err}");
+    // Given a fresh hash, it breaks the next line's prev.
+    let err = tampered(|l| l[4] = resealed(&l[4], |b| b.replace("\"deny\"", "\"allow\""))).await;
+    assert_eq!(err.line, 6, "{err}");
+    assert!(err.what.contains("line 5 was edited"), "{err}");
 }
 
 #[tokio::test]
@@ -711,6 +718,373 @@ async fn rotation_keeps_one_chain_across_files() {
     write_log(&path, 2).await;
     let summary = audit::verify_rotated(&path, &Genesis::Fresh).unwrap();
     assert_eq!(summary.records, 5);
+}
+
+// ------------------------------------------------------ signed checkpoints
+
+fn signing_key(dir: &Path, name: &str) -> Arc<audit::AuditKey> {
+    Arc::new(audit::AuditKey::create(&dir.join(name)).unwrap())
+}
+
+fn public(key: &audit::AuditKey) -> audit::CheckpointKeys {
+    audit::CheckpointKeys::parse(&key.public_hex()).unwrap()
+}
+
+/// `n` records with a checkpoint signed by `key` every `every` records and
+/// at the end (never by time).
+async fn write_signed_log(path: &Path, key: &Arc<audit::AuditKey>, n: usize, every: u64) {
+    let opts = AuditOptions {
+        checkpoints: Some(audit::CheckpointOptions {
+            key: key.clone(),
+            every_records: every,
+            interval: Duration::ZERO,
+        }),
+        ..AuditOptions::default()
+    };
+    write_log_with(path, n, opts).await;
+}
+
+async fn write_log_with(path: &Path, n: usize, opts: AuditOptions) {
+    let (log, writer) = AuditWriter::with_options(Some(path), opts);
+    let task = tokio::spawn(writer.run());
+    for i in 0..n {
+        log.record(deny(i)).await;
+    }
+    drop(log);
+    assert_eq!(task.await.unwrap().unwrap(), n as u64);
+}
+
+fn verify_signed(
+    path: &Path,
+    key: &audit::AuditKey,
+    anchor: Option<(u64, Option<String>)>,
+) -> Result<audit::VerifySummary, audit::VerifyError> {
+    let options = audit::VerifyOptions {
+        keys: Some(public(key)),
+        anchor,
+        ..audit::VerifyOptions::default()
+    };
+    audit::verify_log(path, &options)
+}
+
+/// `line` with `edit` applied to its bytes and its hash made to match again,
+/// as someone who can write the file would do.
+fn resealed(line: &str, edit: impl FnOnce(&str) -> String) -> String {
+    let (body, _) = audit::unseal(line);
+    audit::seal(&edit(&body)).0
+}
+
+fn kinds(path: &Path) -> Vec<(u64, bool)> {
+    lines(path)
+        .iter()
+        .map(|l| {
+            let line = audit::AuditLine::parse(l).unwrap();
+            (line.seq(), matches!(line, audit::AuditLine::Checkpoint(_)))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_checkpoint_is_signed_every_n_records_and_when_the_producers_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    write_signed_log(&path, &key, 12, 5).await;
+    let checkpoints: Vec<u64> = kinds(&path)
+        .into_iter()
+        .filter(|(_, c)| *c)
+        .map(|(seq, _)| seq)
+        .collect();
+    assert_eq!(checkpoints, [5, 11, 14]);
+    let summary = verify_signed(&path, &key, None).unwrap();
+    assert_eq!((summary.records, summary.checkpoints), (12, 3));
+    assert_eq!((summary.last_checkpoint, summary.unanchored), (Some(14), 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_is_signed_once_a_record_has_waited_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    let opts = AuditOptions {
+        checkpoints: Some(audit::CheckpointOptions {
+            key: key.clone(),
+            every_records: 0,
+            interval: Duration::from_secs(10),
+        }),
+        ..AuditOptions::default()
+    };
+    let (log, writer) = AuditWriter::with_options(Some(&path), opts);
+    let task = tokio::spawn(writer.run());
+    log.record(deny(1)).await;
+    // The producer stays: only the interval can bring the checkpoint.
+    let mut waited = 0;
+    while log.head().checkpoint.is_none() {
+        assert!(
+            waited < 10_000,
+            "no checkpoint after {waited} virtual ticks"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += 1;
+    }
+    assert_eq!(log.head().checkpoint.unwrap().seq, 1);
+    assert_eq!(kinds(&path), [(0, false), (1, true)]);
+    drop(log);
+    task.await.unwrap().unwrap();
+    // Nothing was left to sign at the end.
+    assert_eq!(kinds(&path).len(), 2);
+}
+
+#[tokio::test]
+async fn the_head_written_is_exported_with_its_hash_and_as_gauges() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry).unwrap();
+    let (head_gauge, checkpoint_gauge) = metrics.audit_head_gauges();
+    let (_, s) = scrape(&registry);
+    assert_eq!(value(&s, "sluice_audit_head_seq", &[]), Some(-1.0));
+    let opts = AuditOptions {
+        checkpoints: Some(audit::CheckpointOptions {
+            key: key.clone(),
+            every_records: 3,
+            interval: Duration::ZERO,
+        }),
+        head_gauge: Some(head_gauge),
+        checkpoint_gauge: Some(checkpoint_gauge),
+        ..AuditOptions::default()
+    };
+    let (log, writer) = AuditWriter::with_options(Some(&path), opts);
+    let task = tokio::spawn(writer.run());
+    for i in 0..4 {
+        log.record(deny(i)).await;
+    }
+    // Lines 0-2, checkpoint 3, line 4: wait until line 4 is written.
+    while log.head().head.as_ref().is_none_or(|h| h.seq < 4) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let head = log.head();
+    let last = lines(&path).last().unwrap().clone();
+    assert_eq!(head.file.as_deref(), Some(path.as_path()));
+    assert_eq!(head.key.as_deref(), Some(key.id()));
+    assert_eq!(head.head.as_ref().unwrap().hash, audit::line_hash(&last));
+    assert_eq!(head.checkpoint.as_ref().unwrap().seq, 3);
+    assert_eq!(head.unanchored(), 1);
+    let (_, s) = scrape(&registry);
+    assert_eq!(value(&s, "sluice_audit_head_seq", &[]), Some(4.0));
+    assert_eq!(value(&s, "sluice_audit_checkpoint_seq", &[]), Some(3.0));
+    drop(log);
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn verify_catches_an_edited_last_line_by_its_own_hash() {
+    let err = tampered(|l| {
+        let last = l.len() - 1;
+        l[last] = l[last].replace("\"deny\"", "\"allow\"");
+    })
+    .await;
+    assert_eq!(err.line, 10, "{err}");
+    assert!(err.what.contains("this line was edited"), "{err}");
+}
+
+#[tokio::test]
+async fn verify_with_the_key_catches_a_resealed_last_record_under_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    write_signed_log(&path, &key, 10, 0).await;
+    let mut l = lines(&path);
+    // Line 10 is the last record, line 11 the shutdown checkpoint.
+    l[9] = resealed(&l[9], |b| b.replace("\"deny\"", "\"allow\""));
+    write_lines(&path, &l);
+    let err = verify_signed(&path, &key, None).unwrap_err();
+    assert_eq!(err.line, 11, "{err}");
+    assert!(
+        err.what
+            .contains("the checkpoint's prev is not the hash of line 10"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn verify_with_the_key_catches_a_checkpoint_whose_signature_was_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    write_signed_log(&path, &key, 10, 0).await;
+    let mut l = lines(&path);
+    // Rewrite a record and the checkpoint's prev to match: only the
+    // signature can tell.
+    l[9] = resealed(&l[9], |b| b.replace("\"deny\"", "\"allow\""));
+    let new_prev = audit::line_hash(&l[9]);
+    let old_prev = audit::line_hash(&lines(&path)[9]);
+    l[10] = resealed(&l[10], |b| b.replace(&old_prev, &new_prev));
+    write_lines(&path, &l);
+    let err = verify_signed(&path, &key, None).unwrap_err();
+    assert_eq!(err.line, 11, "{err}");
+    assert!(err.what.starts_with("bad signature"), "{err}");
+    // Without the key only the chain is checked, and it holds.
+    audit::verify(&path).unwrap();
+}
+
+#[tokio::test]
+async fn verify_with_the_key_catches_a_checkpoint_signed_with_another_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    let forger = signing_key(dir.path(), "forger");
+    write_signed_log(&path, &key, 10, 0).await;
+    let mut l = lines(&path);
+    l[9] = resealed(&l[9], |b| b.replace("\"deny\"", "\"allow\""));
+    let forged = forger.checkpoint("2025-01-01T00:00:00Z".into(), 10, audit::line_hash(&l[9]));
+    l[10] = audit::seal(&serde_json::to_string(&forged).unwrap()).0;
+    write_lines(&path, &l);
+    let err = verify_signed(&path, &key, None).unwrap_err();
+    assert_eq!(err.line, 11, "{err}");
+    assert!(err.what.contains("not the key given"), "{err}");
+}
+
+#[tokio::test]
+async fn verify_with_the_key_catches_a_signed_checkpoint_whose_head_is_not_the_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    write_signed_log(&path, &key, 10, 0).await;
+    let mut l = lines(&path);
+    // A genuine signature, over a head this chain does not have.
+    let elsewhere = key.checkpoint("2025-01-01T00:00:00Z".into(), 10, "ab".repeat(32));
+    l[10] = audit::seal(&serde_json::to_string(&elsewhere).unwrap()).0;
+    write_lines(&path, &l);
+    let err = verify_signed(&path, &key, None).unwrap_err();
+    assert_eq!(err.line, 11, "{err}");
+    assert!(
+        err.what.contains("the checkpoint's prev is not the hash"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn verify_catches_a_tail_cut_before_the_last_checkpoint_against_the_anchored_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    write_signed_log(&path, &key, 12, 5).await;
+    // The head an outside collector kept (what `sluice status` showed).
+    let head = verify_signed(&path, &key, None).unwrap();
+    let anchor = Some((head.last_seq.unwrap(), Some(head.last_hash.clone())));
+    // Cut right after the checkpoint at seq 11: what is left is a valid log
+    // on its own, ending in a valid checkpoint.
+    let l = lines(&path);
+    write_lines(&path, &l[..12]);
+    verify_signed(&path, &key, None).unwrap();
+    let err = verify_signed(&path, &key, anchor).unwrap_err();
+    assert_eq!(err.line, 13, "{err}");
+    assert!(
+        err.what
+            .contains("the log ends at seq 11, but seq 14 was anchored"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn verify_catches_a_resealed_line_that_differs_from_the_anchored_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 5).await;
+    let head = audit::verify(&path).unwrap();
+    let anchor = Some((4, Some(head.last_hash.clone())));
+    let mut l = lines(&path);
+    l[4] = resealed(&l[4], |b| b.replace("\"deny\"", "\"allow\""));
+    write_lines(&path, &l);
+    audit::verify(&path).unwrap();
+    let options = audit::VerifyOptions {
+        anchor,
+        ..audit::VerifyOptions::default()
+    };
+    let err = audit::verify_log(&path, &options).unwrap_err();
+    assert_eq!(err.line, 5, "{err}");
+    assert!(err.what.contains("as anchored"), "{err}");
+}
+
+#[tokio::test]
+async fn verify_with_the_key_reports_records_after_the_last_checkpoint_as_unanchored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    write_signed_log(&path, &key, 12, 5).await;
+    // Lose the shutdown checkpoint (sluice was killed before writing it).
+    let l = lines(&path);
+    write_lines(&path, &l[..l.len() - 1]);
+    let summary = verify_signed(&path, &key, None).unwrap();
+    assert_eq!(summary.last_checkpoint, Some(11));
+    assert_eq!(summary.unanchored, 2);
+}
+
+#[tokio::test]
+async fn verify_with_the_key_passes_an_untouched_signed_log_across_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    let opts = AuditOptions {
+        max_bytes: Some(4 * 1024),
+        keep: 50,
+        checkpoints: Some(audit::CheckpointOptions {
+            key: key.clone(),
+            every_records: 7,
+            interval: Duration::ZERO,
+        }),
+        ..AuditOptions::default()
+    };
+    write_log_with(&path, 100, opts).await;
+    assert!(audit::rotated_set(&path).len() >= 3);
+    let summary = verify_signed(&path, &key, None).unwrap();
+    assert_eq!(summary.records, 100);
+    assert_eq!(summary.checkpoints, 100 / 7 + 1);
+    assert_eq!(summary.unanchored, 0);
+}
+
+#[tokio::test]
+async fn a_log_written_before_lines_carried_a_hash_verifies_and_is_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 3).await;
+    // The old format: no hash member, prev the hash of the whole line.
+    let mut old: Vec<String> = Vec::new();
+    let mut prev = audit::GENESIS.to_string();
+    for line in lines(&path) {
+        let (body, _) = audit::unseal(&line);
+        let mut record: AuditRecord = serde_json::from_str(&body).unwrap();
+        record.prev = prev.clone();
+        let text = serde_json::to_string(&record).unwrap();
+        prev = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
+        old.push(text);
+    }
+    write_lines(&path, &old);
+    assert_eq!(audit::verify(&path).unwrap().last_hash, prev);
+    write_log(&path, 2).await;
+    assert_eq!(audit::verify(&path).unwrap().records, 5);
+}
+
+#[tokio::test]
+async fn tail_prints_checkpoints_readably_and_filters_them_as_a_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let key = signing_key(dir.path(), "state");
+    write_signed_log(&path, &key, 4, 0).await;
+    let mut out = Vec::new();
+    let opts = TailOptions {
+        verdict: Some("checkpoint".into()),
+        ..TailOptions::default()
+    };
+    audit::tail(&path, &opts, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains(&format!("checkpoint key {} signs seq ..3 [#4]", key.id())),
+        "{text}"
+    );
 }
 
 #[tokio::test]

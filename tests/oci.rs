@@ -13,8 +13,8 @@
 //! The image (busybox, sluice, nft) is built once per test binary with
 //! containers/build-image.sh and removed when the binary exits.
 //!
-//! Start-time numbers (not asserted; run on demand):
-//!   cargo test --test oci -- --ignored --nocapture start_time
+//! Start-time numbers (reported, not asserted; 20 starts on demand):
+//!   SLUICE_START_RUNS=20 cargo test --release --test oci -- --nocapture start_time
 
 mod common;
 
@@ -114,18 +114,7 @@ fn build_env() -> Result<OciEnv, String> {
     .map_err(|e| e.to_string())?;
 
     let image = format!("localhost/sluice-test:{pid}");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("containers/build-image.sh");
-    let out = Command::new(&script)
-        .args(["--sluice", sluice_bin(), "--add", "nft", "--tag", &image])
-        .env("CONTAINERS_CONF", &conf)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "building the test image failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    build_test_image(&image, &["nft"], Some(&conf))?;
     // SAFETY: registers a plain extern "C" function with no arguments.
     unsafe { libc::atexit(remove_env) };
     Ok(OciEnv { image, dir, conf })
@@ -212,21 +201,32 @@ struct Daemon {
     audit: PathBuf,
     log: PathBuf,
     config: PathBuf,
+    /// Its state dir, audit checkpoint key included: apart from the temp
+    /// dir, which containers bind.
+    state: PathBuf,
 }
 
 impl Daemon {
     /// A daemon with its own socket, audit log and state dir (bundle
     /// revisions and restart records stay in the test's temp dir).
     fn start(w: &World, env: &OciEnv) -> Daemon {
+        Daemon::start_with(w, env, "")
+    }
+
+    /// [`start`](Self::start) with more lines of config.
+    fn start_with(w: &World, env: &OciEnv, more: &str) -> Daemon {
         let socket = unique(w, "daemon.sock");
         let audit = unique(w, "daemon-audit.jsonl");
         let log = unique(w, "daemon.log");
         let config = unique(w, "daemon.yaml");
-        let state = unique(w, "daemon-state");
+        let state = w.state.path().join(format!(
+            "daemon-state.{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::write(
             &config,
             format!(
-                "socket: {}\naudit: {}\ndefaults:\n  state_dir: {}\n",
+                "socket: {}\naudit: {}\n{more}defaults:\n  state_dir: {}\n",
                 socket.display(),
                 audit.display(),
                 state.display()
@@ -239,6 +239,7 @@ impl Daemon {
             audit,
             log,
             config,
+            state,
         };
         daemon.wait_for_socket();
         daemon
@@ -400,6 +401,8 @@ fn container_command(
                 .arg(policy)
                 .arg("--audit")
                 .arg(w.audit_path())
+                .arg("--state-dir")
+                .arg(w.state_dir())
                 .args(["--", "podman", "run"]);
             cmd
         }
@@ -1366,6 +1369,86 @@ fn status_lists_an_attached_container_with_its_policy_and_counts() {
     assert_eq!(json[0]["id"], id.as_str());
     let out = wait_bounded(child, Duration::from_secs(60));
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn status_shows_the_head_of_the_daemons_audit_log() {
+    let Some((w, env)) = setup() else { return };
+    // No checkpoint by time: the head stays where the deny left it.
+    let daemon = Daemon::start_with(&w, env, "audit_checkpoint_interval: 0s\n");
+    let ran = run_container(
+        &w,
+        env,
+        Via::Hook(&daemon),
+        &w.policy(POLICY),
+        &[],
+        "sluice probe http http://198.18.0.1:8082/; echo container-ran",
+    );
+    assert!(ran.stdout().contains("HTTP 403"), "{}", ran.stderr());
+    let last_line = || {
+        std::fs::read_to_string(&daemon.audit)
+            .unwrap_or_default()
+            .lines()
+            .last()
+            .map(str::to_string)
+    };
+    let head = || {
+        let out = Command::new(sluice_bin())
+            .args(["status", "--audit", "--json", "--socket"])
+            .arg(&daemon.socket)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("head JSON")
+    };
+    let mut shown = serde_json::Value::Null;
+    let mut line = String::new();
+    let agrees = eventually(Duration::from_secs(30), || {
+        let Some(last) = last_line() else {
+            return false;
+        };
+        line = last;
+        shown = head();
+        shown["head"]["hash"] == sluice::audit::line_hash(&line).as_str()
+    });
+    assert!(agrees, "status {shown} is not the log's last line {line}");
+    let record: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(shown["head"]["seq"], record["seq"]);
+    assert_eq!(shown["file"], daemon.audit.to_str().unwrap());
+    assert!(
+        shown["key"].as_str().unwrap().starts_with("audit-"),
+        "{shown}"
+    );
+    // The table says the same on its first line.
+    let out = Command::new(sluice_bin())
+        .args(["status", "--socket"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    let table = stdout(&out);
+    let first = table.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(&format!(
+            "head seq {} {}",
+            record["seq"],
+            sluice::audit::line_hash(&line)
+        )),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_bind_mount_that_reaches_the_audit_checkpoint_key_is_refused_whichever_way_in() {
+    both_ways(|w, env, via| {
+        let state = match via {
+            Via::Wrapper => w.state.path().to_path_buf(),
+            Via::Hook(daemon) => daemon.state.clone(),
+        };
+        let volume = format!("{}:/x", state.display());
+        let form = &["-v", volume.as_str()];
+        let ran = run_container(w, env, via, &w.policy(POLICY), form, "echo container-ran");
+        assert_refused(&ran, via, form, "audit checkpoint signing key");
+    });
 }
 
 #[test]

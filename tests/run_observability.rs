@@ -32,6 +32,8 @@ fn start(w: &World, flags: &[&str], script: &str) -> (std::process::Child, Strin
         .arg(w.policy(POLICY))
         .arg("--audit")
         .arg(w.audit_path())
+        .arg("--state-dir")
+        .arg(w.state_dir())
         .args(flags)
         .args(["--", "sh", "-c", script]);
     let mut child = cmd
@@ -349,4 +351,103 @@ fn scrapes_and_connections_both_succeed_at_once() {
     assert!(requests >= 2, "{text}");
     assert!(text.contains("fails=0"), "{text}\n{}", stderr(&out));
     assert!(scrapes >= 3);
+}
+
+/// `sluice run --policy POLICY --audit A --state-dir S FLAGS -- argv`, to
+/// completion.
+fn run_with(w: &World, flags: &[&str], argv: &[&str]) -> std::process::Output {
+    let mut cmd = w.outer.command(sluice_bin());
+    cmd.arg("run")
+        .arg("--policy")
+        .arg(w.policy(POLICY))
+        .arg("--audit")
+        .arg(w.audit_path())
+        .arg("--state-dir")
+        .arg(w.state_dir())
+        .args(flags)
+        .arg("--")
+        .args(argv);
+    wait_bounded(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn a_signed_checkpoint_is_written_at_shutdown_and_anchors_every_record() {
+    let Some(w) = World::new() else { return };
+    // Neither by count nor by time: only shutdown can sign.
+    let out = run_with(
+        &w,
+        &[
+            "--audit-checkpoint-records",
+            "0",
+            "--audit-checkpoint-interval",
+            "0s",
+        ],
+        &[sluice_bin(), "probe", "http", "http://198.18.0.1:8081/"],
+    );
+    assert!(stdout(&out).contains("HTTP 403"), "{}", stderr(&out));
+    let lines = audit_lines(&w.audit_path());
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["verdict"], "deny");
+    assert_eq!(lines[1]["kind"], "checkpoint", "{lines:?}");
+    let public = w.state_dir().join("audit.pub");
+    let verify = std::process::Command::new(sluice_bin())
+        .args(["audit", "verify", "--key"])
+        .arg(&public)
+        .arg(w.audit_path())
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", stdout(&verify));
+    assert!(
+        stdout(&verify).contains("every record is anchored"),
+        "{}",
+        stdout(&verify)
+    );
+}
+
+#[test]
+fn the_audit_head_seq_is_exported_as_a_metric() {
+    let Some(w) = World::new() else { return };
+    let bin = sluice_bin();
+    let script = format!(
+        "{bin} probe http http://198.18.0.1:8081/ >/dev/null; echo ready; {}",
+        w.wait_for_go()
+    );
+    let (child, _) = start(
+        &w,
+        &[
+            "--metrics",
+            "127.0.0.1:19467",
+            "--audit-checkpoint-interval",
+            "0s",
+        ],
+        &script,
+    );
+    let mut text = String::new();
+    let shown = eventually(Duration::from_secs(20), || {
+        text = w
+            .http_get_outer("127.0.0.1:19467", "/metrics")
+            .expect("scrape");
+        metric_value(&text, "sluice_audit_head_seq", &[]).is_some_and(|v| v >= 0.0)
+    });
+    let lines = audit_lines(&w.audit_path());
+    let _ = finish(&w, child);
+    assert!(shown, "the head never showed the deny:\n{text}");
+    let last = lines.last().expect("a record");
+    assert_eq!(
+        metric_value(&text, "sluice_audit_head_seq", &[]),
+        last["seq"].as_f64(),
+        "{text}"
+    );
+    // No checkpoint is due yet (1000 records, no interval).
+    assert_eq!(
+        metric_value(&text, "sluice_audit_checkpoint_seq", &[]),
+        Some(-1.0),
+        "{text}"
+    );
 }

@@ -200,17 +200,22 @@ fn a_guest_booted_for_dhcp_gets_its_address_from_sluices_responder() {
     assert!(out.contains("HTTP 200"), "{out}");
 }
 
-/// Measurement, not a check of behaviour: `cargo test --test vm_kit --
-/// --ignored --nocapture boot_to_first_reply` boots 10 guests one after
-/// another and prints the time from starting QEMU to the guest's ready line
-/// and to its first HTTP reply from the host side of the tap.
+/// Every fresh boot answers its first request; the times are reported, not
+/// asserted. One boot in the suite; for the 10-boot measurement:
+///   SLUICE_BOOT_RUNS=10 cargo test --test vm_kit -- --nocapture boot_to_first_reply
+/// prints the time from starting QEMU to the guest's ready line and to its
+/// first HTTP reply from the host side of the tap.
 #[test]
-#[ignore = "a measurement: run it by name"]
-fn boot_to_first_reply_of_ten_boots() {
+fn boot_to_first_reply_of_each_fresh_boot() {
     let Some((kit, ns)) = tap_world() else { return };
+    let runs: usize = std::env::var("SLUICE_BOOT_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let mut ready = Vec::new();
     let mut first_reply = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..runs {
         let started = Instant::now();
         let mut vm = Vm::boot(&kit, &static_spec(&ns)).expect("boot");
         let out = vm
@@ -220,18 +225,20 @@ fn boot_to_first_reply_of_ten_boots() {
         first_reply.push(started.elapsed());
         ready.push(vm.boot_time);
     }
-    let median = |v: &mut Vec<Duration>| {
+    let summary = |v: &mut Vec<Duration>| {
         v.sort();
-        v[v.len() / 2 - 1].saturating_add(v[v.len() / 2]) / 2
+        let n = v.len();
+        let median = if n % 2 == 0 {
+            v[n / 2 - 1].saturating_add(v[n / 2]) / 2
+        } else {
+            v[n / 2]
+        };
+        format!("median {median:?} (min {:?}, max {:?})", v[0], v[n - 1])
     };
     println!(
-        "boots: 10; to ready: median {:?} (min {:?}, max {:?}); to first HTTP reply: median {:?} (min {:?}, max {:?})",
-        median(&mut ready),
-        ready[0],
-        ready[9],
-        median(&mut first_reply),
-        first_reply[0],
-        first_reply[9]
+        "boots: {runs}; to ready: {}; to first HTTP reply: {}",
+        summary(&mut ready),
+        summary(&mut first_reply)
     );
 }
 

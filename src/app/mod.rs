@@ -75,6 +75,9 @@ pub struct Services {
 pub struct ServiceOptions {
     pub audit: Option<PathBuf>,
     pub audit_max_bytes: Option<u64>,
+    /// Where the audit log's checkpoint key is, and when checkpoints are
+    /// signed (only with `audit`).
+    pub checkpoints: CheckpointSettings,
     pub audit_allows: bool,
     pub timings: Option<PathBuf>,
     pub metrics: Option<SocketAddr>,
@@ -82,11 +85,43 @@ pub struct ServiceOptions {
     pub default_upstream: Vec<SocketAddr>,
 }
 
+/// Signed checkpoints of the audit log.
+#[derive(Debug, Clone)]
+pub struct CheckpointSettings {
+    /// The state directory that holds (or will hold) `audit.key`.
+    pub state_dir: PathBuf,
+    /// Records between checkpoints (0: not by count).
+    pub every_records: u64,
+    /// Longest a record waits for one (zero: not by time).
+    pub interval: Duration,
+}
+
+impl CheckpointSettings {
+    /// The defaults, with the key in `state_dir`.
+    pub fn in_dir(state_dir: PathBuf) -> CheckpointSettings {
+        CheckpointSettings {
+            state_dir,
+            every_records: crate::audit::CHECKPOINT_EVERY_RECORDS,
+            interval: crate::audit::CHECKPOINT_INTERVAL,
+        }
+    }
+}
+
 impl Services {
     pub fn start(opts: ServiceOptions) -> Result<Services> {
-        // Files first: nothing may run while its records would be lost.
+        // Files first: nothing may run while its records would be lost, or
+        // could not be signed.
+        let mut checkpoints = None;
         if let Some(path) = opts.audit.as_deref() {
             crate::audit::check_writable(path)?;
+            let settings = &opts.checkpoints;
+            let key = crate::audit::AuditKey::open_or_create(&settings.state_dir)
+                .map_err(crate::audit::AuditError::from)?;
+            checkpoints = Some(crate::audit::CheckpointOptions {
+                key: Arc::new(key),
+                every_records: settings.every_records,
+                interval: settings.interval,
+            });
         }
         if let Some(path) = opts.timings.as_deref() {
             crate::timing::check_writable(path)?;
@@ -124,6 +159,7 @@ impl Services {
             });
         }
 
+        let (head_gauge, checkpoint_gauge) = metrics.audit_head_gauges();
         let (audit, audit_writer) = AuditWriter::with_options(
             opts.audit.as_deref(),
             AuditOptions {
@@ -131,6 +167,9 @@ impl Services {
                 keep: 0,
                 wait_counter: Some(metrics.audit_wait_counter()),
                 capacity: 0,
+                checkpoints,
+                head_gauge: Some(head_gauge),
+                checkpoint_gauge: Some(checkpoint_gauge),
             },
         );
         let watch = drain.watch();

@@ -36,6 +36,8 @@ const CIDFILE_POLL: Duration = Duration::from_millis(5);
 /// Run the container under enforcement; returns its exit status (podman's
 /// own status when podman fails before the container runs).
 pub async fn run(opts: OciOptions) -> Result<i32> {
+    // No bind mount of the container may reach a checkpoint key.
+    let secrets = crate::audit::checkpoint::key_paths(&opts.services.checkpoints.state_dir);
     let session = Session::start(opts.services, opts.policy).await?;
     let prepared = session
         .fresh_sandbox(&podman::attachment())
@@ -47,7 +49,7 @@ pub async fn run(opts: OciOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    let status = contain(&session, sandbox, &opts.podman, &workdir).await;
+    let status = contain(&session, sandbox, &opts.podman, &workdir, &secrets).await;
     let (status, served) = match status {
         Ok((status, served)) => (Ok(status), served),
         Err((err, served)) => (Err(err), served),
@@ -73,6 +75,7 @@ async fn contain(
     sandbox: Sandbox,
     run: &PodmanRun,
     workdir: &PrivateDir,
+    secrets: &[PathBuf],
 ) -> Contained {
     // Kept to clear out the namespace if the sandbox is never served.
     let netns = match sandbox.netns.clone_handle() {
@@ -89,7 +92,7 @@ async fn contain(
     let argv = run.command_line(&netns_path, sandbox.netns.inode(), &ours);
     // The confinement check runs on the container's final config, in a hook
     // of the wrapper's own (see attach::oci_check).
-    let hook = match WrapperHook::install(&workdir.0, sandbox.netns.inode()) {
+    let hook = match WrapperHook::install(&workdir.0, sandbox.netns.inode(), secrets) {
         Ok(hook) => hook,
         Err(err) => {
             let err = anyhow::Error::from(err).context("cannot write the wrapper's OCI hook");

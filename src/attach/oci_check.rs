@@ -7,8 +7,11 @@
 //! a PID or mount namespace that is not its own, or CAP_NET_ADMIN, unless
 //! the user opts in with the `io.sluice.allow-net-admin=true` annotation,
 //! and even then never together with a way to name another network
-//! namespace (a bind of /proc, of /run/netns, of a namespace file). Every
-//! reason is reported at once, each naming the podman option that causes it.
+//! namespace (a bind of /proc, of /run/netns, of a namespace file). A bind
+//! mount that reaches one of sluice's secrets (the audit log's checkpoint
+//! signing key) is refused too: whoever reads it can forge checkpoints.
+//! Every reason is reported at once, each naming the podman option that
+//! causes it.
 //!
 //! This module never starts or changes a container: it reads its config and
 //! says yes or no.
@@ -43,8 +46,9 @@ pub struct Refusal {
     pub reasons: Vec<String>,
 }
 
-/// Check the final OCI runtime config of a container.
-pub fn check(config: &Value) -> Result<(), Refusal> {
+/// Check the final OCI runtime config of a container; `secrets` are files
+/// no bind mount may reach (those that do not exist are not checked).
+pub fn check(config: &Value, secrets: &[PathBuf]) -> Result<(), Refusal> {
     let mut reasons = Vec::new();
     let caps = &config["process"]["capabilities"];
     let has = |cap: &str| {
@@ -106,6 +110,7 @@ pub fn check(config: &Value) -> Result<(), Refusal> {
             ));
         }
     }
+    reasons.extend(secret_binds(&bind_sources(config), secrets));
     if reasons.is_empty() {
         Ok(())
     } else {
@@ -113,10 +118,40 @@ pub fn check(config: &Value) -> Result<(), Refusal> {
     }
 }
 
-/// Bind mounts of the config that are, hold, or lie in a path with handles
-/// on other namespaces, or are a namespace file themselves: (source,
-/// destination).
-fn namespace_binds(config: &Value) -> Vec<(PathBuf, String)> {
+/// Why each bind of `sources` (source, destination if known) that is,
+/// holds or lies in one of `secrets` (that exists) is refused: one reason
+/// per bind.
+pub fn secret_binds(sources: &[(PathBuf, String)], secrets: &[PathBuf]) -> Vec<String> {
+    let secrets: Vec<PathBuf> = secrets
+        .iter()
+        .filter_map(|s| std::fs::canonicalize(s).ok())
+        .collect();
+    let mut reasons = Vec::new();
+    for (source, destination) in sources {
+        let resolved = std::fs::canonicalize(source).unwrap_or_else(|_| source.clone());
+        let reached = secrets.iter().find(|secret| {
+            [source, &resolved]
+                .iter()
+                .any(|p| secret.starts_with(p) || p.starts_with(secret))
+        });
+        if let Some(secret) = reached {
+            let at = if destination.is_empty() {
+                String::new()
+            } else {
+                format!(" at {destination}")
+            };
+            reasons.push(format!(
+                "its bind mount of {}{at} (podman -v or --mount) holds {}, sluice's audit checkpoint signing key, with which it could forge the audit log's checkpoints: mount a directory that does not hold it",
+                source.display(),
+                secret.display()
+            ));
+        }
+    }
+    reasons
+}
+
+/// The bind mounts of a config: (source, destination).
+pub fn bind_sources(config: &Value) -> Vec<(PathBuf, String)> {
     let Some(mounts) = config["mounts"].as_array() else {
         return Vec::new();
     };
@@ -131,8 +166,18 @@ fn namespace_binds(config: &Value) -> Vec<(PathBuf, String)> {
         .filter_map(|m| {
             let source = PathBuf::from(m["source"].as_str()?);
             let destination = m["destination"].as_str().unwrap_or("?").to_string();
-            reaches_namespaces(&source).then_some((source, destination))
+            Some((source, destination))
         })
+        .collect()
+}
+
+/// Bind mounts of the config that are, hold, or lie in a path with handles
+/// on other namespaces, or are a namespace file themselves: (source,
+/// destination).
+fn namespace_binds(config: &Value) -> Vec<(PathBuf, String)> {
+    bind_sources(config)
+        .into_iter()
+        .filter(|(source, _)| reaches_namespaces(source))
         .collect()
 }
 
@@ -152,20 +197,26 @@ fn reaches_namespaces(source: &Path) -> bool {
 }
 
 /// Read the runtime config of the container whose OCI bundle is `bundle`
-/// and [`check`] it. When the hook runs for `sluice oci` ([`REPORT_ENV`]
-/// set), a refusal is also written where the wrapper reads it.
-pub fn check_bundle(bundle: &Path) -> Result<(), super::oci::OciError> {
+/// and [`check`] it; returns its bind mounts (for the daemon to check
+/// against its own secrets). When the hook runs for `sluice oci`
+/// ([`REPORT_ENV`] set), a refusal is also written where the wrapper reads
+/// it.
+pub fn check_bundle(
+    bundle: &Path,
+    secrets: &[PathBuf],
+) -> Result<Vec<(PathBuf, String)>, super::oci::OciError> {
     let path = bundle.join("config.json");
     let config: Value = std::fs::read(&path)
         .map_err(|e| e.to_string())
         .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
         .map_err(|cause| super::oci::OciError::RuntimeConfig { path, cause })?;
-    check(&config).map_err(|refusal| {
+    check(&config, secrets).map_err(|refusal| {
         if let Some(report) = std::env::var_os(REPORT_ENV) {
             let _ = std::fs::write(report, refusal.to_string());
         }
-        refusal.into()
-    })
+        super::oci::OciError::from(refusal)
+    })?;
+    Ok(bind_sources(&config))
 }
 
 /// The hook `sluice oci` adds to podman for its own container: a hooks
@@ -189,17 +240,27 @@ const PODMAN_HOOKS_DIRS: [&str; 2] = [
 
 impl WrapperHook {
     /// Write the hook file into `private` (a directory only root may
-    /// enter), for the container annotated with namespace `inode`.
-    pub fn install(private: &Path, inode: u64) -> std::io::Result<WrapperHook> {
+    /// enter), for the container annotated with namespace `inode`; no bind
+    /// mount of that container may reach `secrets`.
+    pub fn install(
+        private: &Path,
+        inode: u64,
+        secrets: &[PathBuf],
+    ) -> std::io::Result<WrapperHook> {
         let dir = private.join("hooks.d");
         std::fs::create_dir_all(&dir)?;
         let report = private.join(REPORT_FILE);
         let sluice = std::env::current_exe()?;
+        let mut args = vec!["sluice".to_string(), "oci-hook".to_string()];
+        for secret in secrets {
+            args.push("--secret".to_string());
+            args.push(secret.display().to_string());
+        }
         let hook = serde_json::json!({
             "version": "1.0.0",
             "hook": {
                 "path": sluice,
-                "args": ["sluice", "oci-hook"],
+                "args": args,
                 "env": [format!("{REPORT_ENV}={}", report.display())],
                 "timeout": 30
             },
@@ -301,13 +362,13 @@ mod tests {
     }
 
     fn reasons(c: &Value) -> Vec<String> {
-        check(c).err().map(|r| r.reasons).unwrap_or_default()
+        check(c, &[]).err().map(|r| r.reasons).unwrap_or_default()
     }
 
     #[test]
     fn a_plain_container_passes() {
         let c = config(&["CAP_CHOWN"], Some(""), json!([]), json!({}));
-        assert_eq!(check(&c), Ok(()));
+        assert_eq!(check(&c, &[]), Ok(()));
     }
 
     #[test]
@@ -336,7 +397,7 @@ mod tests {
             json!([{"destination": "/data", "type": "bind", "source": "/srv/data", "options": ["rbind"]}]),
             json!({ANNOTATION_ALLOW_NET_ADMIN: "true"}),
         );
-        assert_eq!(check(&opted), Ok(()));
+        assert_eq!(check(&opted, &[]), Ok(()));
     }
 
     #[test]
@@ -373,9 +434,39 @@ mod tests {
     }
 
     #[test]
+    fn a_bind_that_reaches_the_audit_key_is_refused_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        let key = state.join("audit.key");
+        std::fs::write(&key, "secret").unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let bind = |source: &Path| {
+            config(
+                &[],
+                Some(""),
+                json!([{"destination": "/x", "type": "bind", "source": source, "options": ["rbind"]}]),
+                json!({}),
+            )
+        };
+        let secrets = [key.clone()];
+        for reaching in [dir.path(), &state, &key] {
+            let r = check(&bind(reaching), &secrets)
+                .err()
+                .map(|r| r.reasons)
+                .unwrap_or_default();
+            assert_eq!(r.len(), 1, "{reaching:?}: {r:?}");
+            assert!(r[0].contains("audit checkpoint signing key"), "{r:?}");
+        }
+        assert_eq!(check(&bind(&dir.path().join("data")), &secrets), Ok(()));
+        // A key that does not exist (yet) refuses nothing.
+        assert_eq!(check(&bind(&state), &[state.join("none")]), Ok(()));
+    }
+
+    #[test]
     fn the_wrapper_hook_goes_before_run_after_the_hooks_podman_would_use() {
         let dir = tempfile::tempdir().unwrap();
-        let hook = WrapperHook::install(dir.path(), 42).unwrap();
+        let hook = WrapperHook::install(dir.path(), 42, &[]).unwrap();
         let argv: Vec<OsString> = ["podman", "--root", "/r", "run", "img"]
             .iter()
             .map(OsString::from)

@@ -1,21 +1,37 @@
-//! The audit log: one JSONL record per decision (every deny, allows optional),
-//! hash-chained so that an edited, dropped or reordered line is detectable
-//! (`verify`), readable with `tail`, rotated by size without breaking the
-//! chain (`rotate`).
+//! The audit log: one JSONL line per decision (every deny, allows
+//! optional), each sealed with its own hash and chained through `prev`, so
+//! that an edited, dropped or reordered line is detectable (`verify`), with
+//! signed checkpoints (`checkpoint`) that anchor every line before them
+//! under a key the workload cannot read, so that an edit of the newest lines
+//! or a cut of the tail shows too; readable with `tail`, rotated by size
+//! without breaking the chain (`rotate`); its head exported (`head`).
 //!
 //! Records travel over a bounded channel to one writer task. When the channel
 //! is full, producers wait (and the wait is counted): a record is never
 //! dropped, and no `RUST_LOG` filter can silence this sink (it does not go
 //! through `tracing`).
 
+pub mod checkpoint;
+mod head;
 mod record;
 pub mod rotate;
 pub mod tail;
 pub mod verify;
 mod writer;
 
-pub use record::{line_hash, AuditEvent, AuditRecord, Proto, GENESIS};
+pub use checkpoint::{AuditKey, CheckpointKeys, KeyError};
+pub use head::{Anchor, AuditHead};
+pub use record::{
+    line_hash, seal, unseal, AuditEvent, AuditLine, AuditRecord, CheckpointRecord, Proto,
+    CHECKPOINT_KIND, GENESIS,
+};
 pub use rotate::{rotated_path, rotated_set};
-pub use tail::{format_record, tail, TailOptions, Tailer};
-pub use verify::{verify, verify_rotated, verify_with, Genesis, VerifyError, VerifySummary};
-pub use writer::{check_writable, AuditError, AuditLog, AuditOptions, AuditWriter};
+pub use tail::{format_line, format_record, tail, TailOptions, Tailer};
+pub use verify::{
+    verify, verify_log, verify_rotated, verify_with, Genesis, VerifyError, VerifyOptions,
+    VerifySummary,
+};
+pub use writer::{
+    check_writable, AuditError, AuditLog, AuditOptions, AuditWriter, CheckpointOptions,
+    CHECKPOINT_EVERY_RECORDS, CHECKPOINT_INTERVAL,
+};

@@ -1,10 +1,21 @@
-//! The audit record's fields (DESIGN.md "Records") and its chained hash.
+//! The audit log's lines (DESIGN.md "Records"): a decision record or a
+//! signed checkpoint, each ending in its own hash, chained through `prev`.
+//!
+//! A line's hash is the SHA-256 (hex) of its bytes without its `hash`
+//! member: the line is `BODY` with `,"hash":"<64 hex>"` inserted before its
+//! closing `}`, and the hash is over `BODY`. `prev` is inside `BODY`, so each
+//! hash covers the whole chain before it. A line without a `hash` member (a
+//! log written before records carried one) is its own `BODY`, which is how
+//! `prev` was defined then: old and new lines chain alike.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// `prev` of the first record of a fresh log: 64 zeros.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The `kind` of a checkpoint line (decision records have none).
+pub const CHECKPOINT_KIND: &str = "checkpoint";
 
 /// Transport of the audited flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,7 +29,7 @@ pub enum Proto {
 }
 
 /// What a producer (proxy, DNS responder) reports; the writer adds `ts`,
-/// `seq` and `prev`.
+/// `seq`, `prev` and `hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEvent {
     pub sandbox: String,
@@ -33,8 +44,8 @@ pub struct AuditEvent {
     pub bundle: String,
 }
 
-/// One line of the audit log, exactly as serialized (field order is the
-/// contract's order).
+/// One decision line of the audit log, exactly as serialized (field order
+/// is the contract's order; `hash` is added by [`seal`] when written).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditRecord {
     pub ts: String,
@@ -50,6 +61,9 @@ pub struct AuditRecord {
     pub host: Option<String>,
     pub bundle: String,
     pub prev: String,
+    /// This line's hash (absent in logs written before lines carried one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<String>,
 }
 
 impl AuditRecord {
@@ -68,12 +82,189 @@ impl AuditRecord {
             host: event.host,
             bundle: event.bundle,
             prev,
+            hash: None,
         }
     }
 }
 
-/// SHA-256 (hex) of one serialized line, without its trailing newline: the
-/// `prev` of the line after it.
+/// A signed checkpoint line: the key `key` signed that the record before it
+/// (seq `seq - 1`) has hash `prev`, which anchors every line before it (see
+/// `checkpoint::message` for the exact bytes signed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRecord {
+    pub ts: String,
+    pub seq: u64,
+    /// Always [`CHECKPOINT_KIND`].
+    pub kind: String,
+    /// The signing key's id (`audit-` and 16 hex digits of its public key's
+    /// SHA-256).
+    pub key: String,
+    /// The Ed25519 signature, hex (128 digits).
+    pub sig: String,
+    pub prev: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<String>,
+}
+
+/// One line of the audit log, whichever kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditLine {
+    Record(Box<AuditRecord>),
+    Checkpoint(CheckpointRecord),
+}
+
+/// The fields every line has, read first to tell the kinds apart.
+#[derive(Deserialize)]
+struct Kind {
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+impl AuditLine {
+    /// Parse one line (without its newline).
+    pub fn parse(line: &str) -> Result<AuditLine, serde_json::Error> {
+        let kind: Kind = serde_json::from_str(line)?;
+        match kind.kind.as_deref() {
+            Some(CHECKPOINT_KIND) => Ok(AuditLine::Checkpoint(serde_json::from_str(line)?)),
+            Some(other) => Err(serde::de::Error::custom(format!(
+                "unknown line kind {other:?}"
+            ))),
+            None => Ok(AuditLine::Record(Box::new(serde_json::from_str(line)?))),
+        }
+    }
+
+    pub fn seq(&self) -> u64 {
+        match self {
+            AuditLine::Record(r) => r.seq,
+            AuditLine::Checkpoint(c) => c.seq,
+        }
+    }
+
+    pub fn prev(&self) -> &str {
+        match self {
+            AuditLine::Record(r) => &r.prev,
+            AuditLine::Checkpoint(c) => &c.prev,
+        }
+    }
+
+    pub fn hash(&self) -> Option<&str> {
+        match self {
+            AuditLine::Record(r) => r.hash.as_deref(),
+            AuditLine::Checkpoint(c) => c.hash.as_deref(),
+        }
+    }
+
+    /// A decision record's verdict; `checkpoint` for a checkpoint.
+    pub fn verdict(&self) -> &str {
+        match self {
+            AuditLine::Record(r) => &r.verdict,
+            AuditLine::Checkpoint(_) => CHECKPOINT_KIND,
+        }
+    }
+}
+
+/// Length of the hash member [`seal`] inserts: `,"hash":"` + 64 + `"`.
+const HASH_MEMBER_LEN: usize = 9 + 64 + 1;
+
+/// Turn `body` (a JSON object serialized without `hash`) into its line:
+/// `body` with `,"hash":"H"` before the closing brace, H = SHA-256(body).
+/// Returns the line and H.
+pub fn seal(body: &str) -> (String, String) {
+    debug_assert!(body.ends_with('}'));
+    let hash = hex::encode(Sha256::digest(body.as_bytes()));
+    let mut line = String::with_capacity(body.len() + HASH_MEMBER_LEN);
+    line.push_str(&body[..body.len() - 1]);
+    line.push_str(",\"hash\":\"");
+    line.push_str(&hash);
+    line.push_str("\"}");
+    (line, hash)
+}
+
+/// The bytes a line's hash is over: the line without its trailing hash
+/// member (or the whole line, if it has none), and the hash it claims.
+pub fn unseal(line: &str) -> (std::borrow::Cow<'_, str>, Option<&str>) {
+    let Some(head) = line.strip_suffix("\"}") else {
+        return (line.into(), None);
+    };
+    if head.len() < HASH_MEMBER_LEN - 1 {
+        return (line.into(), None);
+    }
+    let (before, member) = head.split_at(head.len() - (HASH_MEMBER_LEN - 1));
+    let Some(claimed) = member.strip_prefix(",\"hash\":\"") else {
+        return (line.into(), None);
+    };
+    if !claimed.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return (line.into(), None);
+    }
+    (format!("{before}}}").into(), Some(claimed))
+}
+
+/// The hash of one line (without its trailing newline): SHA-256 (hex) of
+/// its bytes without the hash member. It is the `prev` of the line after.
 pub fn line_hash(line: &str) -> String {
-    hex::encode(Sha256::digest(line.as_bytes()))
+    let (body, _) = unseal(line);
+    hex::encode(Sha256::digest(body.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(seq: u64) -> AuditRecord {
+        AuditRecord::new(
+            AuditEvent {
+                sandbox: "sb".into(),
+                path: crate::workload::WorkloadPath::Host,
+                verdict: "deny",
+                rule: None,
+                reason: "no-rule",
+                proto: Proto::Tcp,
+                src: None,
+                dst: Some("198.18.0.1:80".parse().unwrap()),
+                host: None,
+                bundle: "b@1".into(),
+            },
+            "2025-01-01T00:00:00Z".into(),
+            seq,
+            GENESIS.into(),
+        )
+    }
+
+    #[test]
+    fn a_sealed_line_ends_with_the_hash_of_its_bytes_without_it() {
+        let body = serde_json::to_string(&record(0)).unwrap();
+        let (line, hash) = seal(&body);
+        assert!(line.ends_with(&format!(",\"hash\":\"{hash}\"}}")), "{line}");
+        assert_eq!(hash, hex::encode(Sha256::digest(body.as_bytes())));
+        assert_eq!(line_hash(&line), hash);
+        let (unsealed, claimed) = unseal(&line);
+        assert_eq!(
+            (unsealed.as_ref(), claimed),
+            (body.as_str(), Some(hash.as_str()))
+        );
+        let parsed = AuditLine::parse(&line).unwrap();
+        assert_eq!(parsed.hash(), Some(hash.as_str()));
+    }
+
+    #[test]
+    fn a_line_without_a_hash_member_hashes_whole_as_before() {
+        let body = serde_json::to_string(&record(0)).unwrap();
+        assert_eq!(
+            line_hash(&body),
+            hex::encode(Sha256::digest(body.as_bytes()))
+        );
+        assert_eq!(unseal(&body).1, None);
+    }
+
+    #[test]
+    fn lines_of_each_kind_parse_and_an_unknown_kind_is_refused() {
+        let body = r#"{"ts":"t","seq":3,"kind":"checkpoint","key":"k","sig":"00","prev":"p"}"#;
+        assert!(matches!(
+            AuditLine::parse(body).unwrap(),
+            AuditLine::Checkpoint(CheckpointRecord { seq: 3, .. })
+        ));
+        let odd = r#"{"ts":"t","seq":3,"kind":"other","prev":"p"}"#;
+        assert!(AuditLine::parse(odd).is_err());
+    }
 }

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::record::AuditRecord;
+use super::record::{AuditLine, AuditRecord, CheckpointRecord};
 
 /// What to print.
 #[derive(Debug, Clone)]
@@ -16,7 +16,8 @@ pub struct TailOptions {
     /// Keep polling for appended lines (until writing fails, e.g. a closed
     /// pipe).
     pub follow: bool,
-    /// Only records with this verdict (deny, would-deny, allow, refused...).
+    /// Only records with this verdict (deny, would-deny, allow, refused...;
+    /// `checkpoint` for the signed checkpoints).
     pub verdict: Option<String>,
     /// Print the raw JSON lines instead of the readable form.
     pub json: bool,
@@ -70,6 +71,27 @@ pub fn format_record(r: &AuditRecord) -> String {
         r.bundle,
         r.seq
     )
+}
+
+/// A checkpoint in the readable form:
+/// `ts checkpoint key KEY signs seq ..N [#SEQ]`.
+pub fn format_checkpoint(c: &CheckpointRecord) -> String {
+    let anchors = match c.seq.checked_sub(1) {
+        Some(last) => format!("signs seq ..{last}"),
+        None => "signs nothing".to_string(),
+    };
+    format!(
+        "{} {:<10} key {} {anchors} [#{}]",
+        c.ts, "checkpoint", c.key, c.seq
+    )
+}
+
+/// Any line in its readable form.
+pub fn format_line(line: &AuditLine) -> String {
+    match line {
+        AuditLine::Record(r) => format_record(r),
+        AuditLine::Checkpoint(c) => format_checkpoint(c),
+    }
 }
 
 /// Incremental reader: each `poll` prints the complete lines appended since
@@ -146,17 +168,17 @@ impl Tailer {
             if line.trim().is_empty() {
                 continue;
             }
-            match serde_json::from_str::<AuditRecord>(&line) {
-                Ok(record) => {
+            match AuditLine::parse(&line) {
+                Ok(parsed) => {
                     if let Some(v) = &self.options.verdict {
-                        if &record.verdict != v {
+                        if parsed.verdict() != v.as_str() {
                             continue;
                         }
                     }
                     if self.options.json {
                         writeln!(out, "{line}")?;
                     } else {
-                        writeln!(out, "{}", format_record(&record))?;
+                        writeln!(out, "{}", format_line(&parsed))?;
                     }
                 }
                 Err(_) => writeln!(out, "? unreadable line: {line}")?,

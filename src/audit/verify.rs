@@ -1,20 +1,27 @@
-//! `sluice audit verify`: re-derive the hash chain of an audit log and say
-//! where it first breaks.
+//! `sluice audit verify`: re-derive the hash chain of an audit log, check
+//! its signed checkpoints, and say where it first breaks.
 //!
-//! Every line's `prev` must be the SHA-256 (hex) of the line before it
-//! (its exact bytes, without the newline), and `seq` must go up by one. The
-//! first line chains from a genesis: 64 zeros and seq 0 for a fresh log, or,
-//! for a file started by rotation, the previous file's last line (see
-//! `Genesis`). An edited line breaks the next line's `prev`; an inserted,
-//! removed or moved line breaks `prev` and `seq` where it happened; a line
-//! copied from another log does not chain at all. What a chain cannot show
-//! on its own: an edit of the very last line, or lines cut off the end. Keep
-//! `VerifySummary::last_hash` somewhere else (a metric, a ticket) to cover
-//! those.
+//! Every line's `hash` (when it has one) must be the SHA-256 of its bytes
+//! without it, its `prev` must be the hash of the line before it, and `seq`
+//! must go up by one. The first line chains from a genesis: 64 zeros and
+//! seq 0 for a fresh log, or, for a file started by rotation, the previous
+//! file's last line (see `Genesis`). An edited line no longer matches its
+//! own hash or breaks the next line's `prev`; an inserted, removed or moved
+//! line breaks `prev` and `seq` where it happened; a line copied from
+//! another log does not chain at all.
+//!
+//! Whoever can write the file can also rewrite the newest lines with fresh
+//! hashes, or cut them off: the chain alone cannot show that. Checkpoints
+//! can: with the public key (`VerifyOptions::keys`), each checkpoint's
+//! signature must verify, so no line before the newest checkpoint can be
+//! changed. The lines after it are reported as unanchored; an anchor kept
+//! elsewhere (`VerifyOptions::anchor`, the head `sluice status` or the
+//! `sluice_audit_head_seq` gauge showed) covers them and a cut tail.
 
 use std::path::{Path, PathBuf};
 
-use super::record::{line_hash, AuditRecord, GENESIS};
+use super::checkpoint::CheckpointKeys;
+use super::record::{line_hash, unseal, AuditLine, GENESIS};
 use super::rotate::rotated_set;
 
 /// What the first line of the (oldest) file must chain from.
@@ -31,14 +38,33 @@ pub enum Genesis {
     After(PathBuf),
 }
 
+/// What to check besides the chain.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyOptions {
+    pub genesis: Genesis,
+    /// Verify every checkpoint's signature with these keys (`--key`).
+    pub keys: Option<CheckpointKeys>,
+    /// A head recorded elsewhere (`--anchor SEQ[:HASH]`): the log must
+    /// reach seq `seq`, and that line must have hash `hash` if given.
+    pub anchor: Option<(u64, Option<String>)>,
+}
+
 /// What a verified log contained.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifySummary {
     /// Files verified, oldest first.
     pub files: Vec<PathBuf>,
-    /// Records (lines) verified.
+    /// Decision records verified (checkpoints not counted).
     pub records: u64,
-    /// seq of the first and last record (None for an empty log).
+    /// Checkpoint lines seen (their signatures verified if `verified`).
+    pub checkpoints: u64,
+    /// Whether the checkpoints' signatures were checked (a key was given).
+    pub verified: bool,
+    /// seq of the newest checkpoint: every line before it is anchored.
+    pub last_checkpoint: Option<u64>,
+    /// Decision records after the newest checkpoint (all, if none).
+    pub unanchored: u64,
+    /// seq of the first and last line (None for an empty log).
     pub first_seq: Option<u64>,
     pub last_seq: Option<u64>,
     /// The `prev` the first line chained from.
@@ -84,7 +110,11 @@ pub fn verify(path: &Path) -> Result<VerifySummary, VerifyError> {
 
 /// Verify one file whose first line chains from `genesis`.
 pub fn verify_with(path: &Path, genesis: &Genesis) -> Result<VerifySummary, VerifyError> {
-    verify_files(&[path.to_path_buf()], genesis)
+    let options = VerifyOptions {
+        genesis: genesis.clone(),
+        ..VerifyOptions::default()
+    };
+    verify_files(&[path.to_path_buf()], &options)
 }
 
 /// Verify a rotated log as one chain: FILE.n .. FILE.1, FILE (those that
@@ -92,16 +122,30 @@ pub fn verify_with(path: &Path, genesis: &Genesis) -> Result<VerifySummary, Veri
 /// files this is `verify_with(path, genesis)`. What `sluice audit verify
 /// FILE` runs.
 pub fn verify_rotated(path: &Path, genesis: &Genesis) -> Result<VerifySummary, VerifyError> {
+    let options = VerifyOptions {
+        genesis: genesis.clone(),
+        ..VerifyOptions::default()
+    };
+    verify_log(path, &options)
+}
+
+/// [`verify_rotated`] with checkpoints and an anchor checked too: what
+/// `sluice audit verify [--key PUB] [--anchor SEQ:HASH] FILE` runs.
+pub fn verify_log(path: &Path, options: &VerifyOptions) -> Result<VerifySummary, VerifyError> {
     let mut files = rotated_set(path);
     if files.last().map(PathBuf::as_path) != Some(path) {
         // FILE itself missing: report it as unreadable below.
         files.push(path.to_path_buf());
     }
-    verify_files(&files, genesis)
+    verify_files(&files, options)
 }
 
 /// Verify `files` (oldest first) as one chain.
-pub fn verify_files(files: &[PathBuf], genesis: &Genesis) -> Result<VerifySummary, VerifyError> {
+pub fn verify_files(
+    files: &[PathBuf],
+    options: &VerifyOptions,
+) -> Result<VerifySummary, VerifyError> {
+    let genesis = &options.genesis;
     let (mut prev, mut next_seq) = match genesis {
         Genesis::Fresh => (GENESIS.to_string(), Some(0)),
         Genesis::Hash(h) => (h.to_ascii_lowercase(), None),
@@ -113,17 +157,25 @@ pub fn verify_files(files: &[PathBuf], genesis: &Genesis) -> Result<VerifySummar
     let mut summary = VerifySummary {
         files: files.to_vec(),
         records: 0,
+        checkpoints: 0,
+        verified: options.keys.is_some(),
+        last_checkpoint: None,
+        unanchored: 0,
         first_seq: None,
         last_seq: None,
         genesis: prev.clone(),
         last_hash: prev.clone(),
     };
+    // Where the last line was, for a report about what follows it.
+    let mut end = (files.last().cloned().unwrap_or_default(), 0);
     for (index, path) in files.iter().enumerate() {
         let bytes = read(path)?;
+        let complete = bytes.ends_with(b"\n");
         let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
         if text.is_empty() {
             continue;
         }
+        let count = text.split(|&b| b == b'\n').count();
         for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
             let line_no = i + 1;
             let fail = |what: String| VerifyError {
@@ -131,6 +183,7 @@ pub fn verify_files(files: &[PathBuf], genesis: &Genesis) -> Result<VerifySummar
                 line: line_no,
                 what,
             };
+            let cut = !complete && line_no == count;
             let line = std::str::from_utf8(raw).map_err(|_| {
                 fail("not UTF-8: the line was damaged or is not from an audit log".into())
             })?;
@@ -139,58 +192,133 @@ pub fn verify_files(files: &[PathBuf], genesis: &Genesis) -> Result<VerifySummar
                     "empty line: audit logs have none; a line was blanked or removed".into(),
                 ));
             }
-            let record: AuditRecord = serde_json::from_str(line).map_err(|e| {
-                fail(format!(
-                    "not an audit record ({e}): the line was edited or damaged"
-                ))
-            })?;
-            if record.prev != prev {
-                let what = if summary.records == 0 {
-                    match genesis {
-                        Genesis::Fresh => format!(
-                            "the first line chains from {}, not from a fresh log's genesis (64 zeros): \
-                             lines were removed from the start, or this file was started by rotation \
-                             (verify it with the file before it: --after FILE.1, or --genesis {})",
-                            record.prev, record.prev
-                        ),
-                        _ => format!(
-                            "the first line chains from {}, but the genesis given is {prev}: \
-                             this file does not follow the one given, or lines were removed from its start",
-                            record.prev
-                        ),
-                    }
-                } else if line_no == 1 && index > 0 {
-                    format!(
-                        "the first line does not chain from the last line of {}: \
-                         a file of the rotated set is missing, out of order or was edited at its end",
-                        files[index - 1].display()
-                    )
+            let parsed = AuditLine::parse(line).map_err(|e| {
+                fail(if cut {
+                    "the last line is incomplete (no newline ends it): the file was cut mid-line, or sluice is writing it right now".to_string()
                 } else {
-                    format!(
-                        "prev does not match the hash of the line before: \
-                         line {} was edited, or a line was inserted, removed or moved here",
-                        line_no.saturating_sub(1)
-                    )
-                };
-                return Err(fail(what));
+                    format!("not an audit record ({e}): the line was edited or damaged")
+                })
+            })?;
+            let hash = line_hash(line);
+            match (unseal(line).1, parsed.hash()) {
+                (Some(claimed), _) if claimed != hash => {
+                    return Err(fail(format!(
+                        "the line's hash {claimed} is not the hash of its content ({hash}): this line was edited after it was written"
+                    )))
+                }
+                (None, Some(_)) => {
+                    return Err(fail(
+                        "the hash is not the line's last member: the line was edited".into(),
+                    ))
+                }
+                _ => {}
+            }
+            if parsed.prev() != prev {
+                return Err(fail(broken_link(
+                    &summary, genesis, files, index, line_no, &parsed, &prev,
+                )));
             }
             if let Some(expected) = next_seq {
-                if record.seq != expected {
+                if parsed.seq() != expected {
                     return Err(fail(format!(
                         "seq is {} where {expected} was expected: a line was removed, inserted or moved",
-                        record.seq
+                        parsed.seq()
                     )));
                 }
             }
-            prev = line_hash(line);
-            next_seq = Some(record.seq.wrapping_add(1));
-            summary.first_seq.get_or_insert(record.seq);
-            summary.last_seq = Some(record.seq);
-            summary.records += 1;
+            match &parsed {
+                AuditLine::Checkpoint(checkpoint) => {
+                    if let Some(keys) = &options.keys {
+                        keys.check(checkpoint).map_err(&fail)?;
+                    }
+                    summary.checkpoints += 1;
+                    summary.last_checkpoint = Some(checkpoint.seq);
+                    summary.unanchored = 0;
+                }
+                AuditLine::Record(_) => {
+                    summary.records += 1;
+                    summary.unanchored += 1;
+                }
+            }
+            if let Some((seq, Some(anchored))) = &options.anchor {
+                if parsed.seq() == *seq && !anchored.eq_ignore_ascii_case(&hash) {
+                    return Err(fail(format!(
+                        "seq {seq} has hash {hash}, not {anchored} as anchored: this line, or one before it, was changed after the anchor was taken"
+                    )));
+                }
+            }
+            prev = hash;
+            next_seq = Some(parsed.seq().wrapping_add(1));
+            summary.first_seq.get_or_insert(parsed.seq());
+            summary.last_seq = Some(parsed.seq());
+            end = (path.clone(), line_no);
+        }
+    }
+    if let Some((seq, _)) = &options.anchor {
+        if summary.last_seq.is_none_or(|last| last < *seq) {
+            let ends = summary
+                .last_seq
+                .map_or("the log is empty".to_string(), |l| {
+                    format!("the log ends at seq {l}")
+                });
+            return Err(VerifyError {
+                path: end.0,
+                line: end.1 + 1,
+                what: format!(
+                    "{ends}, but seq {seq} was anchored: lines were cut off its end (or a rotated file is missing)"
+                ),
+            });
         }
     }
     summary.last_hash = prev;
     Ok(summary)
+}
+
+/// Why a line's `prev` is not the hash of the line before it.
+fn broken_link(
+    summary: &VerifySummary,
+    genesis: &Genesis,
+    files: &[PathBuf],
+    index: usize,
+    line_no: usize,
+    line: &AuditLine,
+    prev: &str,
+) -> String {
+    let first = summary.first_seq.is_none();
+    if first {
+        return match genesis {
+            Genesis::Fresh => format!(
+                "the first line chains from {}, not from a fresh log's genesis (64 zeros): \
+                 lines were removed from the start, or this file was started by rotation \
+                 (verify it with the file before it: --after FILE.1, or --genesis {})",
+                line.prev(),
+                line.prev()
+            ),
+            _ => format!(
+                "the first line chains from {}, but the genesis given is {prev}: \
+                 this file does not follow the one given, or lines were removed from its start",
+                line.prev()
+            ),
+        };
+    }
+    if line_no == 1 && index > 0 {
+        return format!(
+            "the first line does not chain from the last line of {}: \
+             a file of the rotated set is missing, out of order or was edited at its end",
+            files[index - 1].display()
+        );
+    }
+    let before = line_no.saturating_sub(1);
+    match line {
+        AuditLine::Checkpoint(_) => format!(
+            "the checkpoint's prev is not the hash of line {before}: \
+             the lines it signed were changed, removed or reordered after it was written"
+        ),
+        AuditLine::Record(_) => format!(
+            "prev does not match the hash of the line before: \
+             line {before} was edited, or a line was inserted, removed or moved here"
+        ),
+    }
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, VerifyError> {
@@ -213,10 +341,10 @@ fn last_line(path: &Path) -> Result<(String, u64), VerifyError> {
             what: "empty: it cannot be the file before another".into(),
         });
     };
-    let record: AuditRecord = serde_json::from_str(last).map_err(|e| VerifyError {
+    let record = AuditLine::parse(last).map_err(|e| VerifyError {
         path: path.to_path_buf(),
         line: count,
         what: format!("last line is not an audit record: {e}"),
     })?;
-    Ok((line_hash(last), record.seq))
+    Ok((line_hash(last), record.seq()))
 }

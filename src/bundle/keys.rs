@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ring::signature::{Ed25519KeyPair, KeyPair};
+use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
 use serde::Serialize;
 
 use super::error::{BundleError, KEY_HINT, TRUST_HINT};
@@ -92,14 +92,82 @@ impl SigningKey {
         })
     }
 
+    /// A fresh key, written to `path` (mode 0600, never overwriting an
+    /// existing file) under a first line `# {comment}`; `name` gives its id
+    /// from its raw public key.
+    pub fn create(
+        path: &Path,
+        comment: &str,
+        name: impl FnOnce(&[u8]) -> String,
+    ) -> Result<SigningKey, BundleError> {
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| BundleError::Key {
+            path: path.to_path_buf(),
+            at: None,
+            msg: "the system random source failed".into(),
+        })?;
+        let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("ring reads back its own key");
+        let id = name(pair.public_key().as_ref());
+        check_id(&id).map_err(|msg| BundleError::Key {
+            path: path.to_path_buf(),
+            at: None,
+            msg,
+        })?;
+        let body = format!(
+            "# {comment}\n{}",
+            serde_norway::to_string(&KeyFile {
+                id: id.clone(),
+                ed25519_pkcs8: hex::encode(pkcs8.as_ref()),
+            })
+            .expect("key file serializes")
+        );
+        write_new_private(path, body.as_bytes())?;
+        Ok(SigningKey { id, pair })
+    }
+
     pub fn id(&self) -> &str {
         &self.id
     }
 
+    /// The raw 32-byte public key.
+    pub fn public_key(&self) -> &[u8] {
+        self.pair.public_key().as_ref()
+    }
+
     /// The public key, hex, as the trust file holds it.
     pub fn public_hex(&self) -> String {
-        hex::encode(self.pair.public_key().as_ref())
+        hex::encode(self.public_key())
     }
+
+    /// The Ed25519 signature of `message`.
+    pub fn sign(&self, message: &[u8]) -> Vec<u8> {
+        self.pair.sign(message).as_ref().to_vec()
+    }
+}
+
+/// Whether `signature` is `public`'s Ed25519 signature of `message`.
+pub fn verify_signature(public: &[u8], message: &[u8], signature: &[u8]) -> bool {
+    UnparsedPublicKey::new(&ED25519, public)
+        .verify(message, signature)
+        .is_ok()
+}
+
+/// A trust file's text listing `keys` (id, raw public key), headed by
+/// `# {comment}`: what [`TrustStore::load`] reads.
+pub fn trust_file_text(comment: &str, keys: &[(&str, &[u8])]) -> String {
+    let file = TrustFile {
+        keys: keys
+            .iter()
+            .map(|(id, key)| TrustEntry {
+                id: id.to_string(),
+                ed25519: hex::encode(key),
+            })
+            .collect(),
+    };
+    format!(
+        "# {comment}\n{}",
+        serde_norway::to_string(&file).expect("trust file serializes")
+    )
 }
 
 /// The public keys a host trusts, by id. Several keys may be trusted at once
@@ -122,6 +190,18 @@ impl TrustStore {
             keys.insert(entry.id, key);
         }
         Ok(TrustStore { keys })
+    }
+
+    /// A store of one key (a public key given on its own).
+    pub fn single(id: &str, key: &[u8]) -> TrustStore {
+        TrustStore {
+            keys: BTreeMap::from([(id.to_string(), key.to_vec())]),
+        }
+    }
+
+    /// A raw 32-byte public key written as 64 hex digits, if `text` is one.
+    pub fn decode_public(text: &str) -> Option<Vec<u8>> {
+        decode_public(text)
     }
 
     /// The raw 32-byte public key for `id`.
@@ -242,25 +322,14 @@ pub fn keygen(key_path: &Path, trust_path: &Path, id: &str) -> Result<(), Bundle
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => TrustFile::default(),
         Err(e) => return Err(BundleError::io(trust_path, e)),
     };
-    let rng = ring::rand::SystemRandom::new();
-    let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| BundleError::Key {
-        path: key_path.to_path_buf(),
-        at: None,
-        msg: "the system random source failed".into(),
-    })?;
-    let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("ring reads back its own key");
-    let body = format!(
-        "# sluice bundle signing key (Ed25519, PKCS#8 v2, hex). Keep it secret.\n{}",
-        serde_norway::to_string(&KeyFile {
-            id: id.to_string(),
-            ed25519_pkcs8: hex::encode(pkcs8.as_ref()),
-        })
-        .expect("key file serializes")
-    );
-    write_new_private(key_path, body.as_bytes())?;
+    let pair = SigningKey::create(
+        key_path,
+        "sluice bundle signing key (Ed25519, PKCS#8 v2, hex). Keep it secret.",
+        |_| id.to_string(),
+    )?;
     trust.keys.push(TrustEntry {
         id: id.to_string(),
-        ed25519: hex::encode(pair.public_key().as_ref()),
+        ed25519: pair.public_hex(),
     });
     let text = format!(
         "# Public keys trusted to sign sluice policy bundles (id -> Ed25519, hex).\n{}",

@@ -14,6 +14,10 @@ use super::archive::{write_atomic, MAX_ARCHIVE_BYTES};
 use super::error::BundleError;
 use crate::policy::yaml::{self, Problem, Value};
 
+/// The state directory unless one is given (`--state-dir`,
+/// `defaults.state_dir`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/sluice";
+
 const REVISIONS: &str = "revisions.yaml";
 const LAST_GOOD: &str = "last-good";
 

@@ -8,7 +8,6 @@
 
 use std::path::Path;
 
-use ring::signature::{UnparsedPublicKey, ED25519};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
@@ -85,9 +84,9 @@ fn verify(
         .and_then(|t| hex::decode(t.trim()).ok())
         .filter(|s| s.len() == 64)
         .ok_or_else(bad_signature)?;
-    UnparsedPublicKey::new(&ED25519, key)
-        .verify(manifest_bytes, &sig)
-        .map_err(|_| bad_signature())?;
+    if !super::keys::verify_signature(key, manifest_bytes, &sig) {
+        return Err(bad_signature());
+    }
 
     for name in files.files.keys() {
         if name != MANIFEST && name != SIGNATURE && !manifest.files.0.contains_key(name) {

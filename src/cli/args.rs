@@ -37,8 +37,10 @@ pub struct BundleOpts {
     /// The trust file listing the public keys bundles may be signed with.
     #[arg(long, value_name = "FILE")]
     pub trust: Option<PathBuf>,
-    /// Where the highest accepted revision per bundle (rollback protection)
-    /// and the last good fetched bundle are kept.
+    /// Where the highest accepted revision per bundle (rollback protection),
+    /// the last good fetched bundle and, with --audit, the audit log's
+    /// checkpoint signing key (audit.key, created on first use, and its
+    /// public half audit.pub) are kept.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice")]
     pub state_dir: PathBuf,
     /// Accept a bundle whose revision is lower than one accepted before.
@@ -56,7 +58,7 @@ pub struct BundleOpts {
 /// (shared by `sluice run` and `sluice oci`).
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Append audit records (JSONL, hash-chained) to FILE.
+    /// Append audit records (JSONL, hash-chained, with signed checkpoints) to FILE.
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
     /// Audit allowed connections too, not only denies.
@@ -68,6 +70,16 @@ pub struct RecordArgs {
     /// command's working directory (e.g. /var/log/sluice/).
     #[arg(long, value_name = "SIZE")]
     pub audit_max_bytes: Option<u64>,
+    /// Sign a checkpoint into the audit log after N records (0: not by
+    /// count); one is also signed when a record has waited
+    /// --audit-checkpoint-interval, and at shutdown. The key is
+    /// STATE_DIR/audit.key, which the command cannot read.
+    #[arg(long, value_name = "N", default_value_t = crate::audit::CHECKPOINT_EVERY_RECORDS)]
+    pub audit_checkpoint_records: u64,
+    /// The longest a record waits for a signed checkpoint (0s: only by count
+    /// and at shutdown).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub audit_checkpoint_interval: std::time::Duration,
     /// Write one timing record per connection to FILE (.csv for CSV, else JSONL).
     #[arg(long, value_name = "FILE")]
     pub timings: Option<PathBuf>,
@@ -84,11 +96,17 @@ pub struct RecordArgs {
 }
 
 impl RecordArgs {
-    /// The process-wide services these options ask for.
-    pub fn services(self) -> crate::app::ServiceOptions {
+    /// The process-wide services these options ask for; the audit key is in
+    /// `state_dir`.
+    pub fn services(self, state_dir: &std::path::Path) -> crate::app::ServiceOptions {
         crate::app::ServiceOptions {
             audit: self.audit,
             audit_max_bytes: self.audit_max_bytes,
+            checkpoints: crate::app::CheckpointSettings {
+                state_dir: state_dir.to_path_buf(),
+                every_records: self.audit_checkpoint_records,
+                interval: self.audit_checkpoint_interval,
+            },
             audit_allows: self.audit_allows,
             timings: self.timings,
             metrics: self.metrics,

@@ -8,8 +8,8 @@ use super::BadInput;
 
 pub const AFTER_HELP: &str =
     "The config (YAML) names the control socket (default /run/sluice/daemon.sock, \
-mode 0600), the metrics address, audit and timing files, and defaults for attached sandboxes; \
-see docs/oci.md. SIGHUP re-reads every sandbox's policy; SIGINT/SIGTERM stop the daemon (the \
+mode 0600), the metrics address, audit and timing files (and when the audit log is signed), and \
+defaults for attached sandboxes (defaults.state_dir holds the audit checkpoint key); see docs/oci.md. SIGHUP re-reads every sandbox's policy; SIGINT/SIGTERM stop the daemon (the \
 sandboxes' tables stay, so their connections are refused while no daemon runs). A daemon started \
 on the same config adopts the containers that still run (records in <state_dir>/sandboxes/).";
 

@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod audit;
+pub mod bench;
 pub mod bundle;
 pub mod check;
 pub mod compare;
@@ -71,7 +72,7 @@ pub enum Command {
     /// Signed policy bundles: keys, signing, verification.
     #[command(subcommand)]
     Bundle(bundle::BundleCommand),
-    /// Check or read an audit log.
+    /// Check or read an audit log and its signed checkpoints, or create the checkpoint key.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
     /// Compare two timing files (or directories of batches), e.g. direct vs through sluice.
@@ -89,11 +90,20 @@ pub enum Command {
     /// List the sandboxes the daemon serves: path, id, policy, connections, drops.
     #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
+    /// Measure sluice side by side with the native path and peer proxies (needs root).
+    #[command(after_help = bench::AFTER_HELP)]
+    Bench(bench::BenchArgs),
     /// Show sluice at work on a throwaway topology (needs root; touches nothing outside it).
     Demo,
     /// A small network client used by the demo and the tests to probe a sandbox from inside.
     #[command(subcommand)]
     Probe(probe::ProbeCommand),
+    /// The client `sluice bench` runs in each condition's sandbox (JSON lines on stdin and stdout).
+    #[command(hide = true)]
+    BenchClient,
+    /// The minimal tokio proxy `sluice bench` measures sluice against.
+    #[command(hide = true)]
+    BenchProxy(bench::BenchProxyArgs),
 }
 
 /// Run the parsed command; returns the process exit status.
@@ -109,6 +119,9 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::Daemon(args) => daemon::execute(args),
         Command::OciHook(args) => oci_hook::execute(args),
         Command::Status(args) => status::execute(args),
+        Command::Bench(args) => bench::execute(args),
+        Command::BenchClient => Ok(crate::bench::client::main()),
+        Command::BenchProxy(args) => bench::execute_proxy(args),
         Command::Demo => demo::execute(),
         Command::Probe(cmd) => Ok(probe::execute(cmd)),
     }

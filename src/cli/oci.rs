@@ -37,7 +37,7 @@ pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
     crate::confine::require_root("sluice oci")?;
     let opts = crate::app::oci::OciOptions {
         policy,
-        services: args.records.services(),
+        services: args.records.services(&args.source.bundle_opts.state_dir),
         podman,
     };
     crate::app::runtime::one_sandbox()?.block_on(crate::app::oci::run(opts))

@@ -23,13 +23,21 @@ pub struct OciHookArgs {
     /// The daemon's control socket.
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// A file no bind mount of the container may reach (an audit checkpoint
+    /// key; the default state directory's is always protected). `sluice oci`
+    /// passes its own.
+    #[arg(long, value_name = "PATH")]
+    pub secret: Vec<PathBuf>,
 }
 
 pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
     let state = OciState::read(std::io::stdin().lock()).map_err(refusal)?;
     let socket = crate::daemon::socket_path(state.socket().or(args.socket.as_deref()));
     let client = crate::daemon::Client::new(socket);
-    match hook::plan(&state).map_err(refusal)? {
+    let mut secrets =
+        crate::audit::checkpoint::key_paths(std::path::Path::new(crate::bundle::DEFAULT_STATE_DIR));
+    secrets.extend(args.secret);
+    match hook::plan(&state, &secrets).map_err(refusal)? {
         HookStep::Release { id } => {
             match client.detach(&id) {
                 Ok(Some(_)) => tracing::info!(container = %id, "sandbox released"),

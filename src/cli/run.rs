@@ -37,7 +37,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let files = sluice_files(&args.source, &args.records);
     let opts = crate::app::RunOptions {
         policy,
-        services: args.records.services(),
+        services: args.records.services(&args.source.bundle_opts.state_dir),
         user: args.user,
         command: args.command,
         files,
@@ -52,12 +52,14 @@ fn sluice_files(source: &PolicySourceArgs, records: &RecordArgs) -> crate::confi
         .bundle
         .as_deref()
         .filter(|b| !b.starts_with("https://") && !b.starts_with("http://"));
+    let opts = &source.bundle_opts;
     let mut read_only: Vec<PathBuf> = source.policy.iter().cloned().collect();
     read_only.extend(bundle.map(PathBuf::from));
     if source.bundle.is_some() {
-        let opts = &source.bundle_opts;
         read_only.extend(opts.trust.iter().cloned());
         read_only.extend(opts.ca.iter().cloned());
+    }
+    if source.bundle.is_some() || records.audit.is_some() {
         read_only.push(opts.state_dir.clone());
     }
     let records_files = [
@@ -72,6 +74,10 @@ fn sluice_files(source: &PolicySourceArgs, records: &RecordArgs) -> crate::confi
     .collect();
     let mut hidden = vec![PathBuf::from(crate::daemon::api::DEFAULT_SOCKET)];
     hidden.push(crate::daemon::socket_path(None));
+    // Whoever reads a checkpoint key can forge checkpoints: this run's, and
+    // the default state directory's (the daemon's, unless it is told
+    // otherwise), whether or not this run writes an audit log.
+    hidden.extend(crate::audit::checkpoint::key_paths(&opts.state_dir));
     hidden.dedup();
     crate::confine::SluiceFiles {
         read_only,

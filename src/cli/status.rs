@@ -1,4 +1,6 @@
-//! `sluice status`: the sandboxes a running daemon serves.
+//! `sluice status`: the sandboxes a running daemon serves, and the head of
+//! its audit log (newest line and newest signed checkpoint) for an outside
+//! collector to keep.
 
 use std::path::PathBuf;
 
@@ -6,7 +8,12 @@ use clap::Args;
 
 use crate::daemon::ClientError;
 
-pub const AFTER_HELP: &str = "Exit status: 0 with the list (empty when no sandbox is attached), \
+pub const AFTER_HELP: &str =
+    "The first line is the audit log's head: the seq and hash of its newest \
+line and of its newest signed checkpoint. Kept elsewhere (`sluice status --audit --json` prints it \
+alone), it later shows lines that were rewritten or cut off before a checkpoint signed them: \
+`sluice audit verify --key audit.pub --anchor SEQ:HASH FILE`.\n\n\
+Exit status: 0 with the list (empty when no sandbox is attached), \
 4 when no daemon answers at the socket (start one with `sluice daemon --config FILE`, or give its \
 socket with --socket).";
 
@@ -30,19 +37,38 @@ pub struct StatusArgs {
     /// Show full container ids.
     #[arg(long)]
     pub no_trunc: bool,
+    /// Only the audit log's head (with --json: file, key, head and checkpoint as JSON).
+    #[arg(long)]
+    pub audit: bool,
 }
 
 pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
     let socket = crate::daemon::socket_path(args.socket.as_deref());
     let client = crate::daemon::Client::new(socket.clone());
-    let sandboxes = match client.list() {
-        Ok(sandboxes) => sandboxes,
-        Err(ClientError::Connect { cause, .. }) => return Err(NoDaemon { socket, cause }.into()),
-        Err(err) => return Err(err.into()),
+    let no_daemon = |err| match err {
+        ClientError::Connect { cause, .. } => anyhow::Error::from(NoDaemon {
+            socket: socket.clone(),
+            cause,
+        }),
+        err => err.into(),
     };
+    if args.audit {
+        let head = client.audit_head().map_err(no_daemon)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&head)?);
+        } else {
+            println!("{}", audit_line(&head));
+        }
+        return Ok(0);
+    }
+    let sandboxes = client.list().map_err(no_daemon)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&sandboxes)?);
         return Ok(0);
+    }
+    match client.audit_head() {
+        Ok(head) => println!("{}", audit_line(&head)),
+        Err(err) => println!("audit: head unknown ({err})"),
     }
     if sandboxes.is_empty() {
         println!("no sandboxes attached");
@@ -71,4 +97,26 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
         );
     }
     Ok(0)
+}
+
+/// `audit FILE: head seq N HASH; checkpoint seq M HASH (K lines after it); key ID`.
+fn audit_line(head: &crate::audit::AuditHead) -> String {
+    let Some(file) = &head.file else {
+        return "audit: off (the daemon's config names no `audit` file)".to_string();
+    };
+    let anchor = |a: &Option<crate::audit::Anchor>| {
+        a.as_ref()
+            .map_or("none".to_string(), |a| format!("seq {} {}", a.seq, a.hash))
+    };
+    let after = match head.unanchored() {
+        1 => "1 line".to_string(),
+        n => format!("{n} lines"),
+    };
+    format!(
+        "audit {}: head {}; checkpoint {} ({after} after it); key {}",
+        file.display(),
+        anchor(&head.head),
+        anchor(&head.checkpoint),
+        head.key.as_deref().unwrap_or("none")
+    )
 }

@@ -195,6 +195,7 @@ mod tests {
             policy: Some(PathBuf::from("/etc/sluice/p.yaml")),
             bundle: None,
             trust: None,
+            binds: Vec::new(),
         }
     }
 

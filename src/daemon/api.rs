@@ -12,6 +12,7 @@
 //! POST   /v1/sandboxes        AttachRequest (JSON) -> 201 SandboxInfo   (first byte 'F' + fd)
 //! GET    /v1/sandboxes        -> 200 [SandboxInfo]                       (first byte 'N')
 //! DELETE /v1/sandboxes/{id}   -> 200 SandboxInfo | 404                   (first byte 'N')
+//! GET    /v1/audit            -> 200 AuditHead                           (first byte 'N')
 //! ```
 //!
 //! Errors are `{"error": "..."}` with a 4xx (the request or its policy is
@@ -34,6 +35,10 @@ pub const WITHOUT_FD: u8 = b'N';
 /// The collection of attached sandboxes.
 pub const SANDBOXES: &str = "/v1/sandboxes";
 
+/// The head of the daemon's audit log (`crate::audit::AuditHead`): its
+/// file, checkpoint key id, newest line and newest checkpoint (seq, hash).
+pub const AUDIT: &str = "/v1/audit";
+
 /// Attach a namespace (sent alongside) as sandbox `id`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +57,10 @@ pub struct AttachRequest {
     /// The trust file for `bundle` (default: the daemon's `defaults.trust`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<PathBuf>,
+    /// The sources of the container's bind mounts: the daemon refuses one
+    /// that reaches its audit checkpoint key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub binds: Vec<PathBuf>,
 }
 
 impl From<&crate::attach::oci::hook::ContainerAttach> for AttachRequest {
@@ -63,6 +72,7 @@ impl From<&crate::attach::oci::hook::ContainerAttach> for AttachRequest {
             policy: c.policy.clone(),
             bundle: c.bundle.clone(),
             trust: c.trust.clone(),
+            binds: c.binds.clone(),
         }
     }
 }

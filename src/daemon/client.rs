@@ -12,7 +12,9 @@ use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
-use super::api::{AttachRequest, ErrorBody, SandboxInfo, DEFAULT_SOCKET, SANDBOXES, SOCKET_ENV};
+use super::api::{
+    AttachRequest, ErrorBody, SandboxInfo, AUDIT, DEFAULT_SOCKET, SANDBOXES, SOCKET_ENV,
+};
 use super::fdpass::send_opening;
 
 /// How long one request may take, attach included.
@@ -86,6 +88,12 @@ impl Client {
     /// Every attached sandbox.
     pub fn list(&self) -> Result<Vec<SandboxInfo>, ClientError> {
         let (status, body) = self.call(Method::GET, SANDBOXES.to_string(), Vec::new(), None)?;
+        self.decode(status, &body, StatusCode::OK)
+    }
+
+    /// The head of the daemon's audit log.
+    pub fn audit_head(&self) -> Result<crate::audit::AuditHead, ClientError> {
+        let (status, body) = self.call(Method::GET, AUDIT.to_string(), Vec::new(), None)?;
         self.decode(status, &body, StatusCode::OK)
     }
 

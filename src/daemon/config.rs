@@ -9,10 +9,12 @@
 //! audit: /var/log/sluice/audit.jsonl
 //! audit_allows: false
 //! audit_max_bytes: 104857600
+//! audit_checkpoint_records: 1000      # a signed checkpoint after N records,
+//! audit_checkpoint_interval: 10s      # or when a record waited this long
 //! timings: /var/log/sluice/timings.jsonl
 //! defaults:
 //!   trust: /etc/sluice/trust.yaml   # for io.sluice.bundle without io.sluice.trust
-//!   state_dir: /var/lib/sluice      # bundle rollback memory, restart records
+//!   state_dir: /var/lib/sluice      # bundle rollback memory, restart records, audit.key
 //!   max_connections: 4096           # per sandbox
 //!   poll_interval: 30s              # https:// bundles
 //! ```
@@ -31,10 +33,15 @@ const TOP_KEYS: &[&str] = &[
     "audit",
     "audit_allows",
     "audit_max_bytes",
+    "audit_checkpoint_records",
+    "audit_checkpoint_interval",
     "timings",
     "defaults",
 ];
 const DEFAULTS_KEYS: &[&str] = &["trust", "state_dir", "max_connections", "poll_interval"];
+
+/// The state directory unless the config names another.
+pub use crate::bundle::DEFAULT_STATE_DIR;
 
 /// Largest config file read.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -47,6 +54,10 @@ pub struct DaemonConfig {
     pub audit: Option<PathBuf>,
     pub audit_allows: bool,
     pub audit_max_bytes: Option<u64>,
+    /// Records between signed checkpoints (0: not by count).
+    pub audit_checkpoint_records: u64,
+    /// Longest a record waits for a signed checkpoint (zero: not by time).
+    pub audit_checkpoint_interval: Duration,
     pub timings: Option<PathBuf>,
     pub defaults: Defaults,
 }
@@ -200,6 +211,14 @@ impl Checker {
         let audit_max_bytes = f
             .get("audit_max_bytes")
             .and_then(|v| self.ok(v.unsigned("`audit_max_bytes`")));
+        let audit_checkpoint_records = f
+            .get("audit_checkpoint_records")
+            .and_then(|v| self.ok(v.unsigned("`audit_checkpoint_records`")))
+            .unwrap_or(crate::audit::CHECKPOINT_EVERY_RECORDS);
+        let audit_checkpoint_interval = f
+            .get("audit_checkpoint_interval")
+            .and_then(|v| self.duration(v, "audit_checkpoint_interval", "10s"))
+            .unwrap_or(crate::audit::CHECKPOINT_INTERVAL);
         let timings = self.path(f.get("timings"), "timings");
         let defaults = self.defaults(f.get("defaults"));
         DaemonConfig {
@@ -208,6 +227,8 @@ impl Checker {
             audit,
             audit_allows,
             audit_max_bytes,
+            audit_checkpoint_records,
+            audit_checkpoint_interval,
             timings,
             defaults,
         }
@@ -216,7 +237,7 @@ impl Checker {
     fn defaults(&mut self, node: Option<&Node>) -> Defaults {
         let mut out = Defaults {
             trust: None,
-            state_dir: PathBuf::from("/var/lib/sluice"),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             max_connections: 4096,
             poll_interval: Duration::from_secs(30),
         };
@@ -246,27 +267,33 @@ impl Checker {
             }
         }
         if let Some(v) = f.get("poll_interval") {
-            let parsed = match &v.value {
-                Value::Int(n) => Err(Problem::new(
-                    v.pos,
-                    format!("`defaults.poll_interval` is {n} without a unit; write it like `{n}s`"),
-                )),
-                _ => v.text("`defaults.poll_interval`").and_then(|text| {
-                    humantime::parse_duration(text).map_err(|e| {
-                        Problem::new(
-                            v.pos,
-                            format!(
-                                "`defaults.poll_interval` is `{text}`, not a duration ({e}); write one like 30s"
-                            ),
-                        )
-                    })
-                }),
-            };
-            if let Some(d) = self.ok(parsed) {
+            if let Some(d) = self.duration(v, "defaults.poll_interval", "30s") {
                 out.poll_interval = d;
             }
         }
         out
+    }
+
+    /// A duration with its unit (`30s`); `key` and `example` are for the
+    /// message.
+    fn duration(&mut self, v: &Node, key: &str, example: &str) -> Option<Duration> {
+        let parsed = match &v.value {
+            Value::Int(n) => Err(Problem::new(
+                v.pos,
+                format!("`{key}` is {n} without a unit; write it like `{n}s`"),
+            )),
+            _ => v.text(&format!("`{key}`")).and_then(|text| {
+                humantime::parse_duration(text).map_err(|e| {
+                    Problem::new(
+                        v.pos,
+                        format!(
+                            "`{key}` is `{text}`, not a duration ({e}); write one like {example}"
+                        ),
+                    )
+                })
+            }),
+        };
+        self.ok(parsed)
     }
 }
 
@@ -290,10 +317,13 @@ mod tests {
     fn a_full_config_parses() {
         let c = parse(
             "version: 1\nsocket: /tmp/s.sock\nmetrics: 127.0.0.1:9464\naudit: /tmp/a.jsonl\n\
-             audit_allows: true\ntimings: /tmp/t.csv\ndefaults:\n  trust: /etc/t.yaml\n  \
+             audit_allows: true\naudit_checkpoint_records: 50\naudit_checkpoint_interval: 2s\n\
+             timings: /tmp/t.csv\ndefaults:\n  trust: /etc/t.yaml\n  \
              state_dir: /tmp/st\n  max_connections: 10\n  poll_interval: 5s\n",
         )
         .unwrap();
+        assert_eq!(c.audit_checkpoint_records, 50);
+        assert_eq!(c.audit_checkpoint_interval, Duration::from_secs(2));
         assert_eq!(c.metrics, Some("127.0.0.1:9464".parse().unwrap()));
         assert!(c.audit_allows);
         assert_eq!(c.defaults.poll_interval, Duration::from_secs(5));

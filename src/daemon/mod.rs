@@ -40,6 +40,11 @@ pub async fn run(config: DaemonConfig) -> Result<i32> {
     let services = Services::start(ServiceOptions {
         audit: config.audit.clone(),
         audit_max_bytes: config.audit_max_bytes,
+        checkpoints: crate::app::CheckpointSettings {
+            state_dir: config.defaults.state_dir.clone(),
+            every_records: config.audit_checkpoint_records,
+            interval: config.audit_checkpoint_interval,
+        },
         audit_allows: config.audit_allows,
         timings: config.timings.clone(),
         metrics: config.metrics,

@@ -112,6 +112,11 @@ impl Registry {
         })
     }
 
+    /// The newest line and checkpoint of the daemon's audit log.
+    pub fn audit_head(&self) -> crate::audit::AuditHead {
+        self.shared.audit.head()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -125,6 +130,7 @@ impl Registry {
         fd: OwnedFd,
     ) -> Result<SandboxInfo, ApiError> {
         check_id(&req.id)?;
+        self.check_binds(&req)?;
         let stale = self.reserve(&req.id, &fd)?;
         if let Some(stale) = stale {
             tracing::info!(sandbox = %req.id, "the container restarted in a new namespace: releasing the old one");
@@ -148,6 +154,27 @@ impl Registry {
                 tracing::warn!(sandbox = %id, error = %err.message, "attach refused");
                 Err(err)
             }
+        }
+    }
+
+    /// A container that could read the daemon's checkpoint key could forge
+    /// its audit log's checkpoints: refuse it before anything is attached.
+    fn check_binds(&self, req: &AttachRequest) -> Result<(), ApiError> {
+        let binds: Vec<(std::path::PathBuf, String)> = req
+            .binds
+            .iter()
+            .map(|source| (source.clone(), String::new()))
+            .collect();
+        let secrets = crate::audit::checkpoint::key_paths(&self.defaults.state_dir);
+        let reasons = crate::attach::oci_check::secret_binds(&binds, &secrets);
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::bad(format!(
+                "container {} refused: {}",
+                req.id,
+                reasons.join("; ")
+            )))
         }
     }
 

@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
-use super::api::{AttachRequest, ErrorBody, SANDBOXES};
+use super::api::{AttachRequest, ErrorBody, AUDIT, SANDBOXES};
 use super::fdpass::{recv_opening, Opening};
 use super::registry::{Afterwards, ApiError, Registry};
 use crate::drain::Watch;
@@ -162,6 +162,7 @@ async fn route(
     let path = req.uri().path().to_string();
     let result = match (req.method().clone(), path.as_str()) {
         (Method::GET, SANDBOXES) => Ok((StatusCode::OK, json(&registry.list().await))),
+        (Method::GET, AUDIT) => Ok((StatusCode::OK, json(&registry.audit_head()))),
         (Method::POST, SANDBOXES) => attach(req, registry, fd).await,
         (Method::DELETE, p) if p.starts_with(SANDBOXES) && p.len() > SANDBOXES.len() + 1 => {
             let id = &p[SANDBOXES.len() + 1..];
@@ -179,7 +180,7 @@ async fn route(
         _ => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!(
-                "{} {path}: not an endpoint (GET/POST {SANDBOXES}, DELETE {SANDBOXES}/ID)",
+                "{} {path}: not an endpoint (GET/POST {SANDBOXES}, DELETE {SANDBOXES}/ID, GET {AUDIT})",
                 req.method()
             ),
         }),

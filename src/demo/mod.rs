@@ -3,7 +3,8 @@
 //! runs a sandboxed client under the embedded policies/demo.yaml, and shows
 //! an allowed request, a denied one with its audit record, bypass attempts
 //! failing (also as root) and the nft drop counter, read through /metrics;
-//! then removes everything it made.
+//! then a few seconds of `sluice bench`'s direct-vs-sluice comparison; then
+//! removes everything it made.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -85,6 +86,9 @@ exit 0
         .arg(&policy_path)
         .arg("--audit")
         .arg(&audit_path)
+        // The audit key goes with the demo's files, not into /var/lib.
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .args(["--metrics", METRICS])
         .args(["--", "sh", "-c", &script])
         .spawn()
@@ -109,12 +113,12 @@ exit 0
     let status = child.wait().context("waiting for `sluice run`")?;
 
     println!(
-        "\n9. The audit log: one hash-chained JSON line per deny, shown as `sluice audit tail` prints it:"
+        "\n9. The audit log: one hash-chained JSON line per deny, and a signed checkpoint at the end, shown as `sluice audit tail` prints them:"
     );
     let audit = std::fs::read_to_string(&audit_path).unwrap_or_default();
     for line in audit.lines() {
-        match serde_json::from_str::<crate::audit::AuditRecord>(line) {
-            Ok(record) => println!("   {}", crate::audit::format_record(&record)),
+        match crate::audit::AuditLine::parse(line) {
+            Ok(parsed) => println!("   {}", crate::audit::format_line(&parsed)),
             Err(_) => println!("   {line}"),
         }
     }
@@ -129,13 +133,78 @@ exit 0
     );
     drop(outer);
     let _ = std::fs::remove_dir_all(&dir);
-    println!("Cleaned up: the demo namespace, the sandbox and its rules are gone.");
     if !status.success() {
         anyhow::bail!("the sandboxed run failed ({status}); rerun with -v for details");
     }
+    compare_costs()?;
+    println!("\nCleaned up: the demo's namespaces, the sandboxes and their rules are gone.");
     println!("\nNext: sluice run --policy policies/dev.yaml -- <your command>   (see README.md)");
     Ok(0)
 }
+
+/// Step 10: the same small requests directly and through `sluice run`,
+/// side by side (a few seconds of `sluice bench`'s method).
+fn compare_costs() -> Result<()> {
+    use crate::bench::{self, ConditionKind, Metric, Workload};
+    let plan = bench::Plan {
+        conditions: vec![ConditionKind::Native, ConditionKind::Host],
+        workloads: vec![Workload::Small],
+        batches: COMPARE_ROUNDS,
+        warmups: 1,
+        conns: 256,
+        threads: 8,
+        seed: 1,
+        image: String::new(),
+    };
+    println!(
+        "\n10. What it costs here: 256 fresh connections, 8 at a time, 1 KiB each, directly and through `sluice run`,\n   \
+         side by side in {COMPARE_ROUNDS} rounds after a warmup (per request, connect to last byte; the median over rounds of each round's median):"
+    );
+    let results = bench::run(&plan, &mut bench::progress::Progress::Silent)
+        .context("the direct-vs-sluice comparison failed")?;
+    let summary = bench::stats::summarise(&results);
+    let small = |c| {
+        summary
+            .of(c)
+            .and_then(|s| s.metrics.get(&Metric::Small))
+            .cloned()
+    };
+    let (Some(direct), Some(sluice)) = (small(ConditionKind::Native), small(ConditionKind::Host))
+    else {
+        anyhow::bail!("the direct-vs-sluice comparison measured nothing");
+    };
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.3} ms", v / 1e3));
+    let paired = sluice
+        .diff
+        .map(|d| {
+            format!(
+                ", {:+.3} ms [{:+.3}, {:+.3}] paired",
+                d.median_diff_us / 1e3,
+                d.ci_low_us / 1e3,
+                d.ci_high_us / 1e3
+            )
+        })
+        .unwrap_or_default();
+    println!(
+        "   direct {}, through sluice {}: {} native{paired}",
+        ms(direct.p50),
+        ms(sluice.p50),
+        sluice.ratio.map_or("-".to_string(), |r| format!("{r:.2}x"))
+    );
+    let cpu = summary
+        .of(ConditionKind::Host)
+        .and_then(|h| h.cpu_small_us)
+        .map_or(String::new(), |us| {
+            format!("sluice spent {us:.0} µs of CPU per connection. ")
+        });
+    println!(
+        "   {cpu}The whole method (containers, haproxy, bulk, streams): sluice bench --out DIR"
+    );
+    Ok(())
+}
+
+/// Rounds of the demo's comparison.
+const COMPARE_ROUNDS: usize = 3;
 
 /// Wait (bounded) until the workload created `marker`; false if it ended or
 /// never did.

@@ -88,6 +88,10 @@ pub struct Metrics {
     bundle_reloads: IntCounterVec,
     /// sluice_audit_waits_total
     audit_waits: IntCounter,
+    /// sluice_audit_head_seq
+    audit_head_seq: IntGauge,
+    /// sluice_audit_checkpoint_seq
+    audit_checkpoint_seq: IntGauge,
 }
 
 impl Metrics {
@@ -167,6 +171,18 @@ impl Metrics {
             "sluice_audit_waits_total",
             "Times a connection or resolver waited because the audit log's queue was full (records are never dropped).",
         )?;
+        // Seqs, not hashes: a hash as a label value would be a new series
+        // per line. The hash is in `sluice status` (daemon) instead.
+        let audit_head_seq = IntGauge::new(
+            "sluice_audit_head_seq",
+            "seq of the newest audit line written (-1 while the log is empty); an outside collector that keeps it can show lines cut off the log later.",
+        )?;
+        let audit_checkpoint_seq = IntGauge::new(
+            "sluice_audit_checkpoint_seq",
+            "seq of the newest signed audit checkpoint written (-1: none yet); every line before it is signed.",
+        )?;
+        audit_head_seq.set(-1);
+        audit_checkpoint_seq.set(-1);
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "sluice_build_info",
@@ -191,6 +207,8 @@ impl Metrics {
         registry.register(Box::new(bundle_revision.clone()))?;
         registry.register(Box::new(bundle_reloads.clone()))?;
         registry.register(Box::new(audit_waits.clone()))?;
+        registry.register(Box::new(audit_head_seq.clone()))?;
+        registry.register(Box::new(audit_checkpoint_seq.clone()))?;
         registry.register(Box::new(build_info))?;
 
         // Reload results are few and known: export them at 0 from the start
@@ -217,6 +235,8 @@ impl Metrics {
             bundle_revision,
             bundle_reloads,
             audit_waits,
+            audit_head_seq,
+            audit_checkpoint_seq,
         })
     }
 
@@ -283,6 +303,15 @@ impl Metrics {
     /// counts the times a producer found the audit queue full.
     pub fn audit_wait_counter(&self) -> IntCounter {
         self.audit_waits.clone()
+    }
+
+    /// The gauges to give the audit log: the seq of its newest line and of
+    /// its newest checkpoint.
+    pub fn audit_head_gauges(&self) -> (IntGauge, IntGauge) {
+        (
+            self.audit_head_seq.clone(),
+            self.audit_checkpoint_seq.clone(),
+        )
     }
 
     /// Read `sandbox`'s dropped-packet counter with `f`, in the background

@@ -53,6 +53,10 @@ pub struct Fetched {
     pub start_us: u64,
     pub connect_us: u64,
     pub first_byte_us: u64,
+    /// When the body's last byte (by Content-Length) arrived; the close
+    /// that ends the response follows.
+    pub last_byte_us: u64,
+    /// When the server closed the connection (the response's end).
     pub total_us: u64,
     pub bytes_up: u64,
 }
@@ -102,6 +106,9 @@ pub fn fetch(url: &str) -> Result<Fetched, String> {
     let mut response = Vec::new();
     let mut buf = [0u8; 64 * 1024];
     let mut first_byte_us = 0;
+    let mut last_byte_us = None;
+    // Where the body starts and how long it is, once the head is in.
+    let mut body_at: Option<(usize, Option<usize>)> = None;
     loop {
         match stream.read(&mut buf) {
             Ok(0) => break,
@@ -110,6 +117,22 @@ pub fn fetch(url: &str) -> Result<Fetched, String> {
                     first_byte_us = us(started);
                 }
                 response.extend_from_slice(&buf[..n]);
+                if body_at.is_none() {
+                    if let Some(end) = find(&response, b"\r\n\r\n") {
+                        let length = content_length(&response[..end]);
+                        // A bulk body is read without regrowing the buffer
+                        // (bounded: the origin is the testbed's own).
+                        if let Some(len) = length {
+                            response.reserve(len.min(MAX_RESERVE));
+                        }
+                        body_at = Some((end + 4, length));
+                    }
+                }
+                if let Some((start, Some(len))) = body_at {
+                    if last_byte_us.is_none() && response.len() >= start + len {
+                        last_byte_us = Some(us(started));
+                    }
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("FAIL read: {e}")),
@@ -132,8 +155,22 @@ pub fn fetch(url: &str) -> Result<Fetched, String> {
         start_us,
         connect_us,
         first_byte_us,
+        last_byte_us: last_byte_us.unwrap_or(total_us),
         total_us,
         bytes_up: request.len() as u64,
+    })
+}
+
+/// The largest body buffer reserved up front.
+const MAX_RESERVE: usize = 64 << 20;
+
+/// The Content-Length of a response head, if it has one.
+fn content_length(head: &[u8]) -> Option<usize> {
+    String::from_utf8_lossy(head).lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse().ok())?
     })
 }
 
@@ -143,6 +180,8 @@ pub fn fetch(url: &str) -> Result<Fetched, String> {
 pub struct Batch {
     pub fetched: Vec<Fetched>,
     pub failures: usize,
+    /// What the first failure was (its FAIL line, or the status it got).
+    pub first_failure: Option<String>,
 }
 
 impl Batch {
@@ -199,7 +238,15 @@ pub fn fetch_many(url: &str, count: usize, concurrency: usize) -> Result<Batch, 
                 while next.fetch_add(1, Ordering::Relaxed) < count {
                     match fetch(&url) {
                         Ok(f) if f.is_success() => batch.fetched.push(f),
-                        _ => batch.failures += 1,
+                        Ok(f) => {
+                            batch.failures += 1;
+                            let why = format!("FAIL {url}: HTTP {}", f.status);
+                            batch.first_failure.get_or_insert(why);
+                        }
+                        Err(why) => {
+                            batch.failures += 1;
+                            batch.first_failure.get_or_insert(why);
+                        }
                     }
                 }
                 batch
@@ -209,6 +256,7 @@ pub fn fetch_many(url: &str, count: usize, concurrency: usize) -> Result<Batch, 
     let mut all = Batch {
         fetched: Vec::with_capacity(count),
         failures: 0,
+        first_failure: None,
     };
     for worker in workers {
         let batch = worker
@@ -216,6 +264,9 @@ pub fn fetch_many(url: &str, count: usize, concurrency: usize) -> Result<Batch, 
             .map_err(|_| "FAIL worker panicked".to_string())?;
         all.fetched.extend(batch.fetched);
         all.failures += batch.failures;
+        if all.first_failure.is_none() {
+            all.first_failure = batch.first_failure;
+        }
     }
     Ok(all)
 }

@@ -1,13 +1,17 @@
 //! The fast origin: a small HTTP/1.1 server on plain threads, one per
 //! connection, that answers `/` with a greeting and `/bytes/N` with N bytes
 //! of a fixed pattern (precomputed for bulk sizes, so a transfer measures
-//! the network path and not the origin). The testbed namespace, `sluice
-//! probe serve` and the benchmark use it. It reads at most a 64 KiB request
-//! head and never keeps a connection open after answering.
+//! the network path and not the origin), written in `?write=W`-byte writes
+//! when asked; and `/stream?events=E&size=S&gap_ms=G` with E events of S
+//! pattern bytes, G ms apart (the first one with the head). The testbed
+//! namespace, `sluice probe serve` and the benchmark use it. It reads at
+//! most a 64 KiB request head, bounds every parameter, and never keeps a
+//! connection open after answering.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// The body `/bytes/N` serves: byte i is (i * 31 + 7) mod 251.
 pub fn pattern(len: usize) -> Vec<u8> {
@@ -41,7 +45,33 @@ fn serve_http(mut stream: std::net::TcpStream) {
         }
     }
     let text = String::from_utf8_lossy(&head);
-    let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let target = text.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let param = |name: &str| {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+    };
+    if path == "/stream" {
+        let events = param("events").unwrap_or(10).clamp(1, MAX_EVENTS);
+        let size = param("size").unwrap_or(13).clamp(1, MAX_EVENT_SIZE);
+        let gap = Duration::from_millis(param("gap_ms").unwrap_or(2).min(MAX_GAP_MS) as u64);
+        let body = pattern(events * size);
+        let mut first = head_of(body.len()).into_bytes();
+        first.extend_from_slice(&body[..size]);
+        if stream.write_all(&first).is_err() {
+            return;
+        }
+        for event in body[size..].chunks(size) {
+            std::thread::sleep(gap);
+            if stream.write_all(event).is_err() {
+                return;
+            }
+        }
+        return;
+    }
     let body: std::borrow::Cow<'static, [u8]> = match path
         .strip_prefix("/bytes/")
         .and_then(|n| n.parse::<usize>().ok())
@@ -50,16 +80,36 @@ fn serve_http(mut stream: std::net::TcpStream) {
         Some(n) => patterned()[..n.min(MAX_BODY)].into(),
         None => b"hello from origin\n"[..].into(),
     };
-    let reply = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = stream.write_all(reply.as_bytes());
-    let _ = stream.write_all(&body);
+    let _ = stream.write_all(head_of(body.len()).as_bytes());
+    let write = param("write").unwrap_or(body.len()).clamp(1, MAX_WRITE);
+    for chunk in body.chunks(write) {
+        if stream.write_all(chunk).is_err() {
+            return;
+        }
+    }
 }
+
+fn head_of(len: usize) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+    )
+}
+
+/// Bounds of `/stream` and of `?write=`: one stream lasts at most 10 s
+/// (100 events, 100 ms apart) and sends at most 6.4 MiB.
+const MAX_EVENTS: usize = 100;
+const MAX_EVENT_SIZE: usize = 64 << 10;
+const MAX_GAP_MS: usize = 100;
+const MAX_WRITE: usize = 1 << 20;
 
 /// The largest `/bytes/N` body.
 const MAX_BODY: usize = 64 << 20;
+
+/// Compute the bulk body now, so that the first bulk request does not pay
+/// for it.
+pub fn prepare_bulk() {
+    patterned();
+}
 
 /// [`pattern`] of [`MAX_BODY`] bytes, computed once, for bodies over 1 MiB:
 /// a bulk transfer then measures the network path, not the origin computing

@@ -9,11 +9,8 @@
 //! Per input and phase (connect, first byte, total): count, median, P95
 //! (linear interpolation between order statistics). Where a phase's
 //! distribution has two separated clusters, each cluster's count and median
-//! are reported as well, because one median would describe neither:
-//! sorted values are split at the widest gap in log space that leaves at
-//! least `CLUSTER_MIN_FRACTION` of the samples on each side; it is two
-//! clusters when that gap is at least `CLUSTER_MIN_GAP` (upper / lower
-//! neighbour) and the two clusters' medians differ by `CLUSTER_MIN_RATIO`.
+//! are reported as well, because one median would describe neither (the
+//! statistics themselves are in `timing::stats`, shared with `sluice bench`).
 //!
 //! Between inputs, per phase: the ratio of medians (B / A), and the paired
 //! difference of medians by batch: batch i of B against batch i of A, d_i =
@@ -25,17 +22,13 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
 use super::{read_file, TimingError, TimingRecord};
 
-pub const BOOTSTRAP_RESAMPLES: usize = 5000;
-pub const BOOTSTRAP_SEED: u64 = 0x0051_1CE0_5EED;
+pub use super::stats::{
+    median, quantile_sorted, two_clusters, Cluster, PairedDiff, BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED, CLUSTER_MIN_FRACTION, CLUSTER_MIN_GAP, CLUSTER_MIN_RATIO,
+};
 pub const DEFAULT_BATCH_SIZE: usize = 256;
-pub const CLUSTER_MIN_FRACTION: f64 = 0.10;
-pub const CLUSTER_MIN_GAP: f64 = 2.0;
-pub const CLUSTER_MIN_RATIO: f64 = 3.0;
 
 /// A timing phase, measured from accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,13 +139,6 @@ pub fn load_input(path: &Path, batch_size: usize) -> Result<Input, TimingError> 
     Ok(Input::from_records(&label, read_file(path)?, batch_size))
 }
 
-/// Count and median of one cluster.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Cluster {
-    pub count: usize,
-    pub median_us: f64,
-}
-
 /// One input's numbers for one phase.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PhaseStats {
@@ -172,15 +158,6 @@ pub struct InputStats {
     pub excluded: usize,
     pub batches: usize,
     pub phases: Vec<PhaseStats>,
-}
-
-/// Median over batches of median(B_i) - median(A_i), with its 95% CI.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PairedDiff {
-    pub pairs: usize,
-    pub median_diff_us: f64,
-    pub ci_low_us: f64,
-    pub ci_high_us: f64,
 }
 
 /// B against A for one phase.
@@ -251,60 +228,6 @@ fn input_stats(input: &Input) -> InputStats {
     }
 }
 
-/// Quantile `q` of sorted values, interpolating between order statistics.
-pub fn quantile_sorted(v: &[f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
-}
-
-/// Median of unsorted values.
-pub fn median(v: &[f64]) -> Option<f64> {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    quantile_sorted(&s, 0.5)
-}
-
-/// The two clusters of sorted values, if they have two (module docs).
-pub fn two_clusters(sorted: &[f64]) -> Option<[Cluster; 2]> {
-    let n = sorted.len();
-    let min_side = ((n as f64) * CLUSTER_MIN_FRACTION).ceil().max(1.0) as usize;
-    if n < 2 * min_side || n < 4 {
-        return None;
-    }
-    let log = |x: f64| x.max(1.0).ln();
-    let (mut best, mut best_gap) = (0, f64::NEG_INFINITY);
-    for i in min_side..=(n - min_side) {
-        let gap = log(sorted[i]) - log(sorted[i - 1]);
-        if gap > best_gap {
-            best_gap = gap;
-            best = i;
-        }
-    }
-    if best_gap < CLUSTER_MIN_GAP.ln() {
-        return None;
-    }
-    let (lower, upper) = sorted.split_at(best);
-    let (ml, mu) = (quantile_sorted(lower, 0.5)?, quantile_sorted(upper, 0.5)?);
-    if mu < CLUSTER_MIN_RATIO * ml.max(1.0) {
-        return None;
-    }
-    Some([
-        Cluster {
-            count: lower.len(),
-            median_us: ml,
-        },
-        Cluster {
-            count: upper.len(),
-            median_us: mu,
-        },
-    ])
-}
-
 fn paired_diff(a: &Input, b: &Input, phase: Phase) -> Option<PairedDiff> {
     let batch_median = |batch: &Vec<TimingRecord>| {
         let v: Vec<f64> = batch
@@ -320,26 +243,7 @@ fn paired_diff(a: &Input, b: &Input, phase: Phase) -> Option<PairedDiff> {
         .zip(&b.batches)
         .filter_map(|(ba, bb)| Some(batch_median(bb)? - batch_median(ba)?))
         .collect();
-    if diffs.len() < 2 {
-        return None;
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(BOOTSTRAP_SEED);
-    let mut sample = vec![0.0; diffs.len()];
-    let mut medians = Vec::with_capacity(BOOTSTRAP_RESAMPLES);
-    for _ in 0..BOOTSTRAP_RESAMPLES {
-        for s in sample.iter_mut() {
-            *s = diffs[rng.random_range(0..diffs.len())];
-        }
-        sample.sort_by(f64::total_cmp);
-        medians.push(quantile_sorted(&sample, 0.5)?);
-    }
-    medians.sort_by(f64::total_cmp);
-    Some(PairedDiff {
-        pairs: diffs.len(),
-        median_diff_us: median(&diffs)?,
-        ci_low_us: quantile_sorted(&medians, 0.025)?,
-        ci_high_us: quantile_sorted(&medians, 0.975)?,
-    })
+    super::stats::paired_median_ci(&diffs, BOOTSTRAP_SEED)
 }
 
 fn ms(us: Option<f64>) -> String {

@@ -1,7 +1,8 @@
 //! Per-connection timing records (DESIGN.md "Records"): one per connection,
 //! durations in microseconds from accept on a monotonic clock, written as
 //! CSV or JSONL by one writer task (`io`), read back, and compared between
-//! two runs, e.g. direct and proxied (`compare`, `plot`).
+//! two runs, e.g. direct and proxied (`compare`, `plot`, with the
+//! statistics in `stats`, which `sluice bench` uses too).
 //!
 //! The proxy measures with `ConnectionClock` and hands the finished
 //! `TimingRecord` to a `TimingLog`. This module never decides anything about
@@ -11,6 +12,7 @@
 pub mod compare;
 mod io;
 mod plot;
+pub mod stats;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,7 +23,7 @@ pub use compare::{compare, load_input, Comparison, Input, Phase};
 pub use io::{
     check_writable, push_csv, read_file, TimingError, TimingLog, TimingWriter, CSV_HEADER,
 };
-pub use plot::{plot_svg, PlotError};
+pub use plot::{ecdf_panel, ecdf_points, plot_svg, PlotError, PALETTE};
 
 /// One connection, from accept to close. Phases that did not happen (a
 /// denied connection never connects; a direct client makes no decision) are

@@ -60,10 +60,13 @@ pub fn tool_path(tool: &str) -> Option<PathBuf> {
     })
 }
 
-/// One test's world: the outer namespace, its origins, a temp dir.
+/// One test's world: the outer namespace, its origins, a temp dir, and a
+/// state directory apart from it (a container may bind the temp dir, never
+/// a directory that holds an audit checkpoint key).
 pub struct World {
     pub outer: OuterNetns,
     pub dir: tempfile::TempDir,
+    pub state: tempfile::TempDir,
 }
 
 impl World {
@@ -81,6 +84,7 @@ impl World {
         Some(World {
             outer,
             dir: tempfile::tempdir().expect("tempdir"),
+            state: tempfile::tempdir().expect("tempdir"),
         })
     }
 
@@ -221,7 +225,14 @@ impl World {
         audit_records(&self.audit_path())
     }
 
-    /// `sluice -v run --policy P --audit A -- argv` in the outer namespace.
+    /// This test's state directory (`--state-dir`): the audit checkpoint
+    /// key goes there, never into the host's /var/lib/sluice.
+    pub fn state_dir(&self) -> PathBuf {
+        self.state.path().join("state")
+    }
+
+    /// `sluice -v run --policy P --audit A --state-dir S -- argv` in the
+    /// outer namespace.
     pub fn run_command(&self, policy: &Path, argv: &[&str]) -> Command {
         let mut cmd = self.outer.command(sluice_bin());
         cmd.arg("-v")
@@ -230,6 +241,8 @@ impl World {
             .arg(policy)
             .arg("--audit")
             .arg(self.audit_path())
+            .arg("--state-dir")
+            .arg(self.state_dir())
             .arg("--")
             .args(argv);
         cmd
@@ -420,9 +433,26 @@ pub fn metric_value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The complete audit records in `path`. The writer may be mid-line when
-/// this reads, so only newline-terminated lines count, as `audit tail` does.
+/// The complete decision records in `path` (signed checkpoints left out).
+/// The writer may be mid-line when this reads, so only newline-terminated
+/// lines count, as `audit tail` does.
 pub fn audit_records(path: &Path) -> Vec<serde_json::Value> {
+    audit_lines(path)
+        .into_iter()
+        .filter(|l| l["kind"] != "checkpoint")
+        .collect()
+}
+
+/// The complete signed checkpoint lines in `path`.
+pub fn audit_checkpoints(path: &Path) -> Vec<serde_json::Value> {
+    audit_lines(path)
+        .into_iter()
+        .filter(|l| l["kind"] == "checkpoint")
+        .collect()
+}
+
+/// Every complete line in `path`, records and checkpoints.
+pub fn audit_lines(path: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let complete = match text.rfind('\n') {
         Some(end) => &text[..=end],
@@ -488,4 +518,30 @@ pub fn test_pki(names: &[&str]) -> TestPki {
         cert: leaf.der().clone(),
         key: rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
     }
+}
+
+/// Build a local busybox image holding this build of sluice (and the
+/// libraries it links against) plus `extra` host programs, tagged `tag`,
+/// with containers/build-image.sh; `conf` is the CONTAINERS_CONF to use.
+/// The caller removes it (`podman rmi -f TAG`).
+pub fn build_test_image(tag: &str, extra: &[&str], conf: Option<&Path>) -> Result<(), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("containers/build-image.sh");
+    let mut cmd = Command::new(&script);
+    cmd.args(["--sluice", sluice_bin(), "--tag", tag]);
+    for program in extra {
+        cmd.args(["--add", program]);
+    }
+    if let Some(conf) = conf {
+        cmd.env("CONTAINERS_CONF", conf);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building the test image failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
 }

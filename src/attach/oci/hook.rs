@@ -122,13 +122,16 @@ pub struct ContainerAttach {
     pub policy: Option<PathBuf>,
     pub bundle: Option<String>,
     pub trust: Option<PathBuf>,
+    /// The sources of its bind mounts, for the daemon to check against its
+    /// own secrets.
+    pub binds: Vec<PathBuf>,
     pub netns: File,
 }
 
 /// Check the container described by `state` and say what to ask the
-/// daemon. A container that could leave its namespace is refused, whatever
-/// started it.
-pub fn plan(state: &OciState) -> Result<HookStep, OciError> {
+/// daemon. A container that could leave its namespace, or whose bind mounts
+/// reach one of `secrets`, is refused, whatever started it.
+pub fn plan(state: &OciState, secrets: &[PathBuf]) -> Result<HookStep, OciError> {
     if state.is_stopped() {
         return Ok(HookStep::Release {
             id: state.id.clone(),
@@ -136,7 +139,7 @@ pub fn plan(state: &OciState) -> Result<HookStep, OciError> {
     }
     let pid = state.pid.filter(|p| *p > 0).ok_or(OciError::NoPid)?;
     let bundle = state.bundle.as_deref().ok_or(OciError::NoBundle)?;
-    check_bundle_confinement(bundle)?;
+    let binds = check_bundle_confinement(bundle, secrets)?;
     match HookPlan::from_annotations(&state.annotations)? {
         HookPlan::CheckWrapped { inode } => {
             check_wrapped(pid, &inode)?;
@@ -163,6 +166,7 @@ pub fn plan(state: &OciState) -> Result<HookStep, OciError> {
                 policy,
                 bundle,
                 trust,
+                binds: binds.into_iter().map(|(source, _)| source).collect(),
                 netns,
             }))
         }

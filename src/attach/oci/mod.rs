@@ -124,14 +124,18 @@ fn refused(long: &str) -> Option<&'static str> {
 /// (config.json in the bundle directory the runtime names in its state).
 /// See `oci_check` for what is refused.
 pub fn check_confinement(config: &serde_json::Value) -> Result<(), OciError> {
-    super::oci_check::check(config).map_err(OciError::from)
+    super::oci_check::check(config, &[]).map_err(OciError::from)
 }
 
 /// Read the runtime config of the container whose OCI bundle is `bundle`
 /// and check it with [`check_confinement`] (the hook's check, for the
-/// daemon's containers and the wrapper's alike).
-pub fn check_bundle_confinement(bundle: &Path) -> Result<(), OciError> {
-    super::oci_check::check_bundle(bundle)
+/// daemon's containers and the wrapper's alike); no bind may reach
+/// `secrets`. Returns the container's bind mounts (source, destination).
+pub fn check_bundle_confinement(
+    bundle: &Path,
+    secrets: &[std::path::PathBuf],
+) -> Result<Vec<(std::path::PathBuf, String)>, OciError> {
+    super::oci_check::check_bundle(bundle, secrets)
 }
 
 /// `podman run` options that take no value (podman 4). Every other option

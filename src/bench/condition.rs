@@ -1,0 +1,279 @@
+//! The conditions a bench compares: the same client natively, under
+//! `sluice run`, in a container under `sluice oci`, behind the peer proxies
+//! (`peers`), and, once `sluice vm` exists, in a microVM. Each is a
+//! [`ConditionKind`] (its name, whether it enforces) and, once prepared for
+//! a run, a [`Condition`] that starts one round's client session.
+//!
+//! A condition that cannot run here is skipped with one line saying why
+//! and what would make it run; it never stands in with another's numbers.
+//! This module starts processes only inside the bench's own namespaces.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::peers;
+use super::session::{Proxy, Session};
+use super::{BenchError, Testbed};
+
+/// Every condition `sluice bench` knows, in report order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConditionKind {
+    /// The client straight to the origin: no sluice, no nftables.
+    Native,
+    /// The client as the workload of `sluice run`.
+    Host,
+    /// The client in a local container under `sluice oci`.
+    Oci,
+    /// The client behind haproxy (`mode tcp`, a fixed upstream) behind the
+    /// same nft redirect, no policy.
+    Haproxy,
+    /// The client behind a minimal tokio proxy (SO_ORIGINAL_DST and
+    /// `copy_bidirectional`) behind the same nft redirect, no policy.
+    TokioProxy,
+    /// The client in a microVM under `sluice vm`.
+    Vm,
+    /// The same microVM on a plain tap without sluice.
+    VmDirect,
+}
+
+impl ConditionKind {
+    pub const ALL: [ConditionKind; 7] = [
+        ConditionKind::Native,
+        ConditionKind::Host,
+        ConditionKind::Oci,
+        ConditionKind::Haproxy,
+        ConditionKind::TokioProxy,
+        ConditionKind::Vm,
+        ConditionKind::VmDirect,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ConditionKind::Native => "native",
+            ConditionKind::Host => "host",
+            ConditionKind::Oci => "oci",
+            ConditionKind::Haproxy => "haproxy",
+            ConditionKind::TokioProxy => "tokio-proxy",
+            ConditionKind::Vm => "vm",
+            ConditionKind::VmDirect => "vm-direct",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<ConditionKind> {
+        ConditionKind::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Whether this is sluice itself (and DESIGN.md's targets apply).
+    pub fn is_sluice(self) -> bool {
+        matches!(
+            self,
+            ConditionKind::Host | ConditionKind::Oci | ConditionKind::Vm
+        )
+    }
+
+    /// Whether a policy is enforced (and so the deny check applies): sluice
+    /// only. The peers have none: the tokio proxy goes wherever a
+    /// connection was headed, haproxy to its one upstream whatever the
+    /// destination; and the native client and the plain tap go anywhere.
+    pub fn enforces(self) -> bool {
+        self.is_sluice()
+    }
+
+    /// One line on what the condition is, for the report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ConditionKind::Native => "the client straight to the origin (no sluice, no nftables)",
+            ConditionKind::Host => "the client as the workload of `sluice run` (with --audit and --timings)",
+            ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings)",
+            ConditionKind::Haproxy => "haproxy `mode tcp`, one fixed upstream, behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
+            ConditionKind::TokioProxy => "a minimal tokio proxy (SO_ORIGINAL_DST, copy_bidirectional, one thread) behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
+            ConditionKind::Vm => "the client in a microVM under `sluice vm`",
+            ConditionKind::VmDirect => "the same microVM on a plain tap, without sluice",
+        }
+    }
+}
+
+impl std::fmt::Display for ConditionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A condition ready for the run.
+pub trait Condition {
+    fn kind(&self) -> ConditionKind;
+    /// Start round `round`'s client session.
+    fn start(&self, bed: &Testbed, round: usize) -> Result<Session, BenchError>;
+    /// The audit log sluice writes for this condition, if any (the deny
+    /// check's records must be in it).
+    fn audit_log(&self) -> Option<PathBuf> {
+        None
+    }
+}
+
+/// Why a condition does not run here, in one line (with what would make
+/// it run).
+pub type Skip = String;
+
+/// Make `kind` ready for the run on `bed`, or say why it cannot run here.
+pub fn prepare(
+    kind: ConditionKind,
+    bed: &Testbed,
+    image: &str,
+) -> Result<Result<Box<dyn Condition>, Skip>, BenchError> {
+    Ok(match kind {
+        ConditionKind::Native => Ok(Box::new(Native)),
+        ConditionKind::Host => Ok(Box::new(Sluice {
+            kind,
+            audit: bed.dir.join("audit-host.jsonl"),
+            image: None,
+        })),
+        ConditionKind::Oci => match oci_unavailable(image) {
+            Some(why) => Err(why),
+            None => Ok(Box::new(Sluice {
+                kind,
+                audit: bed.dir.join("audit-oci.jsonl"),
+                image: Some(image.to_string()),
+            })),
+        },
+        ConditionKind::Haproxy => match peers::Peer::haproxy(bed)? {
+            Ok(peer) => Ok(Box::new(peer)),
+            Err(why) => Err(why),
+        },
+        ConditionKind::TokioProxy => Ok(Box::new(peers::Peer::tokio_proxy(bed)?)),
+        ConditionKind::Vm | ConditionKind::VmDirect => {
+            Err("sluice vm is not available yet".to_string())
+        }
+    })
+}
+
+/// The client command: this very binary's hidden `bench-client`.
+pub fn client_command(bed: &Testbed) -> Command {
+    let mut cmd = Command::new(&bed.exe);
+    cmd.arg("bench-client");
+    cmd
+}
+
+struct Native;
+
+impl Condition for Native {
+    fn kind(&self) -> ConditionKind {
+        ConditionKind::Native
+    }
+
+    fn start(&self, bed: &Testbed, _round: usize) -> Result<Session, BenchError> {
+        Session::start("native", client_command(bed), &bed.outer, Proxy::None)
+    }
+}
+
+/// `sluice run` or `sluice oci` (with `image`), the client as the workload.
+struct Sluice {
+    kind: ConditionKind,
+    audit: PathBuf,
+    image: Option<String>,
+}
+
+/// Where the client binary is mounted in the container.
+const CLIENT_IN_CONTAINER: &str = "/usr/local/bin/sluice-bench-client";
+
+impl Condition for Sluice {
+    fn kind(&self) -> ConditionKind {
+        self.kind
+    }
+
+    fn audit_log(&self) -> Option<PathBuf> {
+        Some(self.audit.clone())
+    }
+
+    fn start(&self, bed: &Testbed, round: usize) -> Result<Session, BenchError> {
+        let mut cmd = Command::new(&bed.exe);
+        let timings = bed.dir.join(format!("timings-{}-{round}.csv", self.kind));
+        cmd.arg(if self.image.is_some() { "oci" } else { "run" })
+            .arg("--policy")
+            .arg(&bed.policy)
+            .arg("--audit")
+            .arg(&self.audit)
+            .arg("--timings")
+            .arg(&timings)
+            // The audit writer keeps its checkpoint key in the state dir:
+            // a throwaway one, so a benchmark leaves nothing in /var/lib.
+            .arg("--state-dir")
+            .arg(bed.dir.join("state"))
+            .arg("--");
+        match &self.image {
+            None => {
+                cmd.arg(&bed.exe).arg("bench-client");
+            }
+            Some(image) => {
+                // The running binary is mounted in, so the client in the
+                // container is this very build (the image supplies busybox
+                // and the libraries it links against).
+                cmd.args(podman_global())
+                    .args(["run", "--rm", "-i", "--pull=never"])
+                    .args(["--ulimit", "nofile=20000:20000"])
+                    .args(["--ulimit", "nproc=4096:4096"])
+                    .arg("-v")
+                    .arg(format!("{}:{CLIENT_IN_CONTAINER}:ro", bed.exe.display()))
+                    .arg(image)
+                    .args([CLIENT_IN_CONTAINER, "bench-client"]);
+            }
+        }
+        Session::start(self.kind.name(), cmd, &bed.outer, Proxy::Itself)
+    }
+}
+
+/// podman's global options that work on these machines (DESIGN.md).
+fn podman_global() -> [&'static str; 5] {
+    [
+        "podman",
+        "--runtime",
+        "runc",
+        "--cgroup-manager",
+        "cgroupfs",
+    ]
+}
+
+/// Why containers cannot run here, if they cannot.
+fn oci_unavailable(image: &str) -> Option<Skip> {
+    for (tool, package) in [("podman", "podman"), ("runc", "runc")] {
+        if super::which(tool).is_none() {
+            return Some(format!(
+                "{tool} is not installed (apt-get install --no-install-recommends {package})"
+            ));
+        }
+    }
+    let exists = Command::new("podman")
+        .args(["image", "exists", image])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    match exists {
+        Ok(status) if status.success() => None,
+        _ => Some(format!(
+            "image {image} not found: build it with containers/build-image.sh --sluice \"$(command -v sluice)\" --tag {image}, or name one with --image"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_condition_is_found_by_its_name() {
+        for kind in ConditionKind::ALL {
+            assert_eq!(ConditionKind::parse(kind.name()), Some(kind));
+        }
+        assert_eq!(ConditionKind::parse("qemu"), None);
+    }
+
+    #[test]
+    fn only_sluice_is_checked_for_denies() {
+        assert!(!ConditionKind::Native.enforces());
+        assert!(!ConditionKind::VmDirect.enforces());
+        assert!(!ConditionKind::Haproxy.enforces());
+        assert!(!ConditionKind::TokioProxy.enforces());
+        assert!(ConditionKind::Host.enforces() && ConditionKind::Oci.enforces());
+    }
+}

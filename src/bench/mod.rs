@@ -1,0 +1,520 @@
+//! `sluice bench`: the published native-vs-proxied method as one command.
+//! It builds a throwaway topology (an outer namespace holding the fast
+//! origin and a live service the policy forbids), prepares each condition
+//! (`condition`, `peers`), and runs rounds: `--warmups` first, then
+//! `--batches` formal ones, the condition order shuffled every round with
+//! a seeded generator. In each round every condition starts a fresh client
+//! session (`session`), runs the deny check and every workload
+//! (`workload`), and exits; the bench notes the proxy's CPU time around
+//! each workload and the session's start and exit times. `stats` turns the
+//! rounds into the report's numbers, `report` and `plot` write them.
+//!
+//! What it must never do: touch anything outside its own namespaces and
+//! temp dir (everything is removed on success, failure and Ctrl-C alike),
+//! let a failed batch contribute latency, or carry on past a content check
+//! that failed: that ends the run with an error.
+
+pub mod client;
+pub mod condition;
+mod interrupt;
+pub mod peers;
+pub mod plot;
+pub mod progress;
+pub mod report;
+pub mod session;
+pub mod stats;
+pub mod workload;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+pub use condition::ConditionKind;
+pub use workload::{Metric, Workload};
+
+use client::Reply;
+use progress::Progress;
+
+/// The origin every condition's client fetches from.
+pub const ORIGIN: &str = "198.18.0.1:8080";
+/// A live service the policy forbids (the deny check's target).
+pub const FORBIDDEN: &str = "198.18.0.2:9090";
+
+/// The policy sluice enforces in the bench: the origin, nothing else.
+pub const POLICY: &str = "version: 1
+name: bench
+rules:
+  - name: origin
+    action: allow
+    cidrs: [\"198.18.0.1/32\"]
+    ports: [8080]
+dns:
+  upstream: []
+";
+
+/// Upper bounds of a plan.
+pub const MAX_CONNS: usize = 100_000;
+pub const MAX_THREADS: usize = 1024;
+pub const MAX_ROUNDS: usize = 10_000;
+
+/// Why a bench run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    BadPlan(String),
+    #[error("cannot set up the bench: {what}: {cause}")]
+    Setup { what: String, cause: String },
+    #[error("cannot start {what} ({program}): {cause}")]
+    Spawn {
+        what: String,
+        program: String,
+        #[source]
+        cause: std::io::Error,
+    },
+    #[error("the {what} session failed: {problem}{}", if stderr.is_empty() { String::new() } else { format!("; its stderr ended with:\n{stderr}") })]
+    Session {
+        what: String,
+        problem: String,
+        stderr: String,
+    },
+    #[error("content check failed under {condition}, {workload}: {detail}; the run is void (a proxy that changes bytes must not be timed)")]
+    Content {
+        condition: ConditionKind,
+        workload: &'static str,
+        detail: String,
+    },
+    #[error("{failed} of {total} deny checks failed ({first}); the report says which")]
+    DenyFailed {
+        failed: usize,
+        total: usize,
+        first: String,
+    },
+    #[error("cannot write {}: {cause}", path.display())]
+    Output {
+        path: PathBuf,
+        #[source]
+        cause: std::io::Error,
+    },
+    #[error(transparent)]
+    Plot(#[from] crate::timing::PlotError),
+    #[error("interrupted: stopped every session and removed the bench's namespaces and files")]
+    Interrupted,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub conditions: Vec<ConditionKind>,
+    pub workloads: Vec<Workload>,
+    pub batches: usize,
+    pub warmups: usize,
+    pub conns: usize,
+    pub threads: usize,
+    pub seed: u64,
+    /// The image the `oci` condition runs the client in.
+    pub image: String,
+}
+
+impl Plan {
+    /// Refuse what cannot give a meaningful report.
+    pub fn check(&self) -> Result<(), BenchError> {
+        if !self.conditions.contains(&ConditionKind::Native) {
+            return Err(BenchError::BadPlan(
+                "--conditions must include native: every ratio and paired difference is to native"
+                    .into(),
+            ));
+        }
+        if self.batches < 2 {
+            return Err(BenchError::BadPlan(
+                "--batches must be 2 or more: a paired difference needs two rounds".into(),
+            ));
+        }
+        // Bounds that keep a run's memory and its replies' size in reason.
+        if !(1..=MAX_CONNS).contains(&self.conns) || !(1..=MAX_THREADS).contains(&self.threads) {
+            return Err(BenchError::BadPlan(format!(
+                "--conns must be 1 to {MAX_CONNS} and --threads 1 to {MAX_THREADS}"
+            )));
+        }
+        if self.batches > MAX_ROUNDS || self.warmups > MAX_ROUNDS {
+            return Err(BenchError::BadPlan(format!(
+                "--batches and --warmups must be at most {MAX_ROUNDS}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The throwaway world of one run: the outer namespace (origin and the
+/// forbidden service on its loopback), the policy, a temp dir for sluice's
+/// records and the peers' configs, and the sluice binary that runs it all.
+pub struct Testbed {
+    pub outer: crate::testbed::OuterNetns,
+    pub dir: PathBuf,
+    pub policy: PathBuf,
+    pub exe: PathBuf,
+    forbidden_hits: Arc<AtomicU64>,
+}
+
+impl Testbed {
+    pub fn create() -> Result<Testbed, BenchError> {
+        let setup = |what: &str| {
+            let what = what.to_string();
+            move |e: anyhow::Error| BenchError::Setup {
+                what,
+                cause: format!("{e:#}"),
+            }
+        };
+        let exe =
+            std::env::current_exe().map_err(|e| setup("finding the sluice binary")(e.into()))?;
+        let origin: SocketAddr = ORIGIN.parse().expect("literal");
+        let forbidden: SocketAddr = FORBIDDEN.parse().expect("literal");
+        let addrs: Vec<IpAddr> = vec![origin.ip(), forbidden.ip()];
+        let outer = crate::testbed::OuterNetns::create("sluice-bench", &addrs)
+            .map_err(setup("creating the outer namespace"))?;
+        let dir = std::env::temp_dir().join(outer.name());
+        std::fs::create_dir_all(&dir).map_err(|e| BenchError::Output {
+            path: dir.clone(),
+            cause: e,
+        })?;
+        let bed = Testbed {
+            policy: dir.join("policy.yaml"),
+            dir,
+            exe,
+            forbidden_hits: Arc::new(AtomicU64::new(0)),
+            outer,
+        };
+        std::fs::write(&bed.policy, POLICY).map_err(|e| BenchError::Output {
+            path: bed.policy.clone(),
+            cause: e,
+        })?;
+        bed.outer
+            .http_origin(origin)
+            .map_err(setup("starting the origin"))?;
+        let listener = bed
+            .outer
+            .run_in(move || std::net::TcpListener::bind(forbidden))
+            .and_then(|bound| Ok(bound?))
+            .map_err(setup("starting the forbidden service"))?;
+        let hits = bed.forbidden_hits.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { break };
+                hits.fetch_add(1, Ordering::SeqCst);
+                let _ = stream.write_all(client::FORBIDDEN_BANNER);
+            }
+        });
+        Ok(bed)
+    }
+
+    /// Connections the forbidden service accepted so far.
+    pub fn forbidden_hits(&self) -> u64 {
+        self.forbidden_hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One workload's batch in one round.
+#[derive(Debug, Clone)]
+pub struct BatchOutcome {
+    pub workload: Workload,
+    pub reply: Reply,
+    /// The proxy's CPU time over the batch.
+    pub cpu_ns: Option<u64>,
+}
+
+impl BatchOutcome {
+    /// A batch counts only when every request in it succeeded.
+    pub fn ok(&self) -> bool {
+        self.reply.failed == 0 && !self.reply.samples.is_empty()
+    }
+
+    /// Connections made (successful or not).
+    pub fn connections(&self) -> usize {
+        self.reply.samples.len() + self.reply.failed
+    }
+}
+
+/// The deny check of one condition in one round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenyCheck {
+    pub passed: bool,
+    /// What was seen, in one line.
+    pub detail: String,
+}
+
+/// One condition in one formal round.
+#[derive(Debug, Clone)]
+pub struct RoundOutcome {
+    /// The formal round, from 1.
+    pub batch: usize,
+    /// Where the condition ran in the round's shuffled order, from 1.
+    pub position: usize,
+    pub condition: ConditionKind,
+    pub start: Duration,
+    pub exit: Duration,
+    pub deny: Option<DenyCheck>,
+    pub batches: Vec<BatchOutcome>,
+}
+
+/// Everything a run measured.
+#[derive(Debug, Clone)]
+pub struct Results {
+    pub plan: Plan,
+    /// The conditions that ran, in report order.
+    pub ran: Vec<ConditionKind>,
+    pub skipped: Vec<(ConditionKind, String)>,
+    pub rounds: Vec<RoundOutcome>,
+    pub elapsed: Duration,
+}
+
+impl Results {
+    /// The deny checks that failed, as one line each.
+    pub fn deny_failures(&self) -> Vec<String> {
+        self.rounds
+            .iter()
+            .filter_map(|r| match &r.deny {
+                Some(d) if !d.passed => {
+                    Some(format!("{} round {}: {}", r.condition, r.batch, d.detail))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Run `plan` on a testbed of its own; `progress` hears of every step.
+pub fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, BenchError> {
+    plan.check()?;
+    interrupt::install().map_err(|e| BenchError::Setup {
+        what: "installing the signal handlers".into(),
+        cause: e.to_string(),
+    })?;
+    let began = Instant::now();
+    let bed = Testbed::create()?;
+    if plan.workloads.iter().any(Workload::is_bulk) {
+        // The origin's bulk body, before any batch would pay for it.
+        crate::testbed::origin::prepare_bulk();
+    }
+    let mut prepared = Vec::new();
+    let mut skipped = Vec::new();
+    let mut kinds = plan.conditions.clone();
+    kinds.sort();
+    kinds.dedup();
+    for kind in kinds {
+        if interrupt::raised() {
+            return Err(BenchError::Interrupted);
+        }
+        match condition::prepare(kind, &bed, &plan.image)? {
+            Ok(ready) => prepared.push(ready),
+            Err(why) => {
+                progress.skipped(kind, &why);
+                skipped.push((kind, why));
+            }
+        }
+    }
+    let commands = workload::Commands::new(&plan.workloads, plan.conns, plan.threads);
+    let mut rng = ChaCha8Rng::seed_from_u64(plan.seed);
+    let total = plan.warmups + plan.batches;
+    progress.begin(total, prepared.len());
+    let mut rounds = Vec::new();
+    for round in 0..total {
+        let mut order: Vec<usize> = (0..prepared.len()).collect();
+        order.shuffle(&mut rng);
+        let warmup = round < plan.warmups;
+        for (position, &i) in order.iter().enumerate() {
+            if interrupt::raised() {
+                return Err(BenchError::Interrupted);
+            }
+            let condition = prepared[i].as_ref();
+            let outcome = run_round(condition, &bed, round, &commands)?;
+            let outcome = RoundOutcome {
+                batch: round.saturating_sub(plan.warmups) + 1,
+                position: position + 1,
+                ..outcome
+            };
+            progress.step(round, warmup, &outcome);
+            if !warmup {
+                rounds.push(outcome);
+            }
+        }
+    }
+    progress.end();
+    let ran = prepared.iter().map(|c| c.kind()).collect::<Vec<_>>();
+    // Peers and namespaces go before the report is written.
+    drop(prepared);
+    drop(bed);
+    Ok(Results {
+        plan: plan.clone(),
+        ran,
+        skipped,
+        rounds,
+        elapsed: began.elapsed(),
+    })
+}
+
+/// One condition's session in one round: start, deny check, every
+/// workload with the proxy's CPU time around it, exit.
+fn run_round(
+    condition: &dyn condition::Condition,
+    bed: &Testbed,
+    round: usize,
+    commands: &workload::Commands,
+) -> Result<RoundOutcome, BenchError> {
+    let kind = condition.kind();
+    let audited_before = condition.audit_log().map(|p| audited_denies(&p));
+    let mut session = condition.start(bed, round)?;
+    let mut deny = None;
+    if kind.enforces() {
+        let hits = bed.forbidden_hits();
+        let reply = session.request(&commands.deny)?;
+        deny = Some(judge_deny(reply, bed.forbidden_hits() > hits));
+    }
+    let mut batches = Vec::new();
+    for (workload, command) in &commands.workloads {
+        let before = session.proxy_cpu_ns();
+        let reply = session.request(command)?;
+        let cpu_ns = match (before, session.proxy_cpu_ns()) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
+        if let Some(detail) = &reply.first_mismatch {
+            return Err(BenchError::Content {
+                condition: kind,
+                workload: workload.name(),
+                detail: format!(
+                    "{} of the batch's bodies differ, e.g. {detail}",
+                    reply.mismatched
+                ),
+            });
+        }
+        batches.push(BatchOutcome {
+            workload: *workload,
+            reply,
+            cpu_ns,
+        });
+    }
+    let start = session.start;
+    let exit = session.finish()?;
+    // sluice's deny is also in its audit log, written by the time it exited.
+    if let (Some(Some(before)), Some(path), Some(check)) =
+        (audited_before, condition.audit_log(), deny.as_mut())
+    {
+        let after = audited_denies(&path).unwrap_or(0);
+        if check.passed && after <= before {
+            check.passed = false;
+            check.detail = format!("blocked, but no deny record in {}", path.display());
+        }
+    }
+    Ok(RoundOutcome {
+        batch: 0,
+        position: 0,
+        condition: kind,
+        start,
+        exit,
+        deny,
+        batches,
+    })
+}
+
+fn judge_deny(reply: Reply, service_hit: bool) -> DenyCheck {
+    let Some(probe) = reply.deny else {
+        return DenyCheck {
+            passed: false,
+            detail: "the client did not run the check".into(),
+        };
+    };
+    let blocked = !probe.forbidden_reached && !service_hit;
+    DenyCheck {
+        passed: blocked && probe.control_ok,
+        detail: format!(
+            "forbidden {FORBIDDEN}: {} ({}); control: {} ({})",
+            if blocked { "blocked" } else { "REACHED" },
+            probe.forbidden,
+            if probe.control_ok { "ok" } else { "FAILED" },
+            probe.control
+        ),
+    }
+}
+
+/// Deny records for the forbidden service in the audit log at `path` (0
+/// when it does not exist yet; None when it cannot be read).
+fn audited_denies(path: &Path) -> Option<usize> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["verdict"] == "deny" && v["dst"] == FORBIDDEN)
+                .count(),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(0),
+        Err(_) => None,
+    }
+}
+
+/// Where `tool` is on PATH.
+pub fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(tool))
+            .find(|p| p.is_file())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        Plan {
+            conditions: vec![ConditionKind::Native, ConditionKind::Host],
+            workloads: Workload::ALL.to_vec(),
+            batches: 30,
+            warmups: 3,
+            conns: 256,
+            threads: 8,
+            seed: 1,
+            image: "x".into(),
+        }
+    }
+
+    #[test]
+    fn a_plan_without_native_or_with_one_batch_is_refused() {
+        assert!(plan().check().is_ok());
+        let mut p = plan();
+        p.conditions = vec![ConditionKind::Host];
+        assert!(p.check().unwrap_err().to_string().contains("native"));
+        let mut p = plan();
+        p.batches = 1;
+        assert!(p.check().is_err());
+    }
+
+    #[test]
+    fn a_deny_check_passes_only_when_blocked_and_the_control_works() {
+        let probe = |reached, control_ok| Reply {
+            deny: Some(client::DenyProbe {
+                forbidden_reached: reached,
+                forbidden: "reset".into(),
+                control_ok,
+                control: "HTTP 200".into(),
+            }),
+            ..Reply::default()
+        };
+        assert!(judge_deny(probe(false, true), false).passed);
+        assert!(!judge_deny(probe(true, true), false).passed);
+        assert!(!judge_deny(probe(false, true), true).passed);
+        assert!(!judge_deny(probe(false, false), false).passed);
+        assert!(!judge_deny(Reply::default(), false).passed);
+    }
+}

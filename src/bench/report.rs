@@ -1,0 +1,459 @@
+//! What `sluice bench` leaves in `--out DIR`: report.md (the machine, the
+//! exact command, the seed, the table in the published report's shape, the
+//! paired differences, what is called out, DESIGN.md's targets), and the
+//! data behind it: batches.csv (a row per condition, workload and batch),
+//! paired.csv (`condition,workload,diff_median_ms,ci_low_ms,ci_high_ms,ratio`),
+//! raw.jsonl (every request's times). The plots come from `plot`. This
+//! module writes only inside DIR and computes nothing `stats` did not.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::stats::{self, ConditionStats, MetricStats, Summary};
+use super::{BenchError, ConditionKind, Metric, Results};
+
+/// The files a report consists of.
+pub const FILES: [&str; 6] = [
+    "report.md",
+    "batches.csv",
+    "paired.csv",
+    "raw.jsonl",
+    "ecdf-small.svg",
+    "paired.svg",
+];
+
+pub const BATCHES_HEADER: &str = "batch,position,condition,workload,ok,requests,failed,median_ms,p95_ms,first_byte_median_ms,cpu_us_per_connection,session_start_ms,session_exit_ms";
+pub const PAIRED_HEADER: &str = "condition,workload,diff_median_ms,ci_low_ms,ci_high_ms,ratio";
+
+/// Where and on what a run happened.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub load_before: String,
+    pub load_after: String,
+    pub started: String,
+    pub build: &'static str,
+}
+
+impl Machine {
+    /// This machine now (`load_after` is filled in at the end).
+    pub fn observe() -> Machine {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        Machine {
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model: read("/proc/cpuinfo")
+                .lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+                .unwrap_or_else(|| "unknown CPU".into()),
+            kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+            load_before: load_average(),
+            load_after: String::new(),
+            started: time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+        }
+    }
+}
+
+/// The 1, 5 and 15 minute load averages.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Write every file of the report into `dir` (created if need be).
+pub fn write(
+    dir: &Path,
+    results: &Results,
+    summary: &Summary,
+    machine: &Machine,
+    command: &str,
+) -> Result<(), BenchError> {
+    let out = |name: &str| dir.join(name);
+    let write = |path: PathBuf, text: String| {
+        std::fs::write(&path, text).map_err(|cause| BenchError::Output { path, cause })
+    };
+    std::fs::create_dir_all(dir).map_err(|cause| BenchError::Output {
+        path: dir.to_path_buf(),
+        cause,
+    })?;
+    write(out("batches.csv"), batches_csv(results))?;
+    write(out("paired.csv"), paired_csv(summary))?;
+    write(out("raw.jsonl"), raw_jsonl(results))?;
+    super::plot::ecdf_small(results, &out("ecdf-small.svg"))?;
+    super::plot::paired(summary, &out("paired.svg"))?;
+    write(
+        out("report.md"),
+        markdown(results, summary, machine, command),
+    )?;
+    Ok(())
+}
+
+fn ms(us: Option<f64>) -> String {
+    us.map(|v| format!("{:.3}", v / 1e3)).unwrap_or_default()
+}
+
+fn batches_csv(results: &Results) -> String {
+    let mut out = format!("{BATCHES_HEADER}\n");
+    for r in &results.rounds {
+        for b in &r.batches {
+            let mut last: Vec<f64> = b
+                .reply
+                .samples
+                .iter()
+                .map(|s| s.last_byte_us as f64)
+                .collect();
+            last.sort_by(f64::total_cmp);
+            let first: Vec<f64> = b
+                .reply
+                .samples
+                .iter()
+                .map(|s| s.first_byte_us as f64)
+                .collect();
+            let cpu = b
+                .cpu_ns
+                .filter(|_| b.connections() > 0)
+                .map(|ns| format!("{:.1}", ns as f64 / 1e3 / b.connections() as f64))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{},{cpu},{:.3},{:.3}",
+                r.batch,
+                r.position,
+                r.condition,
+                b.workload.name(),
+                b.ok(),
+                b.connections(),
+                b.reply.failed,
+                ms(stats_quantile(&last, 0.5)),
+                ms(stats_quantile(&last, 0.95)),
+                ms(crate::timing::stats::median(&first)),
+                r.start.as_secs_f64() * 1e3,
+                r.exit.as_secs_f64() * 1e3,
+            );
+        }
+    }
+    out
+}
+
+fn stats_quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    crate::timing::stats::quantile_sorted(sorted, q)
+}
+
+fn paired_csv(summary: &Summary) -> String {
+    let mut out = format!("{PAIRED_HEADER}\n");
+    for c in &summary.conditions {
+        if c.condition == ConditionKind::Native {
+            continue;
+        }
+        for (metric, m) in &c.metrics {
+            let d = |f: fn(&crate::timing::stats::PairedDiff) -> f64| ms(m.diff.as_ref().map(f));
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{}",
+                c.condition,
+                metric.name(),
+                d(|d| d.median_diff_us),
+                d(|d| d.ci_low_us),
+                d(|d| d.ci_high_us),
+                m.ratio.map(|r| format!("{r:.3}")).unwrap_or_default()
+            );
+        }
+    }
+    out
+}
+
+fn raw_jsonl(results: &Results) -> String {
+    let mut out = String::new();
+    for r in &results.rounds {
+        for b in &r.batches {
+            for (seq, s) in b.reply.samples.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({
+                        "batch": r.batch,
+                        "condition": r.condition.name(),
+                        "workload": b.workload.name(),
+                        "seq": seq,
+                        "connect_us": s.connect_us,
+                        "first_byte_us": s.first_byte_us,
+                        "last_byte_us": s.last_byte_us,
+                        "total_us": s.total_us,
+                    })
+                );
+            }
+        }
+    }
+    out
+}
+
+/// A cell: P50 in ms, or each cluster's count and median.
+fn cell(m: Option<&MetricStats>) -> String {
+    let Some(m) = m else { return "-".into() };
+    let failed = if m.failed > 0 {
+        format!(" ({} failed)", m.failed)
+    } else {
+        String::new()
+    };
+    match m.clusters {
+        Some([lo, hi]) => format!(
+            "{} at {:.1}, {} at {:.1}{failed}",
+            lo.count,
+            lo.median_us / 1e3,
+            hi.count,
+            hi.median_us / 1e3
+        ),
+        None => format!("{}{failed}", or_dash(ms(m.p50))),
+    }
+}
+
+fn or_dash(s: String) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s
+    }
+}
+
+fn diff_cell(m: Option<&MetricStats>) -> String {
+    match m.and_then(|m| m.diff) {
+        Some(d) => format!(
+            "{:+.3} [{:+.3}, {:+.3}]",
+            d.median_diff_us / 1e3,
+            d.ci_low_us / 1e3,
+            d.ci_high_us / 1e3
+        ),
+        None => "-".into(),
+    }
+}
+
+fn row(c: &ConditionStats) -> String {
+    let m = |metric| c.metrics.get(&metric);
+    let ratio = m(Metric::Small)
+        .and_then(|m| m.ratio)
+        .map(|r| format!("{r:.2}"))
+        .unwrap_or_else(|| {
+            if c.condition == ConditionKind::Native {
+                "1.00".into()
+            } else {
+                "-".into()
+            }
+        });
+    let deny = c
+        .deny
+        .map(|(p, n)| format!("{p}/{n}"))
+        .unwrap_or_else(|| "-".into());
+    let cpu = |v: Option<f64>| {
+        v.map(|v| format!("{v:.0} µs"))
+            .unwrap_or_else(|| "-".into())
+    };
+    format!(
+        "| {} | {} | {} | {ratio} | {} | {} | {} | {} | {} | {} | {deny} | {} | {} |",
+        c.condition,
+        cell(m(Metric::Small)),
+        or_dash(ms(m(Metric::Small).and_then(|m| m.p95))),
+        diff_cell(m(Metric::Small)),
+        cell(m(Metric::Serial)),
+        cell(m(Metric::Bulk1k)),
+        cell(m(Metric::Bulk64k)),
+        cell(m(Metric::StreamFirst)),
+        cell(m(Metric::StreamLast)),
+        cpu(c.cpu_small_us),
+        cell(m(Metric::StartExit)),
+    )
+}
+
+/// The main table, as report.md has it (also printed at the end of a run).
+pub fn table(summary: &Summary) -> String {
+    let mut out = String::from(
+        "| condition | small P50 | small P95 | x native | small diff to native [95% CI] | serial P50 | 32 MiB, 1 KiB writes | 32 MiB, 64 KiB writes | stream first byte | stream last byte | deny | proxy CPU / conn | start+exit |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for c in &summary.conditions {
+        out.push_str(&row(c));
+        out.push('\n');
+    }
+    out
+}
+
+fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &str) -> String {
+    let plan = &results.plan;
+    let mut md = String::from("# sluice bench\n\n");
+    let _ = writeln!(
+        md,
+        "Run {} ({:.0} s). Machine: {} CPUs ({}), Linux {}; load average {} before, {} after. \
+         sluice {} ({} build).\n",
+        machine.started,
+        results.elapsed.as_secs_f64(),
+        machine.cpus,
+        machine.cpu_model,
+        machine.kernel,
+        machine.load_before,
+        machine.load_after,
+        env!("CARGO_PKG_VERSION"),
+        machine.build
+    );
+    if machine.build == "debug" {
+        md.push_str("**A debug build measured this run: the client, the origin and sluice are all slower than in a release build. Use a release build for numbers to quote.**\n\n");
+    }
+    let _ = writeln!(md, "    {command}\n");
+    let _ = writeln!(
+        md,
+        "Seed {}. {} batches after {} warmup rounds; in every round each condition starts a fresh \
+         session and runs every workload; the condition order is shuffled every round. small: {} \
+         fresh connections, {} threads, 1 KiB bodies, `Connection: close`; serial: the same one at \
+         a time; bulk: 32 MiB in 1 KiB and in 64 KiB origin writes; stream: {} responses of ten \
+         13-byte events 2 ms apart.\n",
+        plan.seed,
+        plan.batches,
+        plan.warmups,
+        plan.conns,
+        plan.threads,
+        super::workload::STREAMS
+    );
+    md.push_str("Conditions:\n\n");
+    for kind in &results.ran {
+        let _ = writeln!(md, "- **{kind}**: {}", kind.describe());
+    }
+    for (kind, why) in &results.skipped {
+        let _ = writeln!(md, "- {kind}: skipped: {why}");
+    }
+    md.push_str("\n## Results\n\n");
+    md.push_str(&table(summary));
+    md.push_str(
+        "\nTimes in ms. Each batch is summarised by the median of its requests (connect start to \
+         the body's last byte); P50 and P95 are across those batch medians, failed batches left \
+         out (their count is shown). x native: P50 over native's P50. The paired difference is \
+         the median over rounds of (condition - native) in the same round, with a 95% bootstrap \
+         interval (5,000 resamples, seeded). Bulk shows each cluster's count and median when \
+         its batches fall in two clusters. deny: deny checks passed (a socket to a live service \
+         the policy forbids must fail, an allowed one succeed, and the deny be in sluice's audit \
+         log; `-` where no policy is enforced). proxy CPU / conn: user + system time of the proxy process \
+         (sluice, haproxy, the tokio proxy) over the small workload's connections. start+exit: \
+         from starting the session to the client's first line, plus from `quit` to the \
+         session's exit.\n",
+    );
+    md.push_str("\n## Paired differences to native\n\n| condition | metric | difference (ms) | 95% CI (ms) | ratio | |\n|---|---|---|---|---|---|\n");
+    let mut called = Vec::new();
+    for c in &summary.conditions {
+        if c.condition == ConditionKind::Native {
+            continue;
+        }
+        for (metric, m) in &c.metrics {
+            let Some(d) = m.diff else { continue };
+            let out = m.called_out(summary.native_p50(*metric));
+            if out {
+                called.push(format!(
+                    "{} {}: {:+.3} ms [{:+.3}, {:+.3}], {}",
+                    c.condition,
+                    metric.title(),
+                    d.median_diff_us / 1e3,
+                    d.ci_low_us / 1e3,
+                    d.ci_high_us / 1e3,
+                    m.ratio
+                        .map(|r| format!("{r:.2}x native"))
+                        .unwrap_or_default()
+                ));
+            }
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:+.3} | [{:+.3}, {:+.3}] | {} | {} |",
+                c.condition,
+                metric.title(),
+                d.median_diff_us / 1e3,
+                d.ci_low_us / 1e3,
+                d.ci_high_us / 1e3,
+                m.ratio
+                    .map(|r| format!("{r:.2}"))
+                    .unwrap_or_else(|| "-".into()),
+                if out { "called out" } else { "" }
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nCalled out (the interval excludes zero and the difference exceeds {:.0}% of native's P50):\n",
+        stats::CALL_OUT_FRACTION * 100.0
+    );
+    if called.is_empty() {
+        md.push_str("- nothing\n");
+    }
+    for c in called {
+        let _ = writeln!(md, "- {c}");
+    }
+    for kind in results.ran.iter().filter(|k| k.is_sluice()) {
+        let _ = writeln!(
+            md,
+            "\n## DESIGN.md's targets, {kind}\n\n| target | holds | measured |\n|---|---|---|"
+        );
+        for t in stats::targets(summary, *kind) {
+            let holds = match t.holds {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "not measured",
+            };
+            let _ = writeln!(md, "| {} | {holds} | {} |", t.target, t.measured);
+        }
+    }
+    let failures = results.deny_failures();
+    if !failures.is_empty() {
+        md.push_str("\n## Deny checks that failed\n\n");
+        for f in failures {
+            let _ = writeln!(md, "- {f}");
+        }
+    }
+    md.push_str(
+        "\n## Files\n\nbatches.csv (a row per condition, workload and batch), paired.csv (the \
+         paired differences), raw.jsonl (every request's times, µs from connect start).\n\n\
+         ![ECDF of small request times per condition](ecdf-small.svg)\n\n\
+         ![Paired differences to native with 95% CIs](paired.svg)\n",
+    );
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_a_column_for_every_number_the_published_report_gives() {
+        let t = table(&Summary {
+            conditions: Vec::new(),
+        });
+        let header = t.lines().next().unwrap();
+        for column in [
+            "small P50",
+            "small P95",
+            "x native",
+            "small diff to native [95% CI]",
+            "serial P50",
+            "32 MiB, 1 KiB writes",
+            "32 MiB, 64 KiB writes",
+            "stream first byte",
+            "stream last byte",
+            "deny",
+            "proxy CPU / conn",
+            "start+exit",
+        ] {
+            assert!(header.contains(column), "{column}");
+        }
+        assert_eq!(
+            t.lines().nth(1).unwrap().matches('|').count(),
+            header.matches('|').count()
+        );
+    }
+}

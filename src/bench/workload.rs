@@ -1,0 +1,243 @@
+//! What the client does in every round, and what one batch of it is
+//! summarised by. The published method's workloads plus what it lacked:
+//!
+//! - small: `--conns` fresh connections (256), `--threads` at once (8),
+//!   1 KiB bodies, `Connection: close`; request time from connect start to
+//!   the body's last byte; the batch statistic is the median of the batch.
+//! - serial: the same one at a time.
+//! - bulk: one 32 MiB body in 1 KiB origin writes, and one in 64 KiB writes.
+//! - stream: [`STREAMS`] responses of ten 13-byte events 2 ms apart; the
+//!   batch statistics are the median time to the first byte and to the last.
+//!
+//! Every body's length and SHA-256 are checked by the client after the
+//! clock stopped; the expected digests are computed here, once.
+
+use super::client::Command;
+use super::{FORBIDDEN, ORIGIN};
+use crate::testbed::pattern;
+
+/// The bulk body size.
+pub const BULK_BYTES: usize = 32 << 20;
+/// Streams per batch.
+pub const STREAMS: usize = 5;
+/// The stream: events, bytes per event, ms between events.
+pub const STREAM_EVENTS: usize = 10;
+pub const STREAM_EVENT_BYTES: usize = 13;
+pub const STREAM_GAP_MS: usize = 2;
+
+/// One kind of request the client makes every round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Workload {
+    Small,
+    Serial,
+    Bulk1k,
+    Bulk64k,
+    Stream,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 5] = [
+        Workload::Small,
+        Workload::Serial,
+        Workload::Bulk1k,
+        Workload::Bulk64k,
+        Workload::Stream,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Small => "small",
+            Workload::Serial => "serial",
+            Workload::Bulk1k => "bulk-1k",
+            Workload::Bulk64k => "bulk-64k",
+            Workload::Stream => "stream",
+        }
+    }
+
+    /// One of the 32 MiB transfers.
+    pub fn is_bulk(&self) -> bool {
+        matches!(self, Workload::Bulk1k | Workload::Bulk64k)
+    }
+
+    /// What a batch of this workload is summarised by.
+    pub fn metrics(self) -> &'static [Metric] {
+        match self {
+            Workload::Small => &[Metric::Small],
+            Workload::Serial => &[Metric::Serial],
+            Workload::Bulk1k => &[Metric::Bulk1k],
+            Workload::Bulk64k => &[Metric::Bulk64k],
+            Workload::Stream => &[Metric::StreamFirst, Metric::StreamLast],
+        }
+    }
+}
+
+/// A batch statistic (microseconds), and the one per round that is no
+/// workload's: the session's start plus exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Metric {
+    Small,
+    Serial,
+    Bulk1k,
+    Bulk64k,
+    StreamFirst,
+    StreamLast,
+    StartExit,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 7] = [
+        Metric::Small,
+        Metric::Serial,
+        Metric::Bulk1k,
+        Metric::Bulk64k,
+        Metric::StreamFirst,
+        Metric::StreamLast,
+        Metric::StartExit,
+    ];
+
+    /// Its name in paired.csv and batches.csv.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Small => "small",
+            Metric::Serial => "serial",
+            Metric::Bulk1k => "bulk-1k",
+            Metric::Bulk64k => "bulk-64k",
+            Metric::StreamFirst => "stream-first-byte",
+            Metric::StreamLast => "stream-last-byte",
+            Metric::StartExit => "start-exit",
+        }
+    }
+
+    /// How the report names it.
+    pub fn title(self) -> &'static str {
+        match self {
+            Metric::Small => "small (8 threads), per-batch median",
+            Metric::Serial => "serial (one at a time), per-batch median",
+            Metric::Bulk1k => "32 MiB in 1 KiB writes",
+            Metric::Bulk64k => "32 MiB in 64 KiB writes",
+            Metric::StreamFirst => "stream, first byte",
+            Metric::StreamLast => "stream, last byte",
+            Metric::StartExit => "session start + exit",
+        }
+    }
+
+    /// The batch statistic of a batch's request samples: the median of the
+    /// last-byte times (the first-byte times for a stream's first byte).
+    pub fn of(self, samples: &[super::client::Sample]) -> Option<f64> {
+        let pick = |s: &super::client::Sample| match self {
+            Metric::StreamFirst => s.first_byte_us,
+            _ => s.last_byte_us,
+        };
+        let v: Vec<f64> = samples.iter().map(|s| pick(s) as f64).collect();
+        crate::timing::stats::median(&v)
+    }
+}
+
+/// The commands of one round, built once per run (with their digests).
+#[derive(Debug, Clone)]
+pub struct Commands {
+    pub workloads: Vec<(Workload, Command)>,
+    pub deny: Command,
+}
+
+impl Commands {
+    pub fn new(workloads: &[Workload], conns: usize, threads: usize) -> Commands {
+        let digest =
+            |len: usize| hex::encode(ring::digest::digest(&ring::digest::SHA256, &pattern(len)));
+        let small = digest(1024);
+        let bulk = if workloads.iter().any(Workload::is_bulk) {
+            digest(BULK_BYTES)
+        } else {
+            String::new()
+        };
+        let workloads = workloads
+            .iter()
+            .map(|&w| {
+                let fetch = |path: String, count, threads, len: usize, sha: &str| Command::Fetch {
+                    url: format!("http://{ORIGIN}{path}"),
+                    count,
+                    threads,
+                    expect_len: len,
+                    expect_sha256: sha.to_string(),
+                };
+                let command = match w {
+                    Workload::Small => fetch("/bytes/1024".into(), conns, threads, 1024, &small),
+                    Workload::Serial => fetch("/bytes/1024".into(), conns, 1, 1024, &small),
+                    Workload::Bulk1k | Workload::Bulk64k => {
+                        let write = if w == Workload::Bulk1k { 1024 } else { 64 << 10 };
+                        fetch(
+                            format!("/bytes/{BULK_BYTES}?write={write}"),
+                            1,
+                            1,
+                            BULK_BYTES,
+                            &bulk,
+                        )
+                    }
+                    Workload::Stream => {
+                        let len = STREAM_EVENTS * STREAM_EVENT_BYTES;
+                        fetch(
+                            format!("/stream?events={STREAM_EVENTS}&size={STREAM_EVENT_BYTES}&gap_ms={STREAM_GAP_MS}"),
+                            STREAMS,
+                            1,
+                            len,
+                            &digest(len),
+                        )
+                    }
+                };
+                (w, command)
+            })
+            .collect();
+        Commands {
+            workloads,
+            deny: Command::Deny {
+                forbidden: FORBIDDEN.to_string(),
+                allowed: format!("http://{ORIGIN}/"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::client::Sample;
+
+    #[test]
+    fn every_workload_asks_for_what_it_checks() {
+        let commands = Commands::new(&Workload::ALL, 256, 8);
+        assert_eq!(commands.workloads.len(), 5);
+        for (w, c) in &commands.workloads {
+            let Command::Fetch {
+                url,
+                count,
+                threads,
+                expect_len,
+                ..
+            } = c
+            else {
+                panic!("{w:?} is not a fetch");
+            };
+            match w {
+                Workload::Small => assert_eq!((*count, *threads, *expect_len), (256, 8, 1024)),
+                Workload::Serial => assert_eq!((*count, *threads), (256, 1)),
+                Workload::Bulk1k => assert!(url.ends_with("?write=1024")),
+                Workload::Bulk64k => assert!(url.ends_with("?write=65536")),
+                Workload::Stream => assert_eq!(*expect_len, 130),
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_is_summarised_by_the_median_of_its_requests() {
+        let s = |first, last| Sample {
+            connect_us: 1,
+            first_byte_us: first,
+            last_byte_us: last,
+            total_us: last + 1,
+        };
+        let samples = [s(10, 100), s(20, 300), s(30, 200)];
+        assert_eq!(Metric::Small.of(&samples), Some(200.0));
+        assert_eq!(Metric::StreamFirst.of(&samples), Some(20.0));
+        assert_eq!(Metric::Small.of(&[]), None);
+    }
+}

@@ -1,0 +1,229 @@
+//! `sluice bench`: the native-vs-proxied method in one command; and the two
+//! hidden helpers it runs, `sluice bench-client` (the client inside each
+//! condition's sandbox) and `sluice bench-proxy` (the minimal tokio peer).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::bench::{self, report, BenchError, ConditionKind, Plan, Workload};
+
+pub const AFTER_HELP: &str = "\
+Builds a throwaway topology (an origin and a service the policy forbids, in a namespace of its \
+own; nothing outside it is touched) and runs every condition side by side: native (the client \
+straight to the origin), host (under `sluice run`), oci (in a container under `sluice oci`; \
+needs podman and an image with the client's libraries, see containers/build-image.sh), haproxy \
+and tokio-proxy (peers with no policy behind the same nft redirect), vm and vm-direct (once \
+`sluice vm` exists). A condition that cannot run here is skipped with one line saying why.
+
+Every round (--warmups, then --batches) starts a fresh session per condition, in a shuffled \
+order, and runs: a deny check, small (--conns fresh connections, --threads at once, 1 KiB), \
+serial (the same one at a time), bulk (32 MiB in 1 KiB and in 64 KiB writes, length and SHA-256 \
+checked), stream (ten 13-byte events 2 ms apart). The report gives P50/P95 across batches, the \
+ratio to native, the paired difference to native with a 95% bootstrap CI, the proxy's CPU per \
+connection and start+exit time; DIR gets report.md, batches.csv, paired.csv, raw.jsonl and two SVG \
+plots.
+
+Exit status: 0 done; 1 a content check or a deny check failed (the run is void; a deny failure's \
+report is still written); 2 bad arguments; 3 the testbed cannot be built (not root, ip or nft \
+missing); 130 interrupted (everything it made is removed).
+
+Examples:
+  sluice bench --quick --out /tmp/bench
+  sluice bench --conditions native,host,haproxy --batches 30 --out bench-$(date +%F)";
+
+/// The image `containers/build-image.sh` builds by default.
+pub const DEFAULT_IMAGE: &str = "localhost/sluice-busybox:latest";
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Conditions to run, comma-separated (native is required: every ratio
+    /// is to it): native, host, oci, haproxy, tokio-proxy, vm, vm-direct.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "native,host,oci,haproxy,tokio-proxy,vm,vm-direct"
+    )]
+    pub conditions: Vec<String>,
+    /// Formal rounds (default 30; 3 with --quick).
+    #[arg(long, value_name = "N")]
+    pub batches: Option<usize>,
+    /// Rounds run first and left out (default 3; 1 with --quick).
+    #[arg(long, value_name = "N")]
+    pub warmups: Option<usize>,
+    /// Fresh connections per small and serial batch.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub conns: usize,
+    /// Client threads of the small workload.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub threads: usize,
+    /// Seed of the condition order and the bootstrap (default: one drawn
+    /// now; the report names it, so a run can be repeated).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// The image the oci condition runs the client in (it must hold the
+    /// libraries sluice links against; this sluice binary is mounted in).
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_IMAGE)]
+    pub image: String,
+    /// Every available condition with few batches: well under two minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the report goes (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+impl BenchArgs {
+    fn plan(&self) -> Result<Plan, BenchError> {
+        let conditions = self
+            .conditions
+            .iter()
+            .map(|name| {
+                ConditionKind::parse(name.trim()).ok_or_else(|| {
+                    BenchError::BadPlan(format!(
+                        "--conditions: unknown condition `{name}`; known: {}",
+                        ConditionKind::ALL.map(|c| c.name()).join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (batches, warmups) = if self.quick { (3, 1) } else { (30, 3) };
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 % 1_000_000)
+        });
+        let plan = Plan {
+            conditions,
+            workloads: Workload::ALL.to_vec(),
+            batches: self.batches.unwrap_or(batches),
+            warmups: self.warmups.unwrap_or(warmups),
+            conns: self.conns,
+            threads: self.threads,
+            seed,
+            image: self.image.clone(),
+        };
+        plan.check()?;
+        Ok(plan)
+    }
+}
+
+pub fn execute(args: BenchArgs) -> anyhow::Result<i32> {
+    let plan = args.plan().map_err(|e| super::BadInput(e.into()))?;
+    crate::confine::require_root("sluice bench")?;
+    for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
+        if bench::which(tool).is_none() {
+            anyhow::bail!("`{tool}` is not installed: apt-get install -y {package}");
+        }
+    }
+    let command = std::env::args()
+        .map(|a| shell_word(&a))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut machine = report::Machine::observe();
+    let mut progress = bench::progress::Progress::for_stderr();
+    let results = match bench::run(&plan, &mut progress) {
+        Ok(results) => results,
+        Err(err @ (BenchError::Interrupted | BenchError::Content { .. })) => {
+            progress.end();
+            eprintln!("sluice: error: {err}");
+            return Ok(if matches!(err, BenchError::Interrupted) {
+                130
+            } else {
+                1
+            });
+        }
+        Err(err) => {
+            progress.end();
+            return Err(err.into());
+        }
+    };
+    machine.load_after = report::load_average();
+    let summary = bench::stats::summarise(&results);
+    report::write(&args.out, &results, &summary, &machine, &command)?;
+    print!("{}", report::table(&summary));
+    println!("\nreport: {}", args.out.join("report.md").display());
+    let failures = results.deny_failures();
+    if let Some(first) = failures.first() {
+        let err = BenchError::DenyFailed {
+            failed: failures.len(),
+            total: results.rounds.iter().filter(|r| r.deny.is_some()).count(),
+            first: first.clone(),
+        };
+        eprintln!("sluice: error: {err}");
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+/// `arg` as a shell would need it to mean itself.
+fn shell_word(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=,:@%+".contains(c));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// `sluice bench-proxy`'s arguments.
+#[derive(Debug, Args)]
+pub struct BenchProxyArgs {
+    /// The network namespace (a path) to listen in.
+    #[arg(long, value_name = "PATH")]
+    pub netns: PathBuf,
+    /// The port to listen on, on 127.0.0.1 there.
+    #[arg(long, value_name = "PORT")]
+    pub port: u16,
+}
+
+pub fn execute_proxy(args: BenchProxyArgs) -> anyhow::Result<i32> {
+    bench::peers::serve_minimal_proxy(&args.netns, args.port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn plan(argv: &[&str]) -> Result<Plan, BenchError> {
+        Wrap::try_parse_from(std::iter::once("bench").chain(argv.iter().copied()))
+            .unwrap()
+            .args
+            .plan()
+    }
+
+    #[test]
+    fn quick_means_few_batches_unless_they_are_given() {
+        let p = plan(&["--quick", "--out", "x", "--seed", "5"]).unwrap();
+        assert_eq!((p.batches, p.warmups, p.seed), (3, 1, 5));
+        let p = plan(&["--quick", "--batches", "4", "--out", "x"]).unwrap();
+        assert_eq!(p.batches, 4);
+        let p = plan(&["--out", "x"]).unwrap();
+        assert_eq!((p.batches, p.warmups), (30, 3));
+        assert_eq!(p.conditions.len(), ConditionKind::ALL.len());
+    }
+
+    #[test]
+    fn an_unknown_condition_is_named() {
+        let err = plan(&["--conditions", "native,qemu", "--out", "x"]).unwrap_err();
+        assert!(err.to_string().contains("`qemu`"), "{err}");
+    }
+
+    #[test]
+    fn the_command_line_is_quoted_for_a_shell() {
+        assert_eq!(shell_word("--out"), "--out");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+    }
+}

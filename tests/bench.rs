@@ -1,0 +1,367 @@
+//! `sluice bench --quick` end to end: every available condition runs (oci in
+//! an image built here, haproxy when installed), the report and its data
+//! files have the documented shape, every deny check passes under sluice,
+//! the vm conditions are skipped with one line, and nothing is left behind;
+//! an interrupted bench cleans up too. The quick run is made once and
+//! shared by the tests that read it. Timings are never asserted.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::*;
+
+/// The quick run: its output, its pid, the report dir, what ran.
+struct Run {
+    out: Output,
+    pid: u32,
+    dir: tempfile::TempDir,
+    conditions: Vec<&'static str>,
+}
+
+static RUN: OnceLock<Option<Run>> = OnceLock::new();
+
+fn quick_run() -> Option<&'static Run> {
+    RUN.get_or_init(|| {
+        if !privileged() {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut conditions = vec!["native", "host", "tokio-proxy"];
+        let image = format!("localhost/sluice-bench-test:{}", std::process::id());
+        let oci = tool_path("podman").is_some() && tool_path("runc").is_some();
+        if oci {
+            build_test_image(&image, &[], None).expect("test image");
+            conditions.push("oci");
+        }
+        if tool_path("haproxy").is_some() {
+            conditions.push("haproxy");
+        }
+        let child = Command::new(sluice_bin())
+            .args([
+                "bench", "--quick", "--seed", "7", "--image", &image, "--out",
+            ])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let out = wait_bounded(child, Duration::from_secs(600));
+        if oci {
+            let _ = Command::new("podman").args(["rmi", "-f", &image]).output();
+        }
+        Some(Run {
+            out,
+            pid,
+            dir,
+            conditions,
+        })
+    })
+    .as_ref()
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn succeeded(run: &Run) {
+    assert!(
+        run.out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        run.out.status,
+        stdout(&run.out),
+        stderr(&run.out)
+    );
+}
+
+/// The rows of a CSV file, each a column -> value map, after checking the
+/// header is `header`.
+fn csv_rows(text: &str, header: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(header));
+    let columns: Vec<&str> = header.split(',').collect();
+    lines
+        .map(|line| {
+            let values: Vec<&str> = line.split(',').collect();
+            assert_eq!(values.len(), columns.len(), "{line}");
+            columns
+                .iter()
+                .map(|c| c.to_string())
+                .zip(values.iter().map(|v| v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_quick_bench_writes_the_report_its_data_and_its_plots() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    for name in ["report.md", "batches.csv", "paired.csv", "raw.jsonl"] {
+        assert!(run.dir.path().join(name).is_file(), "{name} missing");
+    }
+    for svg in ["ecdf-small.svg", "paired.svg"] {
+        assert!(read(run.dir.path(), svg).starts_with("<svg"), "{svg}");
+    }
+    let report = read(run.dir.path(), "report.md");
+    for needed in [
+        "sluice bench --quick --seed 7",
+        "Seed 7.",
+        "CPUs",
+        "Linux ",
+        "| condition | small P50 | small P95 | x native |",
+        "## Paired differences to native",
+        "## DESIGN.md's targets, host",
+    ] {
+        assert!(report.contains(needed), "no {needed:?} in:\n{report}");
+    }
+    for condition in &run.conditions {
+        assert!(
+            report.contains(&format!("\n| {condition} |")),
+            "no row for {condition}:\n{report}"
+        );
+    }
+    // The same table goes to stdout.
+    assert!(
+        stdout(&run.out).contains("| host |"),
+        "{}",
+        stdout(&run.out)
+    );
+}
+
+#[test]
+fn batches_csv_has_a_row_per_condition_workload_and_batch() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    let rows = csv_rows(
+        &read(run.dir.path(), "batches.csv"),
+        sluice::bench::report::BATCHES_HEADER,
+    );
+    let workloads = ["small", "serial", "bulk-1k", "bulk-64k", "stream"];
+    for condition in &run.conditions {
+        for workload in workloads {
+            let batches: Vec<&str> = rows
+                .iter()
+                .filter(|r| r["condition"] == *condition && r["workload"] == workload)
+                .map(|r| r["batch"].as_str())
+                .collect();
+            assert_eq!(batches, ["1", "2", "3"], "{condition} {workload}");
+        }
+    }
+    assert_eq!(rows.len(), run.conditions.len() * workloads.len() * 3);
+    for r in &rows {
+        assert!(
+            r["median_ms"].parse::<f64>().is_ok() || r["ok"] == "false",
+            "{r:?}"
+        );
+        // The proxy's CPU is measured where there is a proxy, and only there.
+        let proxied = r["condition"] != "native";
+        assert_eq!(!r["cpu_us_per_connection"].is_empty(), proxied, "{r:?}");
+    }
+}
+
+#[test]
+fn paired_csv_has_the_documented_columns_for_every_condition_but_native() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    let rows = csv_rows(
+        &read(run.dir.path(), "paired.csv"),
+        "condition,workload,diff_median_ms,ci_low_ms,ci_high_ms,ratio",
+    );
+    for condition in run.conditions.iter().filter(|c| **c != "native") {
+        let metrics: Vec<&str> = rows
+            .iter()
+            .filter(|r| r["condition"] == *condition)
+            .map(|r| r["workload"].as_str())
+            .collect();
+        assert_eq!(
+            metrics,
+            [
+                "small",
+                "serial",
+                "bulk-1k",
+                "bulk-64k",
+                "stream-first-byte",
+                "stream-last-byte",
+                "start-exit"
+            ],
+            "{condition}"
+        );
+    }
+    assert!(rows.iter().all(|r| r["condition"] != "native"));
+    for r in &rows {
+        let low: f64 = r["ci_low_ms"].parse().unwrap();
+        let mid: f64 = r["diff_median_ms"].parse().unwrap();
+        let high: f64 = r["ci_high_ms"].parse().unwrap();
+        assert!(low <= mid && mid <= high, "{r:?}");
+        assert!(r["ratio"].parse::<f64>().unwrap() > 0.0, "{r:?}");
+    }
+}
+
+#[test]
+fn every_deny_check_passes_under_sluice() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    let report = read(run.dir.path(), "report.md");
+    for condition in run
+        .conditions
+        .iter()
+        .filter(|c| ["host", "oci"].contains(c))
+    {
+        let row = report
+            .lines()
+            .find(|l| l.starts_with(&format!("| {condition} |")))
+            .unwrap();
+        assert!(row.contains("| 3/3 |"), "{row}");
+    }
+    // Where no policy is enforced there is nothing to check.
+    let native = report
+        .lines()
+        .find(|l| l.starts_with("| native |"))
+        .unwrap();
+    assert!(!native.contains("/3 |"), "{native}");
+    assert!(!report.contains("Deny checks that failed"), "{report}");
+}
+
+#[test]
+fn raw_jsonl_has_every_request_time() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    let raw = read(run.dir.path(), "raw.jsonl");
+    let records: Vec<serde_json::Value> = raw
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for condition in &run.conditions {
+        // 3 batches of 256 small requests, if none failed.
+        let small = records
+            .iter()
+            .filter(|r| r["condition"] == *condition && r["workload"] == "small")
+            .count();
+        assert!(small > 0 && small <= 3 * 256, "{condition}: {small}");
+    }
+    for r in &records {
+        for field in [
+            "batch",
+            "seq",
+            "connect_us",
+            "first_byte_us",
+            "last_byte_us",
+            "total_us",
+        ] {
+            assert!(r[field].is_u64(), "{field} in {r}");
+        }
+        assert!(
+            r["first_byte_us"].as_u64() <= r["last_byte_us"].as_u64(),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn the_vm_conditions_are_skipped_with_one_line_each() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    let err = stderr(&run.out);
+    for condition in ["vm", "vm-direct"] {
+        let line = format!("{condition}: skipped: sluice vm is not available yet");
+        assert_eq!(err.matches(&format!("{line}\n")).count(), 1, "{err}");
+        assert!(read(run.dir.path(), "report.md").contains(&line));
+    }
+}
+
+#[test]
+fn a_bench_leaves_no_namespace_or_temp_dir_behind() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    assert_nothing_left(run.pid);
+}
+
+fn assert_nothing_left(pid: u32) {
+    let namespaces = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let ours = format!("-{pid}-");
+    let left: Vec<String> = stdout(&namespaces)
+        .lines()
+        .filter(|l| l.starts_with("sluice-bench") && l.contains(&ours))
+        .map(str::to_string)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let temp: Vec<PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().is_some_and(|n| {
+                n.to_string_lossy()
+                    .starts_with(&format!("sluice-bench{ours}"))
+            })
+        })
+        .collect();
+    assert!(temp.is_empty(), "{temp:?}");
+}
+
+#[test]
+fn an_interrupted_bench_stops_and_cleans_up() {
+    if !privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(sluice_bin())
+        .args(["bench", "--conditions", "native,host,tokio-proxy", "--out"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Interrupt once the first session has run: its progress line is the
+    // event.
+    let (tx, rx) = mpsc::channel();
+    let stderr_pipe = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr_pipe).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("a progress line");
+    assert!(first.starts_with('['), "{first}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = wait_bounded(child, Duration::from_secs(120));
+    // Everything it said, up to its exit.
+    let rest: Vec<String> = rx.iter().collect();
+    assert_eq!(out.status.code(), Some(130), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("interrupted")), "{rest:?}");
+    assert!(!dir.path().join("report.md").exists());
+    assert_nothing_left(pid);
+}
+
+#[test]
+fn a_bench_without_native_is_refused_before_it_starts() {
+    let out = Command::new(sluice_bin())
+        .args([
+            "bench",
+            "--conditions",
+            "host",
+            "--out",
+            "/nonexistent/never",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("--conditions must include native"), "{err}");
+    assert!(!Path::new("/nonexistent/never").exists());
+}
