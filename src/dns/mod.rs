@@ -172,3 +172,5 @@ fn remember_answer(cache: &DnsCache, policy: &Policy, query: &Message, answer: &
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod forward_tests;

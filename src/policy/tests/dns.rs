@@ -76,7 +76,7 @@ fn bad_dns_limits_are_each_reported_at_their_node() {
             "no violation at {pos} with {word:?} in:\n{e}"
         );
     };
-    at("5:23", "`BOGUS` is not a DNS query type");
+    at("5:22", "`BOGUS` is not a DNS query type");
     at("6:22", "from 1 to 253");
     at("7:25", "must be a whole number");
     at("8:23", "from 1 to 10000");
