@@ -214,7 +214,10 @@ async fn a_forwarded_query_carries_only_its_question() {
     assert_eq!(raw.len(), 1);
     let sent = &raw[0];
     let contains = |needle: &[u8]| sent.windows(needle.len()).any(|w| w == needle);
-    assert!(!contains(payload.as_bytes()), "the additional TXT went upstream");
+    assert!(
+        !contains(payload.as_bytes()),
+        "the additional TXT went upstream"
+    );
     assert!(!contains(b"trailing-bytes"), "trailing bytes went upstream");
     let parsed = Message::from_vec(sent).unwrap();
     assert_eq!(parsed.queries.len(), 1);
@@ -228,7 +231,10 @@ async fn a_forwarded_query_carries_only_its_question() {
 /// Answers shaped to add 198.18.0.2 to the pinned origin.test.
 fn cname_to_pinned(q: &Message) -> Vec<Record> {
     let asked = q.queries[0].name().to_ascii();
-    vec![cname(&asked, "origin.test."), a("origin.test.", [198, 18, 0, 2])]
+    vec![
+        cname(&asked, "origin.test."),
+        a("origin.test.", [198, 18, 0, 2]),
+    ]
 }
 
 fn chain_to_pinned(q: &Message) -> Vec<Record> {
@@ -242,12 +248,18 @@ fn chain_to_pinned(q: &Message) -> Vec<Record> {
 
 fn unrelated_records(q: &Message) -> Vec<Record> {
     let asked = q.queries[0].name().to_ascii();
-    vec![a(&asked, [198, 18, 0, 3]), a("origin.test.", [198, 18, 0, 2])]
+    vec![
+        a(&asked, [198, 18, 0, 3]),
+        a("origin.test.", [198, 18, 0, 2]),
+    ]
 }
 
 fn additional_section(q: &Message) -> Vec<Record> {
     let asked = q.queries[0].name().to_ascii();
-    vec![a(&asked, [198, 18, 0, 3]), a("additional.", [198, 18, 0, 2])]
+    vec![
+        a(&asked, [198, 18, 0, 3]),
+        a("additional.", [198, 18, 0, 2]),
+    ]
 }
 
 #[tokio::test]
@@ -263,19 +275,29 @@ async fn a_pinned_name_keeps_its_pin_across_every_answer_shape() {
         let h = Harness::new(up.addr, "enforce", "");
         let got = h.ask("alias.example.", RecordType::A).await;
         assert_eq!(got.metadata.response_code, ResponseCode::NoError, "{shape}");
-        assert!(!h.ctx.cache.resolved("origin.test", ip("198.18.0.2")), "{shape}");
+        assert!(
+            !h.ctx.cache.resolved("origin.test", ip("198.18.0.2")),
+            "{shape}"
+        );
         assert_eq!(
             h.admits("198.18.0.2:443", "origin.test"),
             "deny/host-address-mismatch",
             "{shape}"
         );
-        assert_eq!(h.admits("198.18.0.1:443", "origin.test"), "allow/allow-rule", "{shape}");
+        assert_eq!(
+            h.admits("198.18.0.1:443", "origin.test"),
+            "allow/allow-rule",
+            "{shape}"
+        );
     }
 }
 
 fn cname_to_an_unadmitted_name(q: &Message) -> Vec<Record> {
     let asked = q.queries[0].name().to_ascii();
-    vec![cname(&asked, "cdn.elsewhere.test."), a("cdn.elsewhere.test.", [198, 18, 0, 9])]
+    vec![
+        cname(&asked, "cdn.elsewhere.test."),
+        a("cdn.elsewhere.test.", [198, 18, 0, 9]),
+    ]
 }
 
 #[tokio::test]
@@ -290,7 +312,10 @@ async fn a_cname_target_no_rule_admits_inherits_nothing() {
 
 fn cname_to_an_admitted_name(q: &Message) -> Vec<Record> {
     let asked = q.queries[0].name().to_ascii();
-    vec![cname(&asked, "cdn.example."), a("cdn.example.", [198, 18, 0, 9])]
+    vec![
+        cname(&asked, "cdn.example."),
+        a("cdn.example.", [198, 18, 0, 9]),
+    ]
 }
 
 #[tokio::test]
@@ -299,7 +324,10 @@ async fn a_cname_target_a_rule_admits_learns_its_addresses() {
     let h = Harness::new(up.addr, "enforce", "");
     h.ask("www.example.", RecordType::A).await;
     assert!(h.ctx.cache.resolved("cdn.example", ip("198.18.0.9")));
-    assert_eq!(h.ctx.cache.name_for(ip("198.18.0.9")).as_deref(), Some("www.example"));
+    assert_eq!(
+        h.ctx.cache.name_for(ip("198.18.0.9")).as_deref(),
+        Some("www.example")
+    );
 }
 
 /// Asks `qname` and returns the answer's code, checking that the query did

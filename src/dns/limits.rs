@@ -51,7 +51,9 @@ impl Budget {
             .refilled
             .map_or(Duration::ZERO, |then| now.saturating_duration_since(then));
         let refill = elapsed.as_secs_f64() * capacity / 60.0;
-        let tokens = state.tokens.map_or(capacity, |t| (t + refill).min(capacity));
+        let tokens = state
+            .tokens
+            .map_or(capacity, |t| (t + refill).min(capacity));
         state.tokens = Some(tokens);
         state.refilled = Some(now);
 

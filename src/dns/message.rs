@@ -433,6 +433,8 @@ pub fn learned_addresses(asked: &Name, message: &Message) -> Vec<Learned> {
 /// nothing, and they would only take room in the cache).
 pub fn remembered(asked: &Name, message: &Message, policy: &Policy) -> Vec<Learned> {
     let mut learned = learned_addresses(asked, message);
-    learned.retain(|l| !policy.dns().hosts.contains_key(&l.name) && (!l.alias || policy.admits_name(&l.name)));
+    learned.retain(|l| {
+        !policy.dns().hosts.contains_key(&l.name) && (!l.alias || policy.admits_name(&l.name))
+    });
     learned
 }

@@ -107,7 +107,11 @@ pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Optio
     if let Some(asked) = plan.asked {
         let refused = !asked.admitted || asked.limit.is_some();
         if let Some(metrics) = ctx.metrics.as_ref() {
-            metrics.dns_query(if refused && enforce { "refused" } else { "allow" });
+            metrics.dns_query(if refused && enforce {
+                "refused"
+            } else {
+                "allow"
+            });
             if let Some(limit) = asked.limit {
                 metrics.dns_limited(limit.label());
             }
@@ -143,20 +147,28 @@ pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Optio
     match plan.action {
         Action::Drop => None,
         Action::Reply(bytes) => Some(bytes),
-        Action::Forward { parsed, upstreams } => match upstream::forward(&parsed, upstreams).await {
-            Some(forwarded) => {
-                remember_answer(&ctx.cache, &policy, &parsed, &forwarded.message, true);
-                Some(forwarded.bytes)
+        Action::Forward { parsed, upstreams } => {
+            match upstream::forward(&parsed, upstreams).await {
+                Some(forwarded) => {
+                    remember_answer(&ctx.cache, &policy, &parsed, &forwarded.message, true);
+                    Some(forwarded.bytes)
+                }
+                None => message::reply(&parsed, ResponseCode::ServFail, Vec::new()),
             }
-            None => message::reply(&parsed, ResponseCode::ServFail, Vec::new()),
-        },
+        }
     }
 }
 
 /// Remember what an upstream answer to `query` teaches under `policy`
 /// ([`message::remembered`]). With `claim`, the asked name's addresses also
 /// map back to it (the sandbox asked for that name).
-fn remember_answer(cache: &DnsCache, policy: &Policy, query: &Message, answer: &Message, claim: bool) {
+fn remember_answer(
+    cache: &DnsCache,
+    policy: &Policy,
+    query: &Message,
+    answer: &Message,
+    claim: bool,
+) {
     let Some(question) = query.queries.first() else {
         return;
     };
@@ -171,6 +183,6 @@ fn remember_answer(cache: &DnsCache, policy: &Policy, query: &Message, answer: &
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod forward_tests;
+#[cfg(test)]
+mod tests;

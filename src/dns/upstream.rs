@@ -47,7 +47,11 @@ pub async fn forward(parsed: &Message, upstreams: &[SocketAddr]) -> Option<Forwa
     fallback
 }
 
-async fn forward_one(parsed: &Message, upstream: SocketAddr, deadline: Instant) -> Option<Forwarded> {
+async fn forward_one(
+    parsed: &Message,
+    upstream: SocketAddr,
+    deadline: Instant,
+) -> Option<Forwarded> {
     // A fresh id towards the upstream (the client's may be predictable);
     // the client's goes back into the answer.
     let client_id = parsed.metadata.id;

@@ -106,11 +106,7 @@ impl DnsContext {
     async fn resolve(&self, name: &str, v6: bool) -> Arc<[IpAddr]> {
         let policy = self.policy.current();
         let limits = &policy.dns().limits;
-        let qtype = if v6 {
-            RecordType::AAAA
-        } else {
-            RecordType::A
-        };
+        let qtype = if v6 { RecordType::AAAA } else { RecordType::A };
         let limit = if !limits.forwards_type(u16::from(qtype)) {
             Err(Limit::QueryType)
         } else if name.len() > limits.max_name_length {
@@ -119,7 +115,11 @@ impl DnsContext {
             self.budget.spend(name, Instant::now(), limits)
         };
         if let Err(limit) = limit {
-            tracing::debug!(name, reason = limit.reason(), "hostname lookup over dns.limits");
+            tracing::debug!(
+                name,
+                reason = limit.reason(),
+                "hostname lookup over dns.limits"
+            );
             if let Some(metrics) = self.metrics.as_ref() {
                 metrics.dns_limited(limit.label());
                 metrics.hostname_lookup("limited");
@@ -152,7 +152,9 @@ impl DnsContext {
 }
 
 impl Lookups {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, bool), Arc<OnceCell<Arc<[IpAddr]>>>>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, bool), Arc<OnceCell<Arc<[IpAddr]>>>>> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -177,8 +177,13 @@ impl Default for DnsLimits {
 }
 
 /// The default `dns.limits.query_types`, ascending by code.
-pub const DEFAULT_QUERY_TYPES: &[(&str, u16)] =
-    &[("A", 1), ("CNAME", 5), ("AAAA", 28), ("SVCB", 64), ("HTTPS", 65)];
+pub const DEFAULT_QUERY_TYPES: &[(&str, u16)] = &[
+    ("A", 1),
+    ("CNAME", 5),
+    ("AAAA", 28),
+    ("SVCB", 64),
+    ("HTTPS", 65),
+];
 
 /// Query types a policy may name, by mnemonic (any other is written
 /// `TYPEnnn`, RFC 3597).

@@ -122,7 +122,12 @@ pub(super) async fn handle(client: TcpStream, peer: SocketAddr, ctx: &ProxyConte
 
 /// Decide and relay a connection from `peer` whose original destination is
 /// `dst`.
-pub(super) async fn serve(mut client: TcpStream, peer: SocketAddr, dst: SocketAddr, ctx: &ProxyContext) {
+pub(super) async fn serve(
+    mut client: TcpStream,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    ctx: &ProxyContext,
+) {
     let mut outcome = Outcome::start(ctx, dst);
     let policy = ctx.policy.current();
 
@@ -186,7 +191,8 @@ pub(super) async fn serve(mut client: TcpStream, peer: SocketAddr, dst: SocketAd
     }
     // A plain-HTTP connection whose Host could change the verdict has each
     // of its requests decided; any other keeps the splice relay.
-    let each_request = session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst);
+    let each_request =
+        session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst);
     drop(policy);
 
     let upstream = tokio::time::timeout(ctx.limits.connect_timeout, TcpStream::connect(dst)).await;

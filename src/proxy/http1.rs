@@ -362,7 +362,8 @@ mod tests {
 
     #[test]
     fn chunked_is_the_body_when_it_is_the_last_coding() {
-        let head = "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: Chunked\r\n\r\n";
+        let head =
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: Chunked\r\n\r\n";
         assert_eq!(framed(head).unwrap().body, Body::Chunked);
     }
 
@@ -417,7 +418,8 @@ mod tests {
 
     #[test]
     fn a_chunked_body_ends_after_its_trailers() {
-        let body = b"5\r\nhello\r\n1a;ext=1\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nX-Sum: 1\r\n\r\nGET /";
+        let body =
+            b"5\r\nhello\r\n1a;ext=1\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nX-Sum: 1\r\n\r\nGET /";
         let end = body.len() - b"GET /".len();
         assert_eq!(
             walk(body),
@@ -452,17 +454,22 @@ mod tests {
     #[test]
     fn malformed_chunks_are_refused() {
         for bad in [
-            &b"5\nhello\r\n0\r\n\r\n"[..],    // bare LF after the size
-            b"5\r\nhello\n0\r\n\r\n",         // bare LF after the data
-            b"5\r\nhelloX\r\n0\r\n\r\n",      // data longer than its size
-            b"g\r\n",                         // not hex
-            b"\r\n",                          // no size
-            b"1234567890abcdef0\r\n",         // over 2^60
-            b"5 \r\nhello\r\n",               // whitespace without an extension
-            b"0\r\nX: y\n\r\n",               // bare LF in the trailers
-            b"0\r\n\n",                       // bare LF ending the body
+            &b"5\nhello\r\n0\r\n\r\n"[..], // bare LF after the size
+            b"5\r\nhello\n0\r\n\r\n",      // bare LF after the data
+            b"5\r\nhelloX\r\n0\r\n\r\n",   // data longer than its size
+            b"g\r\n",                      // not hex
+            b"\r\n",                       // no size
+            b"1234567890abcdef0\r\n",      // over 2^60
+            b"5 \r\nhello\r\n",            // whitespace without an extension
+            b"0\r\nX: y\n\r\n",            // bare LF in the trailers
+            b"0\r\n\n",                    // bare LF ending the body
         ] {
-            assert_eq!(walk(bad), Err(Refusal::BadChunk), "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                walk(bad),
+                Err(Refusal::BadChunk),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
         let long_ext = format!("1;{}\r\n", "x".repeat(MAX_CHUNK_LINE));
         assert_eq!(walk(long_ext.as_bytes()), Err(Refusal::BadChunk));

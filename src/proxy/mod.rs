@@ -285,18 +285,22 @@ mod tests {
             endpoints: vec!["127.0.0.1:9464".parse().unwrap()],
         };
         for hit in [
-            "[::ffff:198.19.255.2]:443",    // IPv4-mapped
-            "[::c613:ff02]:443",            // IPv4-compatible
-            "[64:ff9b::c613:ff02]:443",     // NAT64
-            "[2002:c613:ff02::1]:443",      // 6to4
-            "[::ffff:127.0.0.1]:9464",      // mapped endpoint
-            "[64:ff9b::7f00:1]:9464",       // NAT64 endpoint
-            "0.0.0.0:9464",                 // the kernel sends it to 127.0.0.1
+            "[::ffff:198.19.255.2]:443", // IPv4-mapped
+            "[::c613:ff02]:443",         // IPv4-compatible
+            "[64:ff9b::c613:ff02]:443",  // NAT64
+            "[2002:c613:ff02::1]:443",   // 6to4
+            "[::ffff:127.0.0.1]:9464",   // mapped endpoint
+            "[64:ff9b::7f00:1]:9464",    // NAT64 endpoint
+            "0.0.0.0:9464",              // the kernel sends it to 127.0.0.1
             "[::]:9464",
         ] {
             assert!(internal.contains(hit.parse().unwrap()), "{hit}");
         }
-        for miss in ["[::ffff:198.19.255.3]:443", "[::ffff:127.0.0.1]:9465", "[::1]:443"] {
+        for miss in [
+            "[::ffff:198.19.255.3]:443",
+            "[::ffff:127.0.0.1]:9465",
+            "[::1]:443",
+        ] {
             assert!(!internal.contains(miss.parse().unwrap()), "{miss}");
         }
     }

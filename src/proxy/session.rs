@@ -45,7 +45,8 @@ pub const FINISH_GRACE: Duration = Duration::from_secs(5);
 /// requests are decided on their own Host: a complete head, or the start of
 /// one that the peek did not see end (a slow or padded first request).
 pub(super) fn applies(first: &[u8], http: bool) -> bool {
-    http || (first.first().is_some_and(u8::is_ascii_uppercase) && inspect(first) == Peeked::NeedMore)
+    http || (first.first().is_some_and(u8::is_ascii_uppercase)
+        && inspect(first) == Peeked::NeedMore)
 }
 
 /// One connection on this path.
@@ -145,7 +146,10 @@ async fn requests(
         // and not passed on.
         if !first {
             loop {
-                let blank = buf.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+                let blank = buf
+                    .iter()
+                    .take_while(|&&b| b == b'\r' || b == b'\n')
+                    .count();
                 buf.drain(..blank);
                 if !buf.is_empty() {
                     break;
@@ -201,7 +205,14 @@ async fn decide_request(c: &Checked<'_>, host: Option<String>) -> Option<End> {
     let changed = host != c.host;
     if decision.verdict == Verdict::Deny || (ctx.audit_allows && changed) {
         tracing::debug!(peer = %c.peer, dst = %c.dst, ?host, rule = ?decision.rule, reason = decision.reason.as_str(), "request {verdict}");
-        let event = event(c, verdict, decision.rule, decision.reason.as_str(), host, policy.label());
+        let event = event(
+            c,
+            verdict,
+            decision.rule,
+            decision.reason.as_str(),
+            host,
+            policy.label(),
+        );
         ctx.audit.record(event).await;
     }
     (verdict == "deny").then(|| End::Denied {

@@ -42,7 +42,13 @@ fn dns_limits_default_to_what_ordinary_clients_need() {
     let p = policy("version: 1\nname: t\n");
     let l = &p.dns().limits;
     assert_eq!(*l, DnsLimits::default());
-    for (t, code) in [("A", 1), ("CNAME", 5), ("AAAA", 28), ("SVCB", 64), ("HTTPS", 65)] {
+    for (t, code) in [
+        ("A", 1),
+        ("CNAME", 5),
+        ("AAAA", 28),
+        ("SVCB", 64),
+        ("HTTPS", 65),
+    ] {
         assert!(l.forwards_type(code), "{t}");
     }
     assert!(!l.forwards_type(16), "TXT");

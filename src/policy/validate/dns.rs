@@ -191,11 +191,9 @@ impl Checker {
             }
         }
         if let Some(n) = f.get("queries_per_minute") {
-            if let Some(n) = self.bounded(
-                n,
-                "`dns.limits.queries_per_minute`",
-                MAX_QUERIES_PER_MINUTE,
-            ) {
+            if let Some(n) =
+                self.bounded(n, "`dns.limits.queries_per_minute`", MAX_QUERIES_PER_MINUTE)
+            {
                 out.queries_per_minute = n as u32;
             }
         }
@@ -267,7 +265,10 @@ fn parse_query_type(raw: &str) -> Result<u16, String> {
     if let Some((_, code)) = QUERY_TYPES.iter().find(|(name, _)| *name == upper) {
         return Ok(*code);
     }
-    if let Some(code) = upper.strip_prefix("TYPE").and_then(|n| n.parse::<u16>().ok()) {
+    if let Some(code) = upper
+        .strip_prefix("TYPE")
+        .and_then(|n| n.parse::<u16>().ok())
+    {
         return Ok(code);
     }
     let known: Vec<&str> = QUERY_TYPES.iter().map(|(name, _)| *name).collect();

@@ -11,7 +11,6 @@ use ipnet::{IpNet, Ipv4Net};
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-
 /// Everything a valid file says.
 #[derive(Debug)]
 pub(crate) struct Validated {
