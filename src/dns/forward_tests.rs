@@ -26,7 +26,7 @@ struct Upstream {
 }
 
 impl Upstream {
-    async fn start(answer: fn(&Message) -> Vec<Record>) -> Upstream {
+    async fn start(answer: Answerer) -> Upstream {
         let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
         let addr = udp.local_addr().unwrap();
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -228,6 +228,9 @@ async fn a_forwarded_query_carries_only_its_question() {
     assert_eq!(parsed.to_vec().unwrap().len(), sent.len());
 }
 
+/// Makes an upstream's answer records from the query.
+type Answerer = fn(&Message) -> Vec<Record>;
+
 /// Answers shaped to add 198.18.0.2 to the pinned origin.test.
 fn cname_to_pinned(q: &Message) -> Vec<Record> {
     let asked = q.queries[0].name().to_ascii();
@@ -264,7 +267,7 @@ fn additional_section(q: &Message) -> Vec<Record> {
 
 #[tokio::test]
 async fn a_pinned_name_keeps_its_pin_across_every_answer_shape() {
-    let shapes: [(&str, fn(&Message) -> Vec<Record>); 4] = [
+    let shapes: [(&str, Answerer); 4] = [
         ("CNAME to the pinned name", cname_to_pinned),
         ("a CNAME chain ending at it", chain_to_pinned),
         ("A records for an unrelated name", unrelated_records),

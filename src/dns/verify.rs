@@ -34,8 +34,11 @@ const EDNS_PAYLOAD: u16 = 1232;
 /// first one's answer instead of asking again.
 #[derive(Default)]
 pub struct Lookups {
-    in_flight: Mutex<HashMap<(String, bool), Arc<OnceCell<Arc<[IpAddr]>>>>>,
+    in_flight: Mutex<InFlight>,
 }
+
+/// (name, IPv6?) -> the addresses its lookup found, once it has.
+type InFlight = HashMap<(String, bool), Arc<OnceCell<Arc<[IpAddr]>>>>;
 
 impl DnsContext {
     /// Does `name` resolve to `ip`, as sluice's own upstreams answer it?
@@ -152,9 +155,7 @@ impl DnsContext {
 }
 
 impl Lookups {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, bool), Arc<OnceCell<Arc<[IpAddr]>>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InFlight> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
