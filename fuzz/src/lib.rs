@@ -241,7 +241,10 @@ fn check_rebuilt(parsed: &Message) {
     assert!(sent.additionals.is_empty() && sent.signature.is_none());
     assert_eq!(sent.edns.is_some(), parsed.edns.is_some());
     if let Some(edns) = &sent.edns {
-        assert!(edns.options().options.is_empty(), "a client EDNS option forwarded");
+        assert!(
+            edns.options().options.is_empty(),
+            "a client EDNS option forwarded"
+        );
     }
     assert_eq!(sent.to_vec().expect("re-encodes").len(), bytes.len());
 }
@@ -353,7 +356,11 @@ fn check_remembered(asked: &Name, answer: &Message) {
     let policy = &dns_policies()[0];
     for entry in dns_message::remembered(asked, answer, policy) {
         assert!(!policy.pins(&entry.name), "{} is pinned", entry.name);
-        assert!(!entry.alias || policy.admits_name(&entry.name), "{}", entry.name);
+        assert!(
+            !entry.alias || policy.admits_name(&entry.name),
+            "{}",
+            entry.name
+        );
     }
 }
 

@@ -202,7 +202,11 @@ pub fn plan<'a>(query: &[u8], policy: &'a Policy, default_upstream: &'a [SocketA
         Some(list) => list.as_slice(),
         None => default_upstream,
     };
-    asked.limit = if !dns.limits.forwards_type(u16::from(qtype)) {
+    // The limits bound what reaches an upstream; with none to reach they
+    // have nothing to bound.
+    asked.limit = if upstreams.is_empty() {
+        None
+    } else if !dns.limits.forwards_type(u16::from(qtype)) {
         Some(Limit::QueryType)
     } else if asked.host.trim_end_matches('.').len() > dns.limits.max_name_length {
         Some(Limit::NameLength)
