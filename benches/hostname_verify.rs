@@ -51,7 +51,6 @@ fn bench(c: &mut Criterion) {
     let yaml = format!(
         "version: 1\nname: bench\nrules:\n  - {{name: api, action: allow, hosts: [\"*.example\"], ports: [443]}}\ndns:\n  upstream: [\"{upstream}\"]\n  limits: {{queries_per_minute: 1000000, names_per_minute: 10000}}\n"
     );
-    let policy = Policy::from_yaml(&yaml, "bench.yaml").unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -62,7 +61,10 @@ fn bench(c: &mut Criterion) {
         b.iter_batched(
             || {
                 DnsContext::new(
-                    PolicyHandle::new(policy.clone(), "bench@1".to_string()),
+                    PolicyHandle::new(
+                        Policy::from_yaml(&yaml, "bench.yaml").unwrap(),
+                        "bench@1".to_string(),
+                    ),
                     Arc::new(DnsCache::new()),
                     audit.clone(),
                     "sb-bench".to_string(),

@@ -84,6 +84,9 @@ impl Proxy {
         let served =
             tokio::spawn(async move { connection::serve(server_side, peer, dst, &ctx).await });
         client.write_all(send).await.unwrap();
+        // Half-closed, so that a relayed connection ends too (with the
+        // origin's answer, not a hang) if the proxy wrongly connected.
+        let _ = client.shutdown().await;
         let mut got = Vec::new();
         let _ = client.read_to_end(&mut got).await;
         served.await.unwrap();
