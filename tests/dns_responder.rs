@@ -60,6 +60,8 @@ async fn sandbox_resolves_allowed_names_and_the_proxy_sees_them() {
         path: sluice::workload::WorkloadPath::Host,
         default_upstream: Vec::new(),
         metrics: None,
+        budget: Default::default(),
+        lookups: Default::default(),
     });
     let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
     let server = socket.local_addr().unwrap();

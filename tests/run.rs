@@ -768,3 +768,77 @@ fn connections_over_the_limit_wait_for_a_free_slot_and_say_so() {
         stderr(&out)
     );
 }
+
+#[test]
+fn allowed_sni_sent_to_its_pinned_address_is_admitted_without_a_prior_lookup() {
+    // `curl --resolve api.tls.test:8443:198.18.0.1`: the client never asks
+    // sluice's DNS; dns.hosts pins the name to that address.
+    let Some(w) = World::new() else { return };
+    let ca = w.tls_origin("198.18.0.1:8443", &["api.tls.test"]);
+    let ca = ca.to_str().unwrap();
+    let out = w.probe(
+        &w.policy(POLICY),
+        &[
+            "tls",
+            "198.18.0.1:8443",
+            "--sni",
+            "api.tls.test",
+            "--ca",
+            ca,
+        ],
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("200"), "{}", stdout(&out));
+}
+
+#[test]
+fn allowed_sni_sent_to_the_wrong_address_without_a_prior_lookup_is_denied() {
+    let Some(w) = World::new() else { return };
+    let ca = w.tls_origin("198.18.0.2:8443", &["api.tls.test"]);
+    let ca = ca.to_str().unwrap();
+    let out = w.probe(
+        &w.policy(POLICY),
+        &[
+            "tls",
+            "198.18.0.2:8443",
+            "--sni",
+            "api.tls.test",
+            "--ca",
+            ca,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let audit = w.audit();
+    let last = audit.last().expect("an audit record");
+    assert_eq!(last["reason"], "host-address-mismatch");
+    assert_eq!(last["host"], "api.tls.test");
+}
+
+#[test]
+fn a_second_request_on_a_kept_alive_connection_for_a_host_elsewhere_gets_403() {
+    let Some(w) = World::new() else { return };
+    w.echo_origin("198.18.0.1:8081");
+    // Admitted for origin.test (pinned to 198.18.0.1); the second request
+    // names elsewhere.tls.test, pinned to 198.18.0.2.
+    let send = "GET / HTTP/1.1\r\nHost: origin.test:8081\r\n\r\nGET /x HTTP/1.1\r\nHost: elsewhere.tls.test\r\n\r\n";
+    let out = w.probe(
+        &w.policy(POLICY),
+        &["tcp", "198.18.0.1:8081", "--send", send],
+    );
+    let text = stdout(&out);
+    assert!(
+        text.contains("echo:GET / HTTP/1.1"),
+        "{text}\n{}",
+        stderr(&out)
+    );
+    assert!(text.contains("HTTP/1.1 403"), "{text}");
+    assert!(text.contains("host-address-mismatch"), "{text}");
+    assert!(
+        !text.contains("GET /x"),
+        "the second request reached the origin: {text}"
+    );
+    let audit = w.audit();
+    let last = audit.last().expect("an audit record");
+    assert_eq!(last["reason"], "host-address-mismatch");
+    assert_eq!(last["host"], "elsewhere.tls.test");
+}

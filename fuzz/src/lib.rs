@@ -220,11 +220,33 @@ pub fn dns(data: &[u8]) {
             Action::Forward { parsed, upstreams } => {
                 let asked = plan.asked.as_ref().expect("forwarded without a question");
                 assert!(asked.admitted || policy.mode() == Mode::Audit);
+                assert!(asked.limit.is_none() || policy.mode() == Mode::Audit);
                 assert_eq!(parsed.queries.len(), 1);
                 assert!(!upstreams.is_empty());
+                check_rebuilt(parsed);
             }
         }
     }
+}
+
+/// What goes upstream for an admitted query is its one question and at
+/// most sluice's own EDNS, one whole message with nothing after it.
+fn check_rebuilt(parsed: &Message) {
+    let bytes = dns_message::upstream_query(parsed, 0x5a5a).expect("an admitted query rebuilds");
+    let sent = Message::from_vec(&bytes).expect("the rebuilt query parses");
+    assert_eq!(sent.metadata.id, 0x5a5a);
+    assert_eq!(sent.metadata.message_type, MessageType::Query);
+    assert_eq!(sent.queries, parsed.queries);
+    assert!(sent.answers.is_empty() && sent.authorities.is_empty());
+    assert!(sent.additionals.is_empty() && sent.signature.is_none());
+    assert_eq!(sent.edns.is_some(), parsed.edns.is_some());
+    if let Some(edns) = &sent.edns {
+        assert!(
+            edns.options().options.is_empty(),
+            "a client EDNS option forwarded"
+        );
+    }
+    assert_eq!(sent.to_vec().expect("re-encodes").len(), bytes.len());
 }
 
 fn check_reply(
@@ -304,6 +326,7 @@ pub fn dns_upstream(data: &[u8]) {
         if let Some(answer) = dns_message::upstream_answer(data, asked, id) {
             assert_eq!(answer.metadata.message_type, MessageType::Response);
             check_learned(asked.queries[0].name(), &answer);
+            check_remembered(asked.queries[0].name(), &answer);
         }
         assert!(dns_message::upstream_answer(data, asked, id.wrapping_add(1)).is_none());
         if let Ok(query) = asked.to_vec() {
@@ -325,6 +348,20 @@ fn fixed_query() -> Message {
         hickory_proto::rr::RecordType::A,
     ));
     q
+}
+
+/// No answer adds an address to a name `dns.hosts` pins, and a CNAME
+/// target is remembered only if the policy could admit it.
+fn check_remembered(asked: &Name, answer: &Message) {
+    let policy = &dns_policies()[0];
+    for entry in dns_message::remembered(asked, answer, policy) {
+        assert!(!policy.pins(&entry.name), "{} is pinned", entry.name);
+        assert!(
+            !entry.alias || policy.admits_name(&entry.name),
+            "{}",
+            entry.name
+        );
+    }
 }
 
 fn check_learned(asked: &Name, answer: &Message) {

@@ -1,7 +1,7 @@
 //! Serving one enforced sandbox: its proxy and DNS tasks, started together
 //! and drained together. `sluice run` serves one; the daemon serves many.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,8 @@ use crate::bundle::PolicyHandle;
 use crate::dns::{DnsCache, DnsContext};
 use crate::drain::Drain;
 use crate::metrics::{Metrics, SandboxTally};
-use crate::proxy::{InternalAddrs, Limits, ProxyContext, Resolver};
+use crate::policy::ResolvedNames;
+use crate::proxy::{InternalAddrs, Limits, ProxyContext, Resolver, Verifying};
 use crate::timing::TimingLog;
 
 /// How long connections get to finish once a sandbox is stopping.
@@ -60,9 +61,19 @@ impl ServedSandbox {
     ) -> Result<ServedSandbox> {
         let path = sandbox.attachment.path;
         let cache = Arc::new(DnsCache::new());
+        let mut dns_ctx = DnsContext::new(
+            policy.clone(),
+            cache,
+            shared.audit.clone(),
+            id.clone(),
+            path,
+        );
+        dns_ctx.default_upstream = shared.default_upstream.clone();
+        dns_ctx.metrics = shared.metrics.clone();
+        let dns_ctx = Arc::new(dns_ctx);
         let mut proxy_ctx = ProxyContext::new(
             policy.clone(),
-            cache.clone() as Arc<dyn Resolver>,
+            Arc::new(SandboxResolver(dns_ctx.clone())) as Arc<dyn Resolver>,
             shared.audit.clone(),
             id.clone(),
             path,
@@ -80,15 +91,6 @@ impl ServedSandbox {
             endpoints: shared.internal.clone(),
         };
         let proxy_ctx = Arc::new(proxy_ctx);
-        let dns_ctx = Arc::new(DnsContext {
-            policy: policy.clone(),
-            cache,
-            audit: shared.audit.clone(),
-            sandbox: id.clone(),
-            path,
-            default_upstream: shared.default_upstream.clone(),
-            metrics: shared.metrics.clone(),
-        });
 
         let mut drain = Drain::new("sandbox");
         for listener in &sandbox.sockets.proxy {
@@ -211,10 +213,24 @@ impl ServedSandbox {
     }
 }
 
-/// The proxy asks sluice's resolver which name an address was resolved for.
-impl Resolver for DnsCache {
-    fn name_for(&self, ip: std::net::IpAddr) -> Option<String> {
-        DnsCache::name_for(self, ip)
+/// The proxy's view of a sandbox's resolver: its memory (which names
+/// resolved to which addresses) and its own lookups of names the sandbox did
+/// not resolve through it.
+struct SandboxResolver(Arc<DnsContext>);
+
+impl ResolvedNames for SandboxResolver {
+    fn resolved(&self, name: &str, ip: IpAddr) -> bool {
+        self.0.cache.resolved(name, ip)
+    }
+}
+
+impl Resolver for SandboxResolver {
+    fn name_for(&self, ip: IpAddr) -> Option<String> {
+        self.0.cache.name_for(ip)
+    }
+
+    fn verify<'a>(&'a self, name: &'a str, ip: IpAddr) -> Verifying<'a> {
+        Box::pin(self.0.verify(name, ip))
     }
 }
 

@@ -82,6 +82,20 @@ impl DnsCache {
         (*expiry > Instant::now()).then(|| name.clone())
     }
 
+    /// True if `name` has an unexpired address of `ip`'s family (an
+    /// IPv4-mapped address counts as IPv4): the cache has an answer for it,
+    /// whether or not `ip` is in it.
+    pub fn knows(&self, name: &str, ip: IpAddr) -> bool {
+        let v4 = ip.to_canonical().is_ipv4();
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        inner.names.get(&normalize(name)).is_some_and(|e| {
+            e.addrs
+                .iter()
+                .any(|&(a, exp)| a.is_ipv4() == v4 && exp > now)
+        })
+    }
+
     /// Number of names held.
     pub fn len(&self) -> usize {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
@@ -286,6 +300,16 @@ mod tests {
         assert!(cache.resolved("m.test", ip("198.18.0.5")));
         assert!(cache.resolved("m.test", ip("::ffff:198.18.0.5")));
         assert_eq!(cache.name_for(ip("198.18.0.5")).as_deref(), Some("m.test"));
+    }
+
+    #[test]
+    fn a_name_is_known_per_family_until_its_answer_expires() {
+        let cache = DnsCache::new();
+        cache.remember_alias("k.test", &[ip("198.18.0.5")], MIN_TTL);
+        assert!(cache.knows("K.test.", ip("198.18.0.99")));
+        assert!(cache.knows("k.test", ip("::ffff:198.18.0.99")));
+        assert!(!cache.knows("k.test", ip("2001:db8::5")));
+        assert!(!cache.knows("other.test", ip("198.18.0.5")));
     }
 
     #[test]

@@ -82,6 +82,45 @@ pub struct Asked {
     pub admitted: bool,
     /// A static answer was given: remember these addresses for this name.
     pub remember: Option<(String, Vec<IpAddr>)>,
+    /// An admitted query that `dns.limits` keeps from the upstreams (in
+    /// enforce mode it was REFUSED; in audit mode it is forwarded anyway).
+    /// The per-minute budgets are the caller's to check: they need a clock.
+    pub limit: Option<Limit>,
+}
+
+/// Which of `dns.limits` a query ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Its type is not in `query_types`.
+    QueryType,
+    /// Its name is longer than `max_name_length`.
+    NameLength,
+    /// `queries_per_minute` is spent.
+    Queries,
+    /// `names_per_minute` distinct names were forwarded in the last minute.
+    Names,
+}
+
+impl Limit {
+    /// The audit record's `reason`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Limit::QueryType => "dns-query-type",
+            Limit::NameLength => "dns-name-too-long",
+            Limit::Queries => "dns-query-budget",
+            Limit::Names => "dns-name-budget",
+        }
+    }
+
+    /// The `limit` label of `sluice_dns_limited_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Limit::QueryType => "query-type",
+            Limit::NameLength => "name-length",
+            Limit::Queries => "queries",
+            Limit::Names => "names",
+        }
+    }
 }
 
 /// Decide what to do with `query` (a UDP payload or a TCP frame without its
@@ -120,6 +159,7 @@ pub fn plan<'a>(query: &[u8], policy: &'a Policy, default_upstream: &'a [SocketA
         qtype,
         admitted,
         remember: None,
+        limit: None,
     };
     if !admitted && policy.mode() == crate::policy::Mode::Enforce {
         let action = reply_action(&parsed, ResponseCode::Refused, Vec::new());
@@ -162,7 +202,20 @@ pub fn plan<'a>(query: &[u8], policy: &'a Policy, default_upstream: &'a [SocketA
         Some(list) => list.as_slice(),
         None => default_upstream,
     };
-    let action = if upstreams.is_empty() {
+    // The limits bound what reaches an upstream; with none to reach they
+    // have nothing to bound.
+    asked.limit = if upstreams.is_empty() {
+        None
+    } else if !dns.limits.forwards_type(u16::from(qtype)) {
+        Some(Limit::QueryType)
+    } else if asked.host.trim_end_matches('.').len() > dns.limits.max_name_length {
+        Some(Limit::NameLength)
+    } else {
+        None
+    };
+    let action = if asked.limit.is_some() && policy.mode() == crate::policy::Mode::Enforce {
+        reply_action(&parsed, ResponseCode::Refused, Vec::new())
+    } else if upstreams.is_empty() {
         // `upstream: []` means "only the static hosts"; no configured and
         // no host resolver is a failure, not proof the name is absent.
         let code = if dns.upstream.is_some() {
@@ -258,6 +311,30 @@ pub fn udp_limit(query: &[u8]) -> usize {
         .clamp(UDP_CLASSIC, UDP_MAX)
 }
 
+/// The query sluice sends upstream for `query` (whose one question the
+/// policy admitted): rebuilt from that question alone, with id `id`,
+/// recursion desired, the client's CD bit, and EDNS only if the client
+/// used it (sluice's own payload size, the client's DO bit, no options).
+/// Nothing else the client sent travels on: no other section, no EDNS
+/// option, no byte after the message.
+pub fn upstream_query(query: &Message, id: u16) -> Option<Vec<u8>> {
+    let question = match query.queries.as_slice() {
+        [one] => one,
+        _ => return None,
+    };
+    let mut out = Message::new(id, MessageType::Query, OpCode::Query);
+    out.metadata.recursion_desired = true;
+    out.metadata.checking_disabled = query.metadata.checking_disabled;
+    out.add_query(question.clone());
+    if let Some(client) = &query.edns {
+        let mut edns = Edns::new();
+        edns.set_max_payload(EDNS_PAYLOAD);
+        edns.set_dnssec_ok(client.flags().dnssec_ok);
+        out.edns = Some(edns);
+    }
+    out.to_vec().ok()
+}
+
 /// `bytes` parsed, if it is a response with `id` to the same question as
 /// `asked` (an upstream's answer to a query sluice forwarded).
 pub fn upstream_answer(bytes: &[u8], asked: &Message, id: u16) -> Option<Message> {
@@ -351,4 +428,17 @@ pub fn learned_addresses(asked: &Name, message: &Message) -> Vec<Learned> {
         });
     }
     out
+}
+
+/// What sluice keeps of an upstream answer to `asked` under `policy`: what
+/// [`learned_addresses`] reads, except for names `dns.hosts` pins (no
+/// upstream answer adds an address to them) and CNAME targets no allow rule
+/// could admit (queried directly they would be refused, so they inherit
+/// nothing, and they would only take room in the cache).
+pub fn remembered(asked: &Name, message: &Message, policy: &Policy) -> Vec<Learned> {
+    let mut learned = learned_addresses(asked, message);
+    learned.retain(|l| {
+        !policy.dns().hosts.contains_key(&l.name) && (!l.alias || policy.admits_name(&l.name))
+    });
+    learned
 }

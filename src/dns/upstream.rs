@@ -1,5 +1,7 @@
 //! Forwarding one query to the upstream resolvers, from sluice's own
-//! namespace: UDP first, TCP when the answer comes back truncated.
+//! namespace: UDP first, TCP when the answer comes back truncated. What is
+//! sent is rebuilt from the query's question ([`upstream_query`]), never the
+//! client's bytes.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -11,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::{timeout_at, Instant};
 
-use super::message::upstream_answer;
+use super::message::{upstream_answer, upstream_query};
 
 /// How long one upstream gets (UDP and any TCP retry together).
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -27,18 +29,14 @@ pub struct Forwarded {
     pub message: Message,
 }
 
-/// Send `query` (whose parse is `parsed`) to each upstream in turn until
-/// one gives a usable answer. SERVFAIL and REFUSED move on to the next
-/// upstream; the last such answer is returned if none does better.
-pub async fn forward(
-    query: &[u8],
-    parsed: &Message,
-    upstreams: &[SocketAddr],
-) -> Option<Forwarded> {
+/// Ask each upstream in turn the question of `parsed` until one gives a
+/// usable answer. SERVFAIL and REFUSED move on to the next upstream; the
+/// last such answer is returned if none does better.
+pub async fn forward(parsed: &Message, upstreams: &[SocketAddr]) -> Option<Forwarded> {
     let mut fallback = None;
     for &upstream in upstreams.iter().take(MAX_ATTEMPTS) {
         let deadline = Instant::now() + UPSTREAM_TIMEOUT;
-        let Some(answer) = forward_one(query, parsed, upstream, deadline).await else {
+        let Some(answer) = forward_one(parsed, upstream, deadline).await else {
             continue;
         };
         match answer.message.metadata.response_code {
@@ -50,7 +48,6 @@ pub async fn forward(
 }
 
 async fn forward_one(
-    query: &[u8],
     parsed: &Message,
     upstream: SocketAddr,
     deadline: Instant,
@@ -59,8 +56,7 @@ async fn forward_one(
     // the client's goes back into the answer.
     let client_id = parsed.metadata.id;
     let id = random_u16();
-    let mut out = query.to_vec();
-    out[..2].copy_from_slice(&id.to_be_bytes());
+    let out = upstream_query(parsed, id)?;
 
     let result = timeout_at(deadline, async {
         let mut answer = udp_exchange(&out, parsed, upstream, id).await?;

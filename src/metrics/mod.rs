@@ -76,6 +76,10 @@ pub struct Metrics {
     bytes: IntCounterVec,
     /// sluice_dns_queries_total{verdict}
     dns_queries: IntCounterVec,
+    /// sluice_dns_limited_total{limit}
+    dns_limited: IntCounterVec,
+    /// sluice_hostname_lookups_total{result}
+    hostname_lookups: IntCounterVec,
     /// sluice_dropped_packets_total{sandbox,reason}, read in the background.
     drops: Arc<drops::DroppedPackets>,
     /// sluice_bundle_revision{bundle}
@@ -134,6 +138,20 @@ impl Metrics {
             ),
             &["verdict"],
         )?;
+        let dns_limited = IntCounterVec::new(
+            Opts::new(
+                "sluice_dns_limited_total",
+                "DNS queries kept from the upstreams by the policy's dns.limits (refused in enforce mode), by limit (query-type, name-length, queries, names).",
+            ),
+            &["limit"],
+        )?;
+        let hostname_lookups = IntCounterVec::new(
+            Opts::new(
+                "sluice_hostname_lookups_total",
+                "Hostnames sluice resolved itself to verify a connection's SNI or Host that its cache did not know, by result (confirmed, mismatch, no-answer, limited).",
+            ),
+            &["result"],
+        )?;
         let drops = Arc::new(drops::DroppedPackets::new()?);
         let bundle_revision = IntGaugeVec::new(
             Opts::new(
@@ -183,6 +201,8 @@ impl Metrics {
         registry.register(Box::new(connection.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(dns_queries.clone()))?;
+        registry.register(Box::new(dns_limited.clone()))?;
+        registry.register(Box::new(hostname_lookups.clone()))?;
         registry.register(Box::new(drops::Collector(drops.clone())))?;
         registry.register(Box::new(bundle_revision.clone()))?;
         registry.register(Box::new(bundle_reloads.clone()))?;
@@ -209,6 +229,8 @@ impl Metrics {
             connection,
             bytes,
             dns_queries,
+            dns_limited,
+            hostname_lookups,
             drops,
             bundle_revision,
             bundle_reloads,
@@ -243,6 +265,18 @@ impl Metrics {
     /// The counter of one DNS verdict, to keep in the resolver and `inc()`.
     pub fn dns_counter(&self, verdict: &str) -> IntCounter {
         self.dns_queries.with_label_values(&[verdict])
+    }
+
+    /// Count one DNS query kept from the upstreams by `dns.limits`
+    /// (`limit`: query-type, name-length, queries or names).
+    pub fn dns_limited(&self, limit: &str) {
+        self.dns_limited.with_label_values(&[limit]).inc();
+    }
+
+    /// Count one hostname lookup sluice made itself (`result`: confirmed,
+    /// mismatch, no-answer or limited).
+    pub fn hostname_lookup(&self, result: &str) {
+        self.hostname_lookups.with_label_values(&[result]).inc();
     }
 
     /// Count one bundle load attempt.

@@ -55,6 +55,8 @@ pub(crate) struct Matcher {
     port_ranges: Box<[PortRange]>,
     /// Bit per port: some rule with `hosts` covers it.
     host_ports: Box<[u64]>,
+    /// Bit per port: some deny rule with `hosts` covers it.
+    deny_host_ports: Box<[u64]>,
 }
 
 /// The rules of one action.
@@ -91,39 +93,20 @@ impl Matcher {
     pub(crate) fn new(rules: &[Rule]) -> Matcher {
         let mut rule_ports = Vec::with_capacity(rules.len());
         let mut port_ranges = Vec::new();
-        let mut host_rule_ranges = Vec::new();
-        let mut all_ports_for_hosts = false;
         for rule in rules {
             let start = port_ranges.len() as u32;
             port_ranges.extend_from_slice(&rule.ports);
             rule_ports.push((start, port_ranges.len() as u32));
-            if !rule.hosts.is_empty() {
-                if rule.ports.is_empty() {
-                    all_ports_for_hosts = true;
-                } else {
-                    host_rule_ranges.extend_from_slice(&rule.ports);
-                }
-            }
         }
-        let mut host_ports = vec![0u64; 1024].into_boxed_slice();
-        if all_ports_for_hosts {
-            host_ports.fill(u64::MAX);
-        } else {
-            host_rule_ranges.sort();
-            let mut next = 0u32; // first port not yet set
-            for r in host_rule_ranges {
-                for p in u32::from(r.start).max(next)..=u32::from(r.end) {
-                    host_ports[(p / 64) as usize] |= 1 << (p % 64);
-                }
-                next = next.max(u32::from(r.end) + 1);
-            }
-        }
+        let host_rules = rules.iter().filter(|r| !r.hosts.is_empty());
+        let deny_host_rules = host_rules.clone().filter(|r| r.action == Verdict::Deny);
         Matcher {
+            host_ports: port_bits(host_rules),
+            deny_host_ports: port_bits(deny_host_rules),
             deny: Class::new(rules, Verdict::Deny),
             allow: Class::new(rules, Verdict::Allow),
             rule_ports: rule_ports.into_boxed_slice(),
             port_ranges: port_ranges.into_boxed_slice(),
-            host_ports,
         }
     }
 
@@ -187,6 +170,33 @@ impl Matcher {
     pub(crate) fn host_can_matter(&self, port: u16) -> bool {
         self.host_ports[usize::from(port / 64)] & (1 << (port % 64)) != 0
     }
+
+    /// Some deny rule with `hosts` covers `port`.
+    pub(crate) fn host_can_deny(&self, port: u16) -> bool {
+        self.deny_host_ports[usize::from(port / 64)] & (1 << (port % 64)) != 0
+    }
+}
+
+/// A bit per port (1024 words) set for every port one of `rules` covers.
+fn port_bits<'r>(rules: impl Iterator<Item = &'r Rule>) -> Box<[u64]> {
+    let mut bits = vec![0u64; 1024].into_boxed_slice();
+    let mut ranges = Vec::new();
+    for rule in rules {
+        if rule.ports.is_empty() {
+            bits.fill(u64::MAX);
+            return bits;
+        }
+        ranges.extend_from_slice(&rule.ports);
+    }
+    ranges.sort();
+    let mut next = 0u32; // first port not yet set
+    for r in ranges {
+        for p in u32::from(r.start).max(next)..=u32::from(r.end) {
+            bits[(p / 64) as usize] |= 1 << (p % 64);
+        }
+        next = next.max(u32::from(r.end) + 1);
+    }
+    bits
 }
 
 impl Class {

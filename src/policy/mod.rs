@@ -27,8 +27,11 @@ pub(crate) mod yaml;
 mod tests;
 
 pub use error::{PolicyError, Violation};
-pub use model::{DnsConfig, Mode, PortRange, Reason, Rule, Verdict};
-pub use net::is_private;
+pub use model::{
+    query_type_name, DnsConfig, DnsLimits, Mode, PortRange, Reason, Rule, Verdict,
+    DEFAULT_QUERY_TYPES, QUERY_TYPES,
+};
+pub use net::{canonical, embedded_v4, is_private};
 
 use matcher::Matcher;
 use std::io::Read;
@@ -176,7 +179,7 @@ impl Policy {
             if let Some(r) = self.matcher.allow_host(name, port) {
                 return if is_private(ip) {
                     self.decision(Verdict::Deny, r, Reason::PrivateAddress)
-                } else if !resolved.resolved(name, ip) {
+                } else if !self.resolves_to(name, ip, resolved) {
                     self.decision(Verdict::Deny, r, Reason::HostAddressMismatch)
                 } else {
                     self.decision(Verdict::Allow, r, Reason::AllowRule)
@@ -190,10 +193,37 @@ impl Policy {
         }
     }
 
+    /// Whether `name` resolves to `ip` as far as hosts rules are concerned:
+    /// a name in `dns.hosts` is pinned to exactly the addresses listed
+    /// there (whatever any resolver said), any other name to what sluice's
+    /// resolver returned.
+    fn resolves_to(&self, name: &str, ip: IpAddr, resolved: &dyn ResolvedNames) -> bool {
+        match self.dns.hosts.get(name) {
+            Some(pinned) => pinned.iter().any(|p| net::canonical(*p) == ip),
+            None => resolved.resolved(name, ip),
+        }
+    }
+
+    /// True if `name` is in `dns.hosts`: its addresses are the policy's,
+    /// never a resolver's.
+    pub fn pins(&self, name: &str) -> bool {
+        let mut buf = [0u8; hostname::MAX_NAME];
+        hostname::normalize(name, &mut buf).is_some_and(|n| self.dns.hosts.contains_key(n))
+    }
+
     /// True if some rule with `hosts` (allow or deny) covers `port`, so the
     /// hostname could change the verdict and is worth peeking for.
     pub fn host_can_matter(&self, port: u16) -> bool {
         self.matcher.host_can_matter(port)
+    }
+
+    /// True if, on a connection to `dst` that was allowed, another hostname
+    /// could still change the verdict: the address alone does not admit it
+    /// (a hosts rule did), or a deny rule with `hosts` covers the port. Each
+    /// request of such a plain-HTTP connection is decided on its own Host.
+    pub fn host_decides_each_request(&self, dst: SocketAddr) -> bool {
+        let ip = net::canonical(dst.ip());
+        self.matcher.host_can_deny(dst.port()) || self.matcher.allow_cidr(ip, dst.port()).is_none()
     }
 
     /// For DNS: true if some allow rule's `hosts` match `name` (any port)

@@ -132,6 +132,88 @@ pub struct DnsConfig {
     /// `None`: not given (use the host's resolv.conf). `Some(vec![])`:
     /// answer only from `hosts`.
     pub upstream: Option<Vec<SocketAddr>>,
-    /// Static answers; names lowercased without a trailing dot.
+    /// Static answers; names lowercased without a trailing dot. These names
+    /// are pinned: no upstream answer adds an address to them.
     pub hosts: HashMap<String, Vec<IpAddr>>,
+    /// What may be forwarded to the upstreams, per sandbox.
+    pub limits: DnsLimits,
+}
+
+/// `dns.limits`: bounds on what a sandbox's queries may carry to the
+/// upstream resolvers (names answered from `dns.hosts` or refused never
+/// leave sluice and are not counted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsLimits {
+    /// Query types forwarded (RFC 1035 type codes), ascending.
+    pub query_types: Vec<u16>,
+    /// Longest name forwarded, in characters without the trailing dot.
+    pub max_name_length: usize,
+    /// Queries forwarded per minute (a bucket refilled evenly; a full
+    /// minute's worth may come at once).
+    pub queries_per_minute: u32,
+    /// Distinct names forwarded within any 60 seconds.
+    pub names_per_minute: u32,
+}
+
+impl DnsLimits {
+    /// True if queries of type `code` may be forwarded.
+    pub fn forwards_type(&self, code: u16) -> bool {
+        self.query_types.binary_search(&code).is_ok()
+    }
+}
+
+impl Default for DnsLimits {
+    /// What ordinary clients need: addresses (A, AAAA), CNAME, and the
+    /// HTTPS/SVCB records browsers and newer curl ask for; names up to 128
+    /// characters; 6,000 queries and 120 distinct names a minute.
+    fn default() -> DnsLimits {
+        DnsLimits {
+            query_types: DEFAULT_QUERY_TYPES.iter().map(|(_, code)| *code).collect(),
+            max_name_length: 128,
+            queries_per_minute: 6_000,
+            names_per_minute: 120,
+        }
+    }
+}
+
+/// The default `dns.limits.query_types`, ascending by code.
+pub const DEFAULT_QUERY_TYPES: &[(&str, u16)] = &[
+    ("A", 1),
+    ("CNAME", 5),
+    ("AAAA", 28),
+    ("SVCB", 64),
+    ("HTTPS", 65),
+];
+
+/// Query types a policy may name, by mnemonic (any other is written
+/// `TYPEnnn`, RFC 3597).
+pub const QUERY_TYPES: &[(&str, u16)] = &[
+    ("A", 1),
+    ("NS", 2),
+    ("CNAME", 5),
+    ("SOA", 6),
+    ("PTR", 12),
+    ("MX", 15),
+    ("TXT", 16),
+    ("AAAA", 28),
+    ("SRV", 33),
+    ("NAPTR", 35),
+    ("DS", 43),
+    ("SSHFP", 44),
+    ("RRSIG", 46),
+    ("DNSKEY", 48),
+    ("TLSA", 52),
+    ("SVCB", 64),
+    ("HTTPS", 65),
+    ("ANY", 255),
+    ("CAA", 257),
+];
+
+/// The mnemonic of type `code`, or `TYPEnnn`.
+pub fn query_type_name(code: u16) -> String {
+    QUERY_TYPES
+        .iter()
+        .find(|(_, c)| *c == code)
+        .map(|(name, _)| name.to_string())
+        .unwrap_or_else(|| format!("TYPE{code}"))
 }

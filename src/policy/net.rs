@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) becomes IPv4; everything else is kept.
 #[inline]
-pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+pub fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         IpAddr::V4(_) => ip,
@@ -27,7 +27,7 @@ pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
 /// - IPv4-compatible `::a.b.c.d` (RFC 4291, deprecated), except `::` and
 ///   `::1`, which are IPv6's own.
 #[inline]
-pub(crate) fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
+pub fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
     let o = ip.octets();
     let v4 = |a: usize, b: usize, c: usize, d: usize| Ipv4Addr::new(o[a], o[b], o[c], o[d]);
     match ip.segments() {

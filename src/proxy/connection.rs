@@ -8,12 +8,13 @@ use nix::sys::socket::{setsockopt, sockopt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::decide::decide;
 use super::peek::{inspect, Peeked};
 use super::relay::{relay, Relayed};
-use super::{original_dst, ProxyContext};
+use super::{original_dst, session, ProxyContext};
 use crate::audit::{AuditEvent, Proto};
 use crate::metrics::{ConnectionMetrics, PathMetrics};
-use crate::policy::{Decision, Mode, Reason, Verdict};
+use crate::policy::{Decision, Mode, Verdict};
 use crate::timing::ConnectionClock;
 
 /// What the first bytes told us, kept only as long as the decision needs.
@@ -99,7 +100,7 @@ impl Drop for Outcome<'_> {
     }
 }
 
-pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyContext) {
+pub(super) async fn handle(client: TcpStream, peer: SocketAddr, ctx: &ProxyContext) {
     // Without a redirect there is no NAT entry; conntrack then reports the
     // listener's own address (or nothing) as the original destination.
     let local = client
@@ -116,6 +117,17 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
             return;
         }
     };
+    serve(client, peer, dst, ctx).await;
+}
+
+/// Decide and relay a connection from `peer` whose original destination is
+/// `dst`.
+pub(super) async fn serve(
+    mut client: TcpStream,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    ctx: &ProxyContext,
+) {
     let mut outcome = Outcome::start(ctx, dst);
     let policy = ctx.policy.current();
 
@@ -134,15 +146,7 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         host = resolved_name();
     }
 
-    let decision = if ctx.internal.contains(dst) {
-        Decision {
-            verdict: Verdict::Deny,
-            rule: None,
-            reason: Reason::SluiceInternal,
-        }
-    } else {
-        policy.decide(dst, host.as_deref(), &*ctx.resolver)
-    };
+    let decision = decide(ctx, &policy, dst, host.as_deref()).await;
     let enforce = policy.mode() == Mode::Enforce;
     let verdict = match (decision.verdict, enforce) {
         (Verdict::Allow, _) => "allow",
@@ -166,7 +170,7 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
                 &decision,
                 peer,
                 Some(dst),
-                host,
+                host.clone(),
                 policy.label(),
             ))
             .await;
@@ -185,6 +189,10 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
         }
         return;
     }
+    // A plain-HTTP connection whose Host could change the verdict has each
+    // of its requests decided; any other keeps the splice relay.
+    let each_request =
+        session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst);
     drop(policy);
 
     let upstream = tokio::time::timeout(ctx.limits.connect_timeout, TcpStream::connect(dst)).await;
@@ -204,6 +212,17 @@ pub(super) async fn handle(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyC
     outcome.connected();
     // The client socket inherited TCP_NODELAY from the listener.
     let _ = upstream.set_nodelay(true);
+    if each_request {
+        let checked = session::Checked {
+            ctx,
+            peer,
+            dst,
+            host,
+            first_decided: first.http,
+        };
+        outcome.relayed(session::relay(client, upstream, first.buf, checked).await);
+        return;
+    }
     if !first.buf.is_empty() && upstream.write_all(&first.buf).await.is_err() {
         reset(client);
         return;
@@ -305,7 +324,7 @@ async fn deny_without_destination(client: TcpStream, peer: SocketAddr, ctx: &Pro
 }
 
 /// A plain-HTTP client gets a readable answer instead of a bare reset.
-async fn reply_forbidden(mut client: TcpStream, decision: &Decision<'_>) {
+pub(super) async fn reply_forbidden(mut client: TcpStream, decision: &Decision<'_>) {
     let body = format!(
         "sluice: denied by {} ({})\n",
         decision

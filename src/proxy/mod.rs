@@ -10,11 +10,16 @@
 //! `audit`, `metrics` and `timing`.
 
 mod connection;
+mod decide;
+pub mod http1;
 mod original_dst;
 pub mod peek;
 mod relay;
+mod session;
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +32,7 @@ use crate::audit::AuditLog;
 use crate::bundle::PolicyHandle;
 use crate::drain::Watch;
 use crate::metrics::PathMetrics;
-use crate::policy::ResolvedNames;
+use crate::policy::{self, ResolvedNames};
 use crate::timing::TimingLog;
 use crate::workload::WorkloadPath;
 
@@ -60,15 +65,32 @@ impl Default for Limits {
 
 /// What the sandbox's resolver told it: the policy asks whether a name
 /// resolved to an address ([`ResolvedNames`]); the proxy also asks which
-/// name an address was resolved for, when a connection names none itself.
+/// name an address was resolved for, when a connection names none itself,
+/// and has a name it does not know verified.
 pub trait Resolver: ResolvedNames + Send + Sync {
     /// The name most recently resolved to `ip`, if that answer still holds.
     fn name_for(&self, ip: IpAddr) -> Option<String>;
+
+    /// Resolve `name` without the sandbox's help and say whether `ip` is
+    /// among its addresses (a connection's SNI or Host that the resolver's
+    /// memory had no answer for). Bounded in time; `false` when nothing can
+    /// be confirmed. The default confirms nothing.
+    fn verify<'a>(&'a self, name: &'a str, ip: IpAddr) -> Verifying<'a> {
+        let _ = (name, ip);
+        Box::pin(std::future::ready(false))
+    }
 }
+
+/// The answer of [`Resolver::verify`], to be awaited.
+pub type Verifying<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 
 /// sluice's own addresses, never a destination whatever the policy says:
 /// its addresses inside the sandbox (any port) and its endpoints such as
 /// /metrics (that port; an unspecified address matches every address).
+/// Destinations are compared in every spelling that reaches the same
+/// place: IPv4-mapped IPv6 as its IPv4, the IPv4 inside NAT64, 6to4,
+/// Teredo and IPv4-compatible addresses, and an unspecified destination
+/// (which the kernel sends to the local host) as every endpoint's.
 #[derive(Debug, Clone, Default)]
 pub struct InternalAddrs {
     pub ips: Vec<IpAddr>,
@@ -77,12 +99,28 @@ pub struct InternalAddrs {
 
 impl InternalAddrs {
     pub fn contains(&self, dst: SocketAddr) -> bool {
-        let ip = dst.ip();
-        self.ips.contains(&ip)
-            || self
-                .endpoints
-                .iter()
-                .any(|a| a.port() == dst.port() && (a.ip() == ip || a.ip().is_unspecified()))
+        let ip = policy::canonical(dst.ip());
+        if self.holds(ip, dst.port()) {
+            return true;
+        }
+        match ip {
+            IpAddr::V6(v6) => policy::embedded_v4(v6)
+                .into_iter()
+                .flatten()
+                .any(|v4| self.holds(IpAddr::V4(v4), dst.port())),
+            IpAddr::V4(_) => false,
+        }
+    }
+
+    /// `ip` (canonical) on `port` is one of these.
+    fn holds(&self, ip: IpAddr, port: u16) -> bool {
+        self.ips.iter().any(|own| policy::canonical(*own) == ip)
+            || self.endpoints.iter().any(|a| {
+                a.port() == port
+                    && (a.ip().is_unspecified()
+                        || ip.is_unspecified()
+                        || policy::canonical(a.ip()) == ip)
+            })
     }
 }
 
@@ -239,4 +277,34 @@ mod tests {
             assert!(!internal.contains(miss.parse().unwrap()), "{miss}");
         }
     }
+
+    #[test]
+    fn internal_addresses_are_refused_in_every_spelling() {
+        let internal = InternalAddrs {
+            ips: vec!["198.19.255.2".parse().unwrap()],
+            endpoints: vec!["127.0.0.1:9464".parse().unwrap()],
+        };
+        for hit in [
+            "[::ffff:198.19.255.2]:443", // IPv4-mapped
+            "[::c613:ff02]:443",         // IPv4-compatible
+            "[64:ff9b::c613:ff02]:443",  // NAT64
+            "[2002:c613:ff02::1]:443",   // 6to4
+            "[::ffff:127.0.0.1]:9464",   // mapped endpoint
+            "[64:ff9b::7f00:1]:9464",    // NAT64 endpoint
+            "0.0.0.0:9464",              // the kernel sends it to 127.0.0.1
+            "[::]:9464",
+        ] {
+            assert!(internal.contains(hit.parse().unwrap()), "{hit}");
+        }
+        for miss in [
+            "[::ffff:198.19.255.3]:443",
+            "[::ffff:127.0.0.1]:9465",
+            "[::1]:443",
+        ] {
+            assert!(!internal.contains(miss.parse().unwrap()), "{miss}");
+        }
+    }
 }
+
+#[cfg(test)]
+mod through;

@@ -1,6 +1,7 @@
 //! Behaviour of the policy module, one behaviour per test.
 
 mod decide;
+mod dns;
 mod embedded;
 mod errors;
 mod files;

@@ -2,12 +2,14 @@
 //! violation (at the node it belongs to) instead of stopping at the first.
 //! Messages say what is wrong and what to write instead.
 
+mod dns;
+
 use super::hostname::{self, Pattern};
 use super::model::{DnsConfig, Mode, PortRange, Rule, Verdict};
 use super::yaml::{self, list, Node, Pos, Problem, Value};
 use ipnet::{IpNet, Ipv4Net};
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 /// Everything a valid file says.
 #[derive(Debug)]
@@ -20,7 +22,6 @@ pub(crate) struct Validated {
 
 const TOP_KEYS: &[&str] = &["version", "name", "mode", "rules", "dns"];
 const RULE_KEYS: &[&str] = &["name", "action", "cidrs", "hosts", "ports"];
-const DNS_KEYS: &[&str] = &["upstream", "hosts"];
 
 /// Validates a parsed policy document.
 pub(crate) fn validate(root: &Node) -> Result<Validated, Vec<Problem>> {
@@ -356,143 +357,6 @@ impl Checker {
             name_at,
         ))
     }
-
-    fn dns(&mut self, v: &Node) -> DnsConfig {
-        let mut out = DnsConfig::default();
-        let entries = match &v.value {
-            Value::Map(entries) => entries,
-            Value::Null => return out,
-            _ => {
-                self.err(
-                    v.pos,
-                    format!(
-                        "`dns` must be a mapping with the keys {}, but it is {}",
-                        list(DNS_KEYS),
-                        v.kind()
-                    ),
-                );
-                return out;
-            }
-        };
-        let f = self.fields(v, entries, DNS_KEYS, "`dns`");
-        if let Some(u) = f.get("upstream") {
-            let items = self.list_of(
-                u,
-                "`dns.upstream`",
-                "`upstream: [\"198.18.0.53:53\"]` (or `[]` to answer only from `dns.hosts`)",
-            );
-            let mut ups = Vec::with_capacity(items.len());
-            for item in items {
-                match &item.value {
-                    Value::Str(s) => match parse_upstream(s) {
-                        Ok(addr) => ups.push(addr),
-                        Err(msg) => self.err(item.pos, msg),
-                    },
-                    _ => self.err(
-                        item.pos,
-                        format!(
-                            "a DNS upstream must be a string, but this is {}; write \"198.18.0.53:53\" or \"[2001:db8::53]:53\"",
-                            item.kind()
-                        ),
-                    ),
-                }
-            }
-            out.upstream = Some(ups);
-        }
-        if let Some(h) = f.get("hosts") {
-            match &h.value {
-                Value::Null => {}
-                Value::Map(entries) => out.hosts = self.dns_hosts(entries),
-                _ => self.err(
-                    h.pos,
-                    format!(
-                        "`dns.hosts` must be a mapping of name to addresses, but it is {}; write `hosts: {{ \"origin.test\": [\"198.18.0.1\"] }}`",
-                        h.kind()
-                    ),
-                ),
-            }
-        }
-        out
-    }
-
-    fn dns_hosts(&mut self, entries: &[(Node, Node)]) -> HashMap<String, Vec<IpAddr>> {
-        let mut out = HashMap::new();
-        let mut first_at: HashMap<String, Pos> = HashMap::new();
-        for (key, value) in entries {
-            let Value::Str(raw) = &key.value else {
-                self.err(
-                    key.pos,
-                    format!(
-                        "a `dns.hosts` name must be a string, but this is {}",
-                        key.kind()
-                    ),
-                );
-                continue;
-            };
-            let name = match hostname::parse_pattern(raw) {
-                Ok(Pattern::Exact(n)) => Some(n),
-                Ok(Pattern::Wildcard(_)) => {
-                    self.err(
-                        key.pos,
-                        format!(
-                            "`dns.hosts` answers exact names only, not `{raw}`; list each name"
-                        ),
-                    );
-                    None
-                }
-                Err(msg) => {
-                    self.err(key.pos, msg);
-                    None
-                }
-            };
-            let addrs = self.dns_addrs(value, raw);
-            let Some(name) = name else { continue };
-            if let Some(first) = first_at.get(&name) {
-                self.err(
-                    key.pos,
-                    format!(
-                        "`dns.hosts` lists `{name}` twice (first at line {}); merge the addresses into one entry",
-                        first.line
-                    ),
-                );
-                continue;
-            }
-            first_at.insert(name.clone(), key.pos);
-            out.insert(name, addrs);
-        }
-        out
-    }
-
-    fn dns_addrs(&mut self, v: &Node, name: &str) -> Vec<IpAddr> {
-        let what = format!("the addresses of `{name}` in `dns.hosts`");
-        let items = self.list_of(v, &what, "`[\"198.18.0.1\", \"2001:db8::1\"]`");
-        if items.is_empty() && matches!(v.value, Value::Seq(_)) {
-            self.err(
-                v.pos,
-                format!("{what} are empty; list at least one address or remove the name"),
-            );
-        }
-        let mut addrs = Vec::with_capacity(items.len());
-        for item in items {
-            match &item.value {
-                Value::Str(s) => match s.trim().parse::<IpAddr>() {
-                    Ok(ip) => addrs.push(ip),
-                    Err(_) => self.err(
-                        item.pos,
-                        format!("`{s}` is not an IP address; write one like \"198.18.0.1\" or \"2001:db8::1\""),
-                    ),
-                },
-                _ => self.err(
-                    item.pos,
-                    format!(
-                        "an address in `dns.hosts` must be a string, but this is {}; write it like \"198.18.0.1\"",
-                        item.kind()
-                    ),
-                ),
-            }
-        }
-        addrs
-    }
 }
 
 /// Parses a CIDR (or a bare address, meaning just that address).
@@ -563,32 +427,6 @@ pub(crate) fn parse_port(v: &Node) -> Result<PortRange, String> {
             v.kind()
         )),
     }
-}
-
-/// Parses a DNS upstream: "ip:port", "[v6]:port", or a bare address (port 53).
-pub(crate) fn parse_upstream(raw: &str) -> Result<SocketAddr, String> {
-    let s = raw.trim();
-    let addr = match s.parse::<SocketAddr>() {
-        Ok(a) => a,
-        Err(_) => match s.parse::<IpAddr>() {
-            Ok(ip) => SocketAddr::new(ip, 53),
-            Err(_) => {
-                return Err(format!(
-                    "`{raw}` is not a DNS server address; write \"198.18.0.53:53\" or \"[2001:db8::53]:53\" (an IP address, not a name)"
-                ))
-            }
-        },
-    };
-    if addr.port() == 0 {
-        return Err(format!(
-            "`{raw}` has port 0; DNS servers listen on port 53 (write \"{}:53\")",
-            match addr.ip() {
-                IpAddr::V4(ip) => ip.to_string(),
-                IpAddr::V6(ip) => format!("[{ip}]"),
-            }
-        ));
-    }
-    Ok(addr)
 }
 
 /// Sorts and merges overlapping or adjacent ranges.

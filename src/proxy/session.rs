@@ -1,0 +1,432 @@
+//! The relay of a plain-HTTP connection whose every request is decided on
+//! its own Host: one a hosts rule admitted (or where a deny rule with
+//! `hosts` covers the port), so that a kept-alive connection cannot carry a
+//! second request for another name to the same address. Client to origin,
+//! each request head is read (bounded like the peek), framed
+//! ([`super::http1`]) and decided ([`super::decide`]); it and its body
+//! (Content-Length or chunked) are then passed on unchanged, pipelined
+//! requests included. A request that is denied, or that cannot be framed
+//! safely, is not passed on: the origin gets the end of the stream, the
+//! client the responses to the requests before it and then a 403 (or 400)
+//! naming why, and the connection closes. Origin to client is copied as it
+//! comes. Connections admitted by their address alone never come here: they
+//! keep the zero-copy splice relay.
+//!
+//! In audit mode a request that would be denied is audited `would-deny`
+//! and passed on; one that cannot be framed is audited and the rest of the
+//! connection is relayed unchecked.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use super::connection::reply_forbidden;
+use super::decide::decide;
+use super::http1::{self, Body, Chunked, Refusal};
+use super::peek::{inspect, Peeked};
+use super::relay::Relayed;
+use super::ProxyContext;
+use crate::audit::{AuditEvent, Proto};
+use crate::policy::{Decision, Mode, Reason, Verdict};
+
+/// Bytes read or copied at a time.
+const CHUNK: usize = 64 * 1024;
+/// How long the origin gets, once a request was refused, to finish the
+/// responses to the requests before it.
+pub const FINISH_GRACE: Duration = Duration::from_secs(5);
+
+/// True if an allowed connection whose first bytes are `first` (a complete
+/// HTTP request head if `http`) takes this path, once the policy says its
+/// requests are decided on their own Host: a complete head, or the start of
+/// one that the peek did not see end (a slow or padded first request).
+pub(super) fn applies(first: &[u8], http: bool) -> bool {
+    http || (first.first().is_some_and(u8::is_ascii_uppercase)
+        && inspect(first) == Peeked::NeedMore)
+}
+
+/// One connection on this path.
+pub(super) struct Checked<'c> {
+    pub ctx: &'c ProxyContext,
+    pub peer: SocketAddr,
+    pub dst: SocketAddr,
+    /// The name the connection was decided on.
+    pub host: Option<String>,
+    /// The first request head in `first` was decided already (the peek saw
+    /// all of it).
+    pub first_decided: bool,
+}
+
+/// How the requests ended.
+enum End {
+    /// The client closed (or failed), or the origin stopped reading.
+    Closed,
+    /// A request was denied: the decision, owned.
+    Denied {
+        rule: Option<String>,
+        reason: Reason,
+    },
+    /// A request could not be framed safely.
+    Refused(Refusal),
+}
+
+/// Relay `client` and `upstream` (connected, nothing sent yet), `first`
+/// being the bytes the peek read.
+pub(super) async fn relay(
+    mut client: TcpStream,
+    mut upstream: TcpStream,
+    first: Vec<u8>,
+    checked: Checked<'_>,
+) -> Relayed {
+    let refusing = AtomicBool::new(false);
+    let stop = Notify::new();
+    let mut bytes_up = 0u64;
+    let (end, (bytes_down, first_byte_down)) = {
+        let (mut from_client, mut to_client) = client.split();
+        let (mut from_origin, mut to_origin) = upstream.split();
+        let up = async {
+            let end = requests(
+                &mut from_client,
+                &mut to_origin,
+                first,
+                &checked,
+                &mut bytes_up,
+            )
+            .await;
+            if !matches!(end, End::Closed) {
+                refusing.store(true, Ordering::Relaxed);
+                stop.notify_one();
+            }
+            // The origin sees the end of the stream, finishes what it was
+            // asked and (typically) closes.
+            let _ = to_origin.shutdown().await;
+            end
+        };
+        let down = responses(&mut from_origin, &mut to_client, &refusing, &stop);
+        tokio::join!(up, down)
+    };
+    drop(upstream);
+    match end {
+        End::Closed => {}
+        End::Denied { rule, reason } => {
+            let decision = Decision {
+                verdict: Verdict::Deny,
+                rule: rule.as_deref(),
+                reason,
+            };
+            reply_forbidden(client, &decision).await;
+        }
+        End::Refused(refusal) => reply_bad_request(client, refusal).await,
+    }
+    Relayed {
+        bytes_up,
+        bytes_down,
+        first_byte_down,
+    }
+}
+
+/// Client to origin, request by request, until the client closes or a
+/// request is refused.
+async fn requests(
+    from_client: &mut ReadHalf<'_>,
+    to_origin: &mut WriteHalf<'_>,
+    mut buf: Vec<u8>,
+    c: &Checked<'_>,
+    sent: &mut u64,
+) -> End {
+    let limit = c.ctx.limits.peek_bytes;
+    let mut decided = c.first_decided;
+    let mut first = true;
+    loop {
+        // Empty lines between requests are ignored (RFC 9112 section 2.2),
+        // and not passed on.
+        if !first {
+            loop {
+                let blank = buf
+                    .iter()
+                    .take_while(|&&b| b == b'\r' || b == b'\n')
+                    .count();
+                buf.drain(..blank);
+                if !buf.is_empty() {
+                    break;
+                }
+                if !matches!(fill(from_client, &mut buf).await, Some(1..)) {
+                    return End::Closed;
+                }
+            }
+        }
+        first = false;
+        let host = match read_head(from_client, &mut buf, limit).await {
+            Ok(Some(host)) => host,
+            Ok(None) => return End::Closed,
+            Err(refusal) => return refuse(c, refusal, from_client, to_origin, buf, sent).await,
+        };
+        if !std::mem::take(&mut decided) {
+            let host = host.or_else(|| c.ctx.resolver.name_for(c.dst.ip()));
+            if let Some(denied) = decide_request(c, host).await {
+                return denied;
+            }
+        }
+        let request = match http1::request(&buf) {
+            Ok(request) => request,
+            Err(refusal) => return refuse(c, refusal, from_client, to_origin, buf, sent).await,
+        };
+        if !send(to_origin, &mut buf, request.head_len, sent).await {
+            return End::Closed;
+        }
+        let body = match request.body {
+            Body::None => Ok(true),
+            Body::Length(n) => send_length(from_client, to_origin, &mut buf, n, sent).await,
+            Body::Chunked => send_chunked(from_client, to_origin, &mut buf, sent).await,
+        };
+        match body {
+            Ok(true) => {}
+            Ok(false) => return End::Closed,
+            Err(refusal) => return refuse(c, refusal, from_client, to_origin, buf, sent).await,
+        }
+    }
+}
+
+/// Decide one later request on `host`; `Some` ends the connection.
+async fn decide_request(c: &Checked<'_>, host: Option<String>) -> Option<End> {
+    let ctx = c.ctx;
+    let policy = ctx.policy.current();
+    let decision = decide(ctx, &policy, c.dst, host.as_deref()).await;
+    let enforce = policy.mode() == Mode::Enforce;
+    let verdict = match (decision.verdict, enforce) {
+        (Verdict::Allow, _) => "allow",
+        (Verdict::Deny, true) => "deny",
+        (Verdict::Deny, false) => "would-deny",
+    };
+    let changed = host != c.host;
+    if decision.verdict == Verdict::Deny || (ctx.audit_allows && changed) {
+        tracing::debug!(peer = %c.peer, dst = %c.dst, ?host, rule = ?decision.rule, reason = decision.reason.as_str(), "request {verdict}");
+        let event = event(
+            c,
+            verdict,
+            decision.rule,
+            decision.reason.as_str(),
+            host,
+            policy.label(),
+        );
+        ctx.audit.record(event).await;
+    }
+    (verdict == "deny").then(|| End::Denied {
+        rule: decision.rule.map(str::to_string),
+        reason: decision.reason,
+    })
+}
+
+/// A request that cannot be framed: refused in enforce mode; in audit mode
+/// recorded, and the rest of the connection is relayed as it comes.
+async fn refuse(
+    c: &Checked<'_>,
+    refusal: Refusal,
+    from_client: &mut ReadHalf<'_>,
+    to_origin: &mut WriteHalf<'_>,
+    mut buf: Vec<u8>,
+    sent: &mut u64,
+) -> End {
+    let policy = c.ctx.policy.current();
+    let enforce = policy.mode() == Mode::Enforce;
+    let verdict = if enforce { "deny" } else { "would-deny" };
+    tracing::debug!(peer = %c.peer, dst = %c.dst, reason = refusal.as_str(), "request {verdict}");
+    let host = c.host.clone();
+    let event = event(c, verdict, None, refusal.as_str(), host, policy.label());
+    drop(policy);
+    c.ctx.audit.record(event).await;
+    if enforce {
+        return End::Refused(refusal);
+    }
+    loop {
+        let len = buf.len();
+        if !send(to_origin, &mut buf, len, sent).await {
+            return End::Closed;
+        }
+        if !matches!(fill(from_client, &mut buf).await, Some(1..)) {
+            return End::Closed;
+        }
+    }
+}
+
+fn event(
+    c: &Checked<'_>,
+    verdict: &'static str,
+    rule: Option<&str>,
+    reason: &'static str,
+    host: Option<String>,
+    bundle: &str,
+) -> AuditEvent {
+    AuditEvent {
+        sandbox: c.ctx.sandbox.clone(),
+        path: c.ctx.path,
+        verdict,
+        rule: rule.map(str::to_string),
+        reason,
+        proto: Proto::Tcp,
+        src: Some(c.peer),
+        dst: Some(c.dst),
+        host,
+        bundle: bundle.to_string(),
+    }
+}
+
+/// Read until `buf` starts with a complete request head: `Ok(Some(host))`
+/// with the Host it names (lowercased, if any), `Ok(None)` if the client
+/// closed first (what it sent of a head is not passed on).
+async fn read_head(
+    from_client: &mut ReadHalf<'_>,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> Result<Option<Option<String>>, Refusal> {
+    loop {
+        if !buf.is_empty() {
+            match inspect(buf) {
+                Peeked::NeedMore => {}
+                Peeked::Http { host } => return Ok(Some(host.map(str::to_ascii_lowercase))),
+                Peeked::Tls { .. } | Peeked::Other => return Err(Refusal::NotRequest),
+            }
+        }
+        if buf.len() >= limit {
+            return Err(Refusal::HeadTooLarge);
+        }
+        if !matches!(fill(from_client, buf).await, Some(1..)) {
+            return Ok(None);
+        }
+    }
+}
+
+/// Pass on the first `n` bytes of `buf`; false if the origin is gone.
+async fn send(to_origin: &mut WriteHalf<'_>, buf: &mut Vec<u8>, n: usize, sent: &mut u64) -> bool {
+    if n == 0 {
+        return true;
+    }
+    if to_origin.write_all(&buf[..n]).await.is_err() {
+        return false;
+    }
+    *sent += n as u64;
+    buf.drain(..n);
+    true
+}
+
+/// Pass on a body of `left` bytes; `Ok(false)` if either side closed first.
+async fn send_length(
+    from_client: &mut ReadHalf<'_>,
+    to_origin: &mut WriteHalf<'_>,
+    buf: &mut Vec<u8>,
+    mut left: u64,
+    sent: &mut u64,
+) -> Result<bool, Refusal> {
+    loop {
+        let take = left.min(buf.len() as u64) as usize;
+        if !send(to_origin, buf, take, sent).await {
+            return Ok(false);
+        }
+        left -= take as u64;
+        if left == 0 {
+            return Ok(true);
+        }
+        if !matches!(fill(from_client, buf).await, Some(1..)) {
+            return Ok(false);
+        }
+    }
+}
+
+/// Pass on a chunked body up to its end; `Ok(false)` if either side closed
+/// first.
+async fn send_chunked(
+    from_client: &mut ReadHalf<'_>,
+    to_origin: &mut WriteHalf<'_>,
+    buf: &mut Vec<u8>,
+    sent: &mut u64,
+) -> Result<bool, Refusal> {
+    let mut body = Chunked::default();
+    loop {
+        let progress = body.advance(buf)?;
+        if !send(to_origin, buf, progress.consumed, sent).await {
+            return Ok(false);
+        }
+        if progress.done {
+            return Ok(true);
+        }
+        if !matches!(fill(from_client, buf).await, Some(1..)) {
+            return Ok(false);
+        }
+    }
+}
+
+/// Read what the client sent next onto the end of `buf`: the byte count,
+/// `None` on an error.
+async fn fill(from_client: &mut ReadHalf<'_>, buf: &mut Vec<u8>) -> Option<usize> {
+    buf.reserve(CHUNK);
+    from_client.read_buf(buf).await.ok()
+}
+
+/// Origin to client, as it comes, until the origin closes; once a request
+/// was refused (`stop`), for at most [`FINISH_GRACE`] more. The client's
+/// side is half-closed at the end unless a refusal is still to be written.
+async fn responses(
+    from_origin: &mut ReadHalf<'_>,
+    to_client: &mut WriteHalf<'_>,
+    refusing: &AtomicBool,
+    stop: &Notify,
+) -> (u64, Option<Instant>) {
+    let mut buf = vec![0u8; CHUNK];
+    let mut copied = 0u64;
+    let mut first_byte = None;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let cutoff = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let n = tokio::select! {
+            read = from_origin.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            _ = stop.notified(), if deadline.is_none() => {
+                deadline = Some(tokio::time::Instant::now() + FINISH_GRACE);
+                continue;
+            }
+            _ = cutoff => break,
+        };
+        if to_client.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        copied += n as u64;
+        first_byte.get_or_insert_with(Instant::now);
+    }
+    if !refusing.load(Ordering::Relaxed) {
+        let _ = to_client.shutdown().await;
+    }
+    (copied, first_byte)
+}
+
+/// A request sluice will not frame gets a readable answer, then the end.
+async fn reply_bad_request(mut client: TcpStream, refusal: Refusal) {
+    let body = format!(
+        "sluice: refused a request it cannot relay safely on a connection whose every request is checked ({})\n",
+        refusal.as_str()
+    );
+    let head = format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\nX-Sluice-Reason: {}\r\n\r\n",
+        body.len(),
+        refusal.as_str()
+    );
+    let _ = client.write_all(head.as_bytes()).await;
+    let _ = client.write_all(body.as_bytes()).await;
+    let _ = client.shutdown().await;
+    // Let the client read the answer before the socket goes.
+    let mut sink = [0u8; 1024];
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
