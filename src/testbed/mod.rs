@@ -6,6 +6,7 @@
 //! it only ever runs beside sluice, never inside it, and never sends
 //! anything beyond this machine.
 
+pub mod guest;
 pub mod load;
 pub mod origin;
 pub mod topology;
