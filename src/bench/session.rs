@@ -91,7 +91,16 @@ impl Session {
             }
         });
         let input = child.stdin.take().map(Input::Pipe);
-        Session::ready(what, child, input, lines, None, Arc::default(), proxy, spawned)
+        Session::ready(
+            what,
+            child,
+            input,
+            lines,
+            None,
+            Arc::default(),
+            proxy,
+            spawned,
+        )
     }
 
     /// Start `cmd`, a VMM booting the guest kit whose control port

@@ -49,7 +49,10 @@ pub fn kit_dir(exe: &Path) -> PathBuf {
 }
 
 /// Make `kind` (vm or vm-direct) ready, or say why it cannot run here.
-pub fn prepare(kind: ConditionKind, bed: &Testbed) -> Result<Result<Box<dyn Condition>, Skip>, BenchError> {
+pub fn prepare(
+    kind: ConditionKind,
+    bed: &Testbed,
+) -> Result<Result<Box<dyn Condition>, Skip>, BenchError> {
     if super::which(QEMU).is_none() {
         return Ok(Err(format!(
             "{QEMU} is not installed (apt-get install --no-install-recommends qemu-system-x86)"
@@ -154,7 +157,15 @@ impl Condition for Guest {
                     .arg(&timings)
                     .arg("--state-dir")
                     .arg(bed.dir.join("state"))
-                    .args(["--id", "bench-vm", "--tap", TAP, "--guest-mac", GUEST_MAC, "--"])
+                    .args([
+                        "--id",
+                        "bench-vm",
+                        "--tap",
+                        TAP,
+                        "--guest-mac",
+                        GUEST_MAC,
+                        "--",
+                    ])
                     .arg(QEMU)
                     .args(qemu);
                 (cmd, &bed.outer, Proxy::Itself)
@@ -184,14 +195,20 @@ pub fn guest_relay(
         .read_line(Instant::now() + READY_TIMEOUT)
         .map_err(|e| format!("waiting for the guest to boot: {e}"))?;
     if !line.starts_with(guest::READY) {
-        return Err(format!("the guest said {line:?} instead of {}", guest::READY));
+        return Err(format!(
+            "the guest said {line:?} instead of {}",
+            guest::READY
+        ));
     }
     let first = in_guest(&mut control, "sluice bench-client </dev/null")?;
     if !forward(&first, lines, false) {
         return Ok(());
     }
     for command in inbox.iter() {
-        let shell = format!("printf '%s\\n' {} | sluice bench-client", sh_quote(&command));
+        let shell = format!(
+            "printf '%s\\n' {} | sluice bench-client",
+            sh_quote(&command)
+        );
         let ran = in_guest(&mut control, &shell)?;
         if !forward(&ran, lines, true) {
             break;
@@ -205,7 +222,15 @@ fn in_guest(control: &mut Control, command: &str) -> Result<String, String> {
         .run_for(command, COMMAND_TIMEOUT)
         .map_err(|e| format!("the client in the guest: {e}"))?;
     if !ran.ok() {
-        let tail: String = ran.output.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: String = ran
+            .output
+            .chars()
+            .rev()
+            .take(2000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         return Err(format!(
             "`sluice bench-client` in the guest exited {}: {}",
             ran.status,

@@ -137,6 +137,12 @@ pub fn qemu_args(kit: &Kit, tap: &str, mac: &str, net: &GuestNet, control: &Path
         "console=ttyS0".to_string(),
         "quiet".into(),
         "panic=-1".into(),
+        // Without these the kernel distrusts TCG's TSC and falls back to
+        // jiffies: the guest's clock would tick in 4 ms steps, too coarse
+        // for the bench client's request times. With them it reads the
+        // TSC (at tsc_early_khz, the host's rate).
+        "clocksource=tsc".into(),
+        "tsc=reliable".into(),
         format!("tsc_early_khz={}", tsc_khz()),
         format!("sluice.ctl={CONTROL_PORT}"),
     ];
@@ -266,7 +272,11 @@ impl Control {
     }
 
     /// Append bytes up to and including the next newline to `buf`.
-    fn read_until_newline(&mut self, buf: &mut Vec<u8>, deadline: Instant) -> Result<(), GuestError> {
+    fn read_until_newline(
+        &mut self,
+        buf: &mut Vec<u8>,
+        deadline: Instant,
+    ) -> Result<(), GuestError> {
         let left = deadline
             .checked_duration_since(Instant::now())
             .filter(|d| !d.is_zero())

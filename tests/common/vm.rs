@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-pub use sluice::testbed::guest::{GuestNet, Ran, CONTROL_PORT, FAILED, READY};
 use sluice::testbed::guest::{self, Control};
+pub use sluice::testbed::guest::{GuestNet, Ran, CONTROL_PORT, FAILED, READY};
 
 /// How long a boot may take before the harness gives up (TCG on a loaded
 /// 2-vCPU machine: usually 2-6 s, up to 15 s when builds run beside it).
@@ -55,7 +55,10 @@ impl Kit {
 
     /// The directory the kit is in (what SLUICE_VM_KIT names).
     pub fn dir(&self) -> PathBuf {
-        self.initrd.parent().map(Path::to_path_buf).unwrap_or_default()
+        self.initrd
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
     }
 
     /// The kit, built or brought up to date once per test binary; None
@@ -299,7 +302,9 @@ impl Vm {
     pub fn run_for(&mut self, command: &str, limit: Duration) -> Result<Ran> {
         match self.control.run_for(command, limit) {
             Ok(ran) => Ok(ran),
-            Err(e) => Err(anyhow!(e).context(format!("no end of `{command}`: {}", self.console_tail()))),
+            Err(e) => {
+                Err(anyhow!(e).context(format!("no end of `{command}`: {}", self.console_tail())))
+            }
         }
     }
 
