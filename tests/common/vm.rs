@@ -15,7 +15,7 @@
 #![allow(dead_code)]
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 use sluice::testbed::guest::{self, Control};
-pub use sluice::testbed::guest::{GuestNet, Ran, CONTROL_PORT, FAILED, READY};
+pub use sluice::testbed::guest::{GuestNet, Ran, FAILED, READY};
 
 /// How long a boot may take before the harness gives up (TCG on a loaded
 /// 2-vCPU machine: usually 2-6 s, up to 15 s when builds run beside it).
