@@ -1,7 +1,8 @@
 //! One round's client session under one condition: the process the bench
 //! starts (the client itself, or `sluice run` / `sluice oci` with the client
-//! as its workload), the line protocol to the client on its stdin and
-//! stdout, the CPU time of the process that proxies for it, and how long
+//! as its workload, or a VMM whose guest runs the client: `vm`), the line
+//! protocol to the client on its stdin and stdout (for a guest, relayed
+//! through its control port by `vm::guest_relay`), the CPU time of the process that proxies for it, and how long
 //! the session took to start and to exit.
 //!
 //! Every wait is bounded and ends early on an interrupt: a reader thread
