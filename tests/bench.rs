@@ -1,9 +1,11 @@
 //! `sluice bench --quick` end to end: every available condition runs (oci in
 //! an image built here, haproxy when installed), the report and its data
 //! files have the documented shape, every deny check passes under sluice,
-//! the vm conditions are skipped with one line, and nothing is left behind;
-//! an interrupted bench cleans up too. The quick run is made once and
-//! shared by the tests that read it. Timings are never asserted.
+//! the vm conditions are skipped with one line when there is no guest kit,
+//! and nothing is left behind; an interrupted bench cleans up too. The
+//! quick run is made once and shared by the tests that read it; so is a
+//! smaller run of native, vm and vm-direct with the guest kit (two boots
+//! per VM condition). Timings are never asserted.
 
 mod common;
 
@@ -47,6 +49,8 @@ fn quick_run() -> Option<&'static Run> {
                 "bench", "--quick", "--seed", "7", "--image", &image, "--out",
             ])
             .arg(dir.path())
+            // The VM conditions have a run of their own (vm_run).
+            .env("SLUICE_VM_KIT", "/nonexistent/sluice-vm-kit")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -265,15 +269,109 @@ fn raw_jsonl_has_every_request_time() {
 }
 
 #[test]
-fn the_vm_conditions_are_skipped_with_one_line_each() {
+fn the_vm_conditions_are_skipped_with_one_line_each_without_a_guest_kit() {
     let Some(run) = quick_run() else { return };
     succeeded(run);
     let err = stderr(&run.out);
+    let report = read(run.dir.path(), "report.md");
     for condition in ["vm", "vm-direct"] {
-        let line = format!("{condition}: skipped: sluice vm is not available yet");
-        assert_eq!(err.matches(&format!("{line}\n")).count(), 1, "{err}");
-        assert!(read(run.dir.path(), "report.md").contains(&line));
+        let prefix = format!("{condition}: skipped: ");
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with(&prefix)).collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        // It says what is missing and how to get it.
+        assert!(
+            lines[0].contains("build-guest.sh") || lines[0].contains("apt-get install"),
+            "{}",
+            lines[0]
+        );
+        assert!(report.contains(lines[0]), "{report}");
     }
+}
+
+/// The run of the VM conditions: its output, its pid, the report dir.
+static VM_RUN: OnceLock<Option<Run>> = OnceLock::new();
+
+fn vm_run() -> Option<&'static Run> {
+    VM_RUN
+        .get_or_init(|| {
+            let kit = common::vm::Kit::get()?;
+            let dir = tempfile::tempdir().unwrap();
+            let child = Command::new(sluice_bin())
+                .args(["bench", "--quick", "--conditions", "native,vm,vm-direct"])
+                .args(["--batches", "2", "--warmups", "0", "--conns", "16"])
+                .args(["--threads", "4", "--seed", "11", "--out"])
+                .arg(dir.path())
+                .env("SLUICE_VM_KIT", kit.dir())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let pid = child.id();
+            let out = wait_bounded(child, Duration::from_secs(900));
+            Some(Run {
+                out,
+                pid,
+                dir,
+                conditions: vec!["native", "vm", "vm-direct"],
+            })
+        })
+        .as_ref()
+}
+
+#[test]
+fn the_vm_conditions_run_every_workload_in_the_guest() {
+    let Some(run) = vm_run() else { return };
+    succeeded(run);
+    let report = read(run.dir.path(), "report.md");
+    for condition in &run.conditions {
+        assert!(
+            report.contains(&format!("\n| {condition} |")),
+            "no row for {condition}:\n{report}"
+        );
+    }
+    assert!(
+        !stderr(&run.out).contains("skipped"),
+        "{}",
+        stderr(&run.out)
+    );
+    let rows = csv_rows(
+        &read(run.dir.path(), "batches.csv"),
+        sluice::bench::report::BATCHES_HEADER,
+    );
+    for condition in ["vm", "vm-direct"] {
+        for workload in ["small", "serial", "bulk-1k", "bulk-64k", "stream"] {
+            let ok: Vec<&str> = rows
+                .iter()
+                .filter(|r| r["condition"] == condition && r["workload"] == workload)
+                .map(|r| r["ok"].as_str())
+                .collect();
+            assert_eq!(ok, ["true", "true"], "{condition} {workload}");
+        }
+    }
+    // sluice vm's CPU is measured; the plain tap has no proxy.
+    for r in rows.iter().filter(|r| r["condition"] != "native") {
+        let proxied = r["condition"] == "vm";
+        assert_eq!(!r["cpu_us_per_connection"].is_empty(), proxied, "{r:?}");
+    }
+    assert_nothing_left(run.pid);
+}
+
+#[test]
+fn every_deny_check_passes_under_sluice_vm() {
+    let Some(run) = vm_run() else { return };
+    succeeded(run);
+    let report = read(run.dir.path(), "report.md");
+    let row = |condition: &str| {
+        report
+            .lines()
+            .find(|l| l.starts_with(&format!("| {condition} |")))
+            .unwrap_or_else(|| panic!("no {condition} row:\n{report}"))
+            .to_string()
+    };
+    assert!(row("vm").contains("| 2/2 |"), "{}", row("vm"));
+    // The plain tap enforces nothing: there is nothing to check.
+    assert!(!row("vm-direct").contains("/2 |"), "{}", row("vm-direct"));
+    assert!(!report.contains("Deny checks that failed"), "{report}");
 }
 
 #[test]

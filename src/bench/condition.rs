@@ -1,6 +1,6 @@
 //! The conditions a bench compares: the same client natively, under
 //! `sluice run`, in a container under `sluice oci`, behind the peer proxies
-//! (`peers`), and, once `sluice vm` exists, in a microVM. Each is a
+//! (`peers`), and in a microVM with and without `sluice vm` (`vm`). Each is a
 //! [`ConditionKind`] (its name, whether it enforces) and, once prepared for
 //! a run, a [`Condition`] that starts one round's client session.
 //!
@@ -87,8 +87,8 @@ impl ConditionKind {
             ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings)",
             ConditionKind::Haproxy => "haproxy `mode tcp`, one fixed upstream, behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::TokioProxy => "a minimal tokio proxy (SO_ORIGINAL_DST, copy_bidirectional, one thread) behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
-            ConditionKind::Vm => "the client in a microVM under `sluice vm`",
-            ConditionKind::VmDirect => "the same microVM on a plain tap, without sluice",
+            ConditionKind::Vm => "the client in the test microVM (QEMU microvm, TCG emulation: no KVM here) under `sluice vm` (with --audit and --timings); request times on the guest's clock, start+exit includes the boot",
+            ConditionKind::VmDirect => "the same microVM on a plain tap with an origin of its own, without sluice: vm minus vm-direct is sluice's cost",
         }
     }
 }
@@ -141,9 +141,7 @@ pub fn prepare(
             Err(why) => Err(why),
         },
         ConditionKind::TokioProxy => Ok(Box::new(peers::Peer::tokio_proxy(bed)?)),
-        ConditionKind::Vm | ConditionKind::VmDirect => {
-            Err("sluice vm is not available yet".to_string())
-        }
+        ConditionKind::Vm | ConditionKind::VmDirect => super::vm::prepare(kind, bed)?,
     })
 }
 

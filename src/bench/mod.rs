@@ -23,6 +23,7 @@ pub mod progress;
 pub mod report;
 pub mod session;
 pub mod stats;
+pub mod vm;
 pub mod workload;
 
 use std::net::{IpAddr, SocketAddr};

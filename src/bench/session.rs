@@ -1,7 +1,8 @@
 //! One round's client session under one condition: the process the bench
 //! starts (the client itself, or `sluice run` / `sluice oci` with the client
-//! as its workload), the line protocol to the client on its stdin and
-//! stdout, the CPU time of the process that proxies for it, and how long
+//! as its workload, or a VMM whose guest runs the client: `vm`), the line
+//! protocol to the client on its stdin and stdout (for a guest, relayed
+//! through its control port by `vm::guest_relay`), the CPU time of the process that proxies for it, and how long
 //! the session took to start and to exit.
 //!
 //! Every wait is bounded and ends early on an interrupt: a reader thread
@@ -12,6 +13,8 @@
 //! if it does not go.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -22,6 +25,7 @@ use nix::unistd::Pid;
 
 use super::client::{self, Reply};
 use super::interrupt;
+use super::vm::{guest_relay, UnblockOnEof};
 use super::BenchError;
 use crate::testbed::OuterNetns;
 
@@ -44,9 +48,13 @@ const STDERR_TAIL: usize = 4096;
 pub struct Session {
     what: String,
     child: Option<Child>,
-    stdin: Option<ChildStdin>,
+    input: Option<Input>,
     lines: Receiver<(Instant, String)>,
     stderr: Tail,
+    /// A guest's console (QEMU's stdout), for error messages.
+    console: Option<Tail>,
+    /// What the guest relay saw go wrong, for error messages.
+    notes: Arc<Mutex<String>>,
     /// The process that proxies the client's connections, if any.
     proxy: Option<u32>,
     /// From spawn to the client's ready line.
@@ -62,23 +70,10 @@ impl Session {
         netns: &OuterNetns,
         proxy: Proxy,
     ) -> Result<Session, BenchError> {
-        use std::os::unix::process::CommandExt;
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Out of the terminal's foreground group: a Ctrl-C reaches the
-            // bench alone, which stops this session in order.
-            .process_group(0);
-        let program = cmd.get_program().to_string_lossy().into_owned();
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
         let spawned = Instant::now();
-        let mut child = spawn_in(netns, cmd).map_err(|cause| BenchError::Spawn {
-            what: what.to_string(),
-            program,
-            cause,
-        })?;
-        interrupt::register(child.id());
+        let mut child = spawn_session(what, cmd, netns)?;
         let stdout = child.stdout.take().expect("piped stdout");
-        let stderr_pipe = child.stderr.take().expect("piped stderr");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             let mut reader = BufReader::new(stdout);
@@ -96,7 +91,80 @@ impl Session {
                 }
             }
         });
-        let stderr = Tail::follow(stderr_pipe);
+        let input = child.stdin.take().map(Input::Pipe);
+        Session::ready(
+            what,
+            child,
+            input,
+            lines,
+            None,
+            Arc::default(),
+            proxy,
+            spawned,
+        )
+    }
+
+    /// Start `cmd`, a VMM booting the guest kit whose control port
+    /// connects to `control` (listening), in `netns`; the client runs in
+    /// the guest, one `sluice bench-client` per command (`guest_relay`).
+    /// Its ready line is that of a client run in the guest once it booted,
+    /// so the start time includes the boot.
+    pub fn start_guest(
+        what: &str,
+        mut cmd: Command,
+        netns: &OuterNetns,
+        proxy: Proxy,
+        control: UnixListener,
+        control_path: PathBuf,
+    ) -> Result<Session, BenchError> {
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+        let spawned = Instant::now();
+        let mut child = spawn_session(what, cmd, netns)?;
+        // When the VMM's console closes (it exited, or was killed), a
+        // connection to the control socket unblocks a relay still waiting
+        // for the guest to connect.
+        let console = child.stdout.take().map(|out| {
+            Tail::follow(UnblockOnEof {
+                inner: out,
+                control: control_path,
+            })
+        });
+        let (tx, lines) = mpsc::channel();
+        let (commands, inbox) = mpsc::channel();
+        let notes: Arc<Mutex<String>> = Arc::default();
+        let noted = notes.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = guest_relay(control, &tx, &inbox) {
+                if let Ok(mut n) = noted.lock() {
+                    *n = e;
+                }
+            }
+        });
+        Session::ready(
+            what,
+            child,
+            Some(Input::Guest(commands)),
+            lines,
+            console,
+            notes,
+            proxy,
+            spawned,
+        )
+    }
+
+    /// The session of a spawned `child`: wait for the client's ready line.
+    #[allow(clippy::too_many_arguments)]
+    fn ready(
+        what: &str,
+        mut child: Child,
+        input: Option<Input>,
+        lines: Receiver<(Instant, String)>,
+        console: Option<Tail>,
+        notes: Arc<Mutex<String>>,
+        proxy: Proxy,
+        spawned: Instant,
+    ) -> Result<Session, BenchError> {
+        let stderr = Tail::follow(child.stderr.take().expect("piped stderr"));
         let proxy = match proxy {
             Proxy::None => None,
             Proxy::Itself => Some(child.id()),
@@ -104,10 +172,12 @@ impl Session {
         };
         let mut session = Session {
             what: what.to_string(),
-            stdin: child.stdin.take(),
+            input,
             child: Some(child),
             lines,
             stderr,
+            console,
+            notes,
             proxy,
             start: Duration::ZERO,
         };
@@ -122,13 +192,15 @@ impl Session {
 
     /// Send `command` and wait for its reply.
     pub fn request(&mut self, command: &client::Command) -> Result<Reply, BenchError> {
-        let mut line = serde_json::to_vec(command).expect("commands serialize");
-        line.push(b'\n');
-        let sent = self
-            .stdin
-            .as_mut()
-            .map(|stdin| stdin.write_all(&line).and_then(|()| stdin.flush()));
-        if !matches!(sent, Some(Ok(()))) {
+        let line = serde_json::to_string(command).expect("commands serialize");
+        let sent = match self.input.as_mut() {
+            Some(Input::Pipe(stdin)) => writeln!(stdin, "{line}")
+                .and_then(|()| stdin.flush())
+                .is_ok(),
+            Some(Input::Guest(commands)) => commands.send(line).is_ok(),
+            None => false,
+        };
+        if !sent {
             return Err(self.failed("it stopped reading commands"));
         }
         let (_, reply) = self.next_line(COMMAND_TIMEOUT, "answer")?;
@@ -151,7 +223,9 @@ impl Session {
     /// Returns the time from `quit` to the exit.
     pub fn finish(mut self) -> Result<Duration, BenchError> {
         let asked = Instant::now();
-        if let Some(mut stdin) = self.stdin.take() {
+        // A guest's relay closes the control port when its input goes,
+        // and the guest powers off.
+        if let Some(Input::Pipe(mut stdin)) = self.input.take() {
             let _ = stdin.write_all(b"{\"op\":\"quit\"}\n");
         }
         let child = self
@@ -194,17 +268,30 @@ impl Session {
         if interrupt::raised() {
             return BenchError::Interrupted;
         }
+        let mut problem = what.to_string();
+        if let Ok(note) = self.notes.lock() {
+            if !note.is_empty() {
+                problem = format!("{problem} ({note})");
+            }
+        }
+        let mut stderr = self.stderr.text(Duration::from_secs(2));
+        if let Some(console) = &self.console {
+            let text = console.text(Duration::from_secs(2));
+            if !text.is_empty() {
+                stderr = format!("{stderr}\nthe guest's console ended with:\n{text}");
+            }
+        }
         BenchError::Session {
             what: self.what.clone(),
-            problem: what.to_string(),
-            stderr: self.stderr.text(Duration::from_secs(2)),
+            problem,
+            stderr,
         }
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        drop(self.stdin.take());
+        drop(self.input.take());
         if let Some(child) = self.child.take() {
             let pid = child.id();
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
@@ -214,6 +301,33 @@ impl Drop for Session {
             interrupt::unregister(pid);
         }
     }
+}
+
+/// Where a session's commands go.
+enum Input {
+    /// The client's stdin.
+    Pipe(ChildStdin),
+    /// The relay to the guest (each command one JSON line).
+    Guest(mpsc::Sender<String>),
+}
+
+/// Spawn a session's process (stdin and stdout as `cmd` says, stderr
+/// piped) in `netns`, in a process group of its own, known to the
+/// interrupt handler.
+fn spawn_session(what: &str, mut cmd: Command, netns: &OuterNetns) -> Result<Child, BenchError> {
+    use std::os::unix::process::CommandExt;
+    cmd.stderr(Stdio::piped())
+        // Out of the terminal's foreground group: a Ctrl-C reaches the
+        // bench alone, which stops this session in order.
+        .process_group(0);
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let child = spawn_in(netns, cmd).map_err(|cause| BenchError::Spawn {
+        what: what.to_string(),
+        program,
+        cause,
+    })?;
+    interrupt::register(child.id());
+    Ok(child)
 }
 
 /// Spawn `cmd` from a thread inside `netns`: the child starts in that

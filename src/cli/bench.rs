@@ -13,8 +13,11 @@ Builds a throwaway topology (an origin and a service the policy forbids, in a na
 own; nothing outside it is touched) and runs every condition side by side: native (the client \
 straight to the origin), host (under `sluice run`), oci (in a container under `sluice oci`; \
 needs podman and an image with the client's libraries, see containers/build-image.sh), haproxy \
-and tokio-proxy (peers with no policy behind the same nft redirect), vm and vm-direct (once \
-`sluice vm` exists). A condition that cannot run here is skipped with one line saying why.
+and tokio-proxy (peers with no policy behind the same nft redirect), vm (the client in the test \
+microVM under `sluice vm`) and vm-direct (the same microVM on a plain tap, no sluice; both need \
+qemu-system-x86_64 and the guest kit of containers/vm/build-guest.sh, found in $SLUICE_VM_KIT or \
+target/vm-kit beside the binary; one boot per session, TCG emulation). A condition that cannot \
+run here is skipped with one line saying why.
 
 Every round (--warmups, then --batches) starts a fresh session per condition, in a shuffled \
 order, and runs: a deny check, small (--conns fresh connections, --threads at once, 1 KiB), \

@@ -15,7 +15,7 @@
 #![allow(dead_code)]
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
@@ -26,19 +26,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-/// What the guest writes on its control port once it is configured.
-pub const READY: &str = "SLUICE-GUEST-READY";
-/// ... or instead, when its network could not be configured.
-pub const FAILED: &str = "SLUICE-GUEST-FAILED";
-/// The name of the control port (the guest's `sluice.ctl=` default).
-pub const CONTROL_PORT: &str = "sluice.ctl";
+use sluice::testbed::guest::{self, Control};
+pub use sluice::testbed::guest::{GuestNet, Ran, FAILED, READY};
+
 /// How long a boot may take before the harness gives up (TCG on a loaded
 /// 2-vCPU machine: usually 2-6 s, up to 15 s when builds run beside it).
 pub const BOOT_DEADLINE: Duration = Duration::from_secs(90);
 /// A command's limit unless the caller gives one.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most of a command's output kept.
-const MAX_OUTPUT: usize = 16 << 20;
 /// Console output kept for error messages (the tail).
 const MAX_CONSOLE: usize = 256 << 10;
 
@@ -50,6 +45,22 @@ pub struct Kit {
 }
 
 impl Kit {
+    /// The same kit as the library knows it.
+    pub fn guest(&self) -> guest::Kit {
+        guest::Kit {
+            kernel: self.kernel.clone(),
+            initrd: self.initrd.clone(),
+        }
+    }
+
+    /// The directory the kit is in (what SLUICE_VM_KIT names).
+    pub fn dir(&self) -> PathBuf {
+        self.initrd
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+    }
+
     /// The kit, built or brought up to date once per test binary; None
     /// (after saying why) when this test must skip.
     pub fn get() -> Option<Kit> {
@@ -124,41 +135,6 @@ fn build_kit() -> Result<Kit> {
     })
 }
 
-/// How the guest configures eth0 (see containers/vm/init).
-#[derive(Debug, Clone)]
-pub enum GuestNet {
-    /// Addresses with prefix, e.g. "198.18.0.2/30"; DNS = the IPv4 gateway.
-    Static {
-        ip: String,
-        gateway: String,
-        ip6: Option<String>,
-        gateway6: Option<String>,
-    },
-    /// busybox udhcpc at boot.
-    Dhcp,
-    None,
-}
-
-impl GuestNet {
-    fn kernel_args(&self) -> Vec<String> {
-        match self {
-            GuestNet::Static {
-                ip,
-                gateway,
-                ip6,
-                gateway6,
-            } => {
-                let mut args = vec![format!("sluice.ip={ip}"), format!("sluice.gw={gateway}")];
-                args.extend(ip6.iter().map(|a| format!("sluice.ip6={a}")));
-                args.extend(gateway6.iter().map(|a| format!("sluice.gw6={a}")));
-                args
-            }
-            GuestNet::Dhcp => vec!["sluice.net=dhcp".into()],
-            GuestNet::None => vec!["sluice.net=none".into()],
-        }
-    }
-}
-
 /// One guest to boot.
 #[derive(Debug, Clone)]
 pub struct VmSpec {
@@ -189,100 +165,18 @@ impl VmSpec {
     }
 }
 
-/// The kernel's `tsc_early_khz`: microvm has no HPET or PM timer, and
-/// without it the guest's TSC calibration can lose a race on a loaded host
-/// and hang for good.
-pub fn tsc_khz() -> u64 {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("cpu MHz"))
-                .and_then(|l| l.split(':').nth(1))
-                .and_then(|mhz| mhz.trim().parse::<f64>().ok())
-        })
-        .map(|mhz| (mhz * 1000.0) as u64)
-        .unwrap_or(2_000_000)
-}
-
 /// QEMU's arguments (after the program name) for `spec`, with the control
 /// port connecting to `control` (a listening Unix socket).
 pub fn qemu_args(kit: &Kit, spec: &VmSpec, control: &Path) -> Vec<OsString> {
-    let mut append = vec![
-        "console=ttyS0".to_string(),
-        "quiet".into(),
-        "panic=-1".into(),
-        format!("tsc_early_khz={}", tsc_khz()),
-        format!("sluice.ctl={CONTROL_PORT}"),
-    ];
-    append.extend(spec.net.kernel_args());
-    let mut args: Vec<OsString> = [
-        "-M",
-        "microvm",
-        "-accel",
-        "tcg",
-        "-cpu",
-        "max",
-        "-m",
-        "256",
-        "-smp",
-        "1",
-        "-nodefaults",
-        "-no-user-config",
-        "-nographic",
-        "-no-reboot",
-        "-serial",
-        "stdio",
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    args.push("-kernel".into());
-    args.push(kit.kernel.clone().into());
-    args.push("-initrd".into());
-    args.push(kit.initrd.clone().into());
-    args.push("-append".into());
-    args.push(append.join(" ").into());
-    for arg in [
-        "-netdev".to_string(),
-        format!("tap,id=n0,ifname={},script=no,downscript=no", spec.tap),
-        "-device".into(),
-        format!("virtio-net-device,netdev=n0,mac={}", spec.mac),
-        "-device".into(),
-        "virtio-serial-device".into(),
-        "-chardev".into(),
-    ] {
-        args.push(arg.into());
-    }
-    let mut chardev = OsString::from("socket,id=ctl,path=");
-    chardev.push(control);
-    args.push(chardev);
-    args.push("-device".into());
-    args.push(format!("virtserialport,chardev=ctl,name={CONTROL_PORT}").into());
-    args
-}
-
-/// What a command in the guest did.
-#[derive(Debug, Clone)]
-pub struct Ran {
-    pub status: i32,
-    /// stdout and stderr, interleaved as written.
-    pub output: String,
-}
-
-impl Ran {
-    pub fn ok(&self) -> bool {
-        self.status == 0
-    }
+    guest::qemu_args(&kit.guest(), &spec.tap, &spec.mac, &spec.net, control)
 }
 
 /// A booted guest. Dropping it kills QEMU.
 pub struct Vm {
     qemu: Child,
-    control: BufReader<UnixStream>,
+    control: Control,
     console: Arc<Mutex<Vec<u8>>>,
     _dir: tempfile::TempDir,
-    next: u64,
     reaped: bool,
     /// The guest's ready line, e.g. "net=static dev=eth0 addr=198.18.0.2/30".
     pub ready: String,
@@ -363,10 +257,9 @@ impl Vm {
         };
         let mut vm = Vm {
             qemu,
-            control: BufReader::new(stream),
+            control: Control::new(stream),
             console,
             _dir: dir,
-            next: 0,
             reaped: false,
             ready: String::new(),
             boot_time: Duration::ZERO,
@@ -391,10 +284,9 @@ impl Vm {
         let (a, _b) = UnixStream::pair().expect("socketpair");
         Vm {
             qemu,
-            control: BufReader::new(a),
+            control: Control::new(a),
             console,
             _dir: dir,
-            next: 0,
             reaped: false,
             ready: String::new(),
             boot_time: Duration::ZERO,
@@ -408,45 +300,10 @@ impl Vm {
 
     /// Run `command`, killed in the guest after `limit`.
     pub fn run_for(&mut self, command: &str, limit: Duration) -> Result<Ran> {
-        if command.contains('\n') {
-            bail!("a guest command is one line: {command:?}");
-        }
-        self.next += 1;
-        let marker = format!(
-            "SLUICE-END-{}-{}-{:016x}",
-            std::process::id(),
-            self.next,
-            rand::random::<u64>()
-        );
-        let secs = limit.as_secs().max(1);
-        let line = format!("{marker} {secs} {command}\n");
-        self.control
-            .get_mut()
-            .write_all(line.as_bytes())
-            .context("write to the guest's control port")?;
-        // The guest kills the command at `limit`; this bounds a dead guest.
-        let deadline = Instant::now() + limit + Duration::from_secs(15);
-        let end = format!("\n{marker} ");
-        let mut got: Vec<u8> = Vec::new();
-        loop {
-            let mut chunk = Vec::new();
-            self.read_until_newline(&mut chunk, deadline)
-                .with_context(|| format!("no end of `{command}`: {}", self.console_tail()))?;
-            got.extend_from_slice(&chunk);
-            if got.len() > MAX_OUTPUT {
-                bail!("`{command}` wrote more than {MAX_OUTPUT} bytes");
-            }
-            if let Some(at) = find(&got, end.as_bytes()) {
-                let status_text = String::from_utf8_lossy(&got[at + end.len()..]).to_string();
-                let status = status_text
-                    .trim()
-                    .parse()
-                    .with_context(|| format!("bad status line {status_text:?}"))?;
-                got.truncate(at);
-                return Ok(Ran {
-                    status,
-                    output: String::from_utf8_lossy(&got).into_owned(),
-                });
+        match self.control.run_for(command, limit) {
+            Ok(ran) => Ok(ran),
+            Err(e) => {
+                Err(anyhow!(e).context(format!("no end of `{command}`: {}", self.console_tail())))
             }
         }
     }
@@ -523,35 +380,7 @@ impl Vm {
     }
 
     fn read_line(&mut self, deadline: Instant) -> Result<String> {
-        let mut line = Vec::new();
-        self.read_until_newline(&mut line, deadline)?;
-        Ok(String::from_utf8_lossy(&line).trim_end().to_string())
-    }
-
-    /// Append bytes up to and including the next newline to `buf`.
-    fn read_until_newline(&mut self, buf: &mut Vec<u8>, deadline: Instant) -> Result<()> {
-        let left = deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| anyhow!("timed out waiting for the guest"))?;
-        self.control
-            .get_ref()
-            .set_read_timeout(Some(left))
-            .context("set_read_timeout")?;
-        match self.control.read_until(b'\n', buf) {
-            Ok(0) => bail!("the guest closed its control port (QEMU exited?)"),
-            Ok(_) if buf.ends_with(b"\n") => Ok(()),
-            Ok(_) => bail!("the guest closed its control port mid-line"),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                bail!("timed out waiting for the guest")
-            }
-            Err(e) => Err(e).context("read from the guest's control port"),
-        }
+        Ok(self.control.read_line(deadline)?)
     }
 }
 
@@ -559,10 +388,6 @@ impl Drop for Vm {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 fn drain_console(mut from: Box<dyn Read + Send>, console: &Mutex<Vec<u8>>) {
