@@ -34,6 +34,30 @@ impl MacAddr {
         self.0
     }
 
+    /// The IPv6 link-local address a kernel gives an interface with this
+    /// MAC by default: fe80::/64 with the modified EUI-64 (RFC 4291 2.5.1).
+    pub fn link_local(&self) -> std::net::Ipv6Addr {
+        let m = self.0;
+        std::net::Ipv6Addr::from([
+            0xfe,
+            0x80,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            m[0] ^ 0x02,
+            m[1],
+            m[2],
+            0xff,
+            0xfe,
+            m[3],
+            m[4],
+            m[5],
+        ])
+    }
+
     /// The group bit: multicast and broadcast addresses.
     pub fn is_multicast(&self) -> bool {
         self.0[0] & 1 == 1
@@ -137,6 +161,12 @@ mod tests {
             MacAddr::parse_guest("33:33:00:00:00:01"),
             Err(MacError::Multicast(_))
         ));
+    }
+
+    #[test]
+    fn the_link_local_address_is_the_modified_eui64_of_the_mac() {
+        let mac: MacAddr = "52:54:00:5c:fe:02".parse().unwrap();
+        assert_eq!(mac.link_local().to_string(), "fe80::5054:ff:fe5c:fe02");
     }
 
     #[test]

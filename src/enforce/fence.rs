@@ -166,25 +166,7 @@ impl TapFence {
     /// The guest's link-local address as its kernel makes it by default
     /// (modified EUI-64 of its MAC, RFC 4291).
     pub fn guest_link_local(&self) -> Ipv6Addr {
-        let m = self.guest_mac.octets();
-        Ipv6Addr::from([
-            0xfe,
-            0x80,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            m[0] ^ 0x02,
-            m[1],
-            m[2],
-            0xff,
-            0xfe,
-            m[3],
-            m[4],
-            m[5],
-        ])
+        self.guest_mac.link_local()
     }
 
     /// The reasons this fence counts (`Output` only in the VMM's own namespace).

@@ -304,27 +304,7 @@ pub fn probe(p: &FrameProbe) -> super::Outcome {
     let own = mac_of(&p.dev)?;
     let src_mac = p.src_mac.unwrap_or(own);
     let dst_mac = p.dst_mac.unwrap_or(MacAddr::BROADCAST);
-    let link_local = {
-        let m = src_mac.octets();
-        Ipv6Addr::from([
-            0xfe,
-            0x80,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            m[0] ^ 2,
-            m[1],
-            m[2],
-            0xff,
-            0xfe,
-            m[3],
-            m[4],
-            m[5],
-        ])
-    };
+    let link_local = src_mac.link_local();
     let need =
         |a: Option<IpAddr>, what: &str| a.ok_or_else(|| format!("FAIL {what} needs --{what}"));
     let frame = match p.kind {

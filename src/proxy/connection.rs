@@ -324,7 +324,7 @@ async fn deny_without_destination(client: TcpStream, peer: SocketAddr, ctx: &Pro
 }
 
 /// A plain-HTTP client gets a readable answer instead of a bare reset.
-pub(super) async fn reply_forbidden(mut client: TcpStream, decision: &Decision<'_>) {
+pub(super) async fn reply_forbidden(client: TcpStream, decision: &Decision<'_>) {
     let body = format!(
         "sluice: denied by {} ({})\n",
         decision
@@ -333,10 +333,15 @@ pub(super) async fn reply_forbidden(mut client: TcpStream, decision: &Decision<'
             .unwrap_or_else(|| "default deny".to_string()),
         decision.reason.as_str()
     );
+    reply_and_close(client, "403 Forbidden", decision.reason.as_str(), &body).await;
+}
+
+/// Answers with `status`, the reason in `X-Sluice-Reason` and `body`, then
+/// closes the connection once the client has read it (or after a second).
+pub(super) async fn reply_and_close(mut client: TcpStream, status: &str, reason: &str, body: &str) {
     let head = format!(
-        "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\nX-Sluice-Reason: {}\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\nX-Sluice-Reason: {reason}\r\n\r\n",
         body.len(),
-        decision.reason.as_str()
     );
     let _ = client.write_all(head.as_bytes()).await;
     let _ = client.write_all(body.as_bytes()).await;

@@ -25,7 +25,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use super::connection::reply_forbidden;
+use super::connection::{reply_and_close, reply_forbidden};
 use super::decide::decide;
 use super::http1::{self, Body, Chunked, Refusal};
 use super::peek::{inspect, Peeked};
@@ -410,23 +410,10 @@ async fn responses(
 }
 
 /// A request sluice will not frame gets a readable answer, then the end.
-async fn reply_bad_request(mut client: TcpStream, refusal: Refusal) {
+async fn reply_bad_request(client: TcpStream, refusal: Refusal) {
     let body = format!(
         "sluice: refused a request it cannot relay safely on a connection whose every request is checked ({})\n",
         refusal.as_str()
     );
-    let head = format!(
-        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\nX-Sluice-Reason: {}\r\n\r\n",
-        body.len(),
-        refusal.as_str()
-    );
-    let _ = client.write_all(head.as_bytes()).await;
-    let _ = client.write_all(body.as_bytes()).await;
-    let _ = client.shutdown().await;
-    // Let the client read the answer before the socket goes.
-    let mut sink = [0u8; 1024];
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
-    })
-    .await;
+    reply_and_close(client, "400 Bad Request", refusal.as_str(), &body).await;
 }
