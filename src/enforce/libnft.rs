@@ -104,6 +104,11 @@ pub(super) fn load_now() -> Result<(), EnforceError> {
 }
 
 fn api() -> Result<&'static Api, EnforceError> {
+    // A static-pie binary that dlopens libnftables gets a second, dynamic
+    // libc beside its own, and crashes in it: refuse instead of loading.
+    if cfg!(target_feature = "crt-static") {
+        return Err(EnforceError::StaticBuild);
+    }
     static API: OnceLock<Result<Api, String>> = OnceLock::new();
     API.get_or_init(|| match ffi(Call::Load) {
         Done::Loaded(api) => api,

@@ -118,6 +118,8 @@ pub fn example_fence(tap: &str) -> TapFence {
 pub enum EnforceError {
     #[error("cannot load libnftables ({0}): install nftables (apt-get install nftables)")]
     NftNotFound(String),
+    #[error("this sluice is statically linked (like the microVM guest kit's build), and a static binary cannot load libnftables safely; enforce with the dynamically linked build (cargo build --release)")]
+    StaticBuild,
     #[error("cannot open a netfilter netlink socket in the sandbox namespace: {0} (does this kernel have nf_tables?)")]
     Netlink(#[source] std::io::Error),
     #[error("libnftables could not set up a context (out of memory?); nothing was applied")]
