@@ -88,3 +88,28 @@ fn bad_dns_limits_are_each_reported_at_their_node() {
     at("8:23", "from 1 to 10000");
     at("9:5", "burst");
 }
+
+#[test]
+fn a_dns_section_or_limits_that_is_not_a_mapping_is_reported_at_its_node() {
+    let e = rejected("version: 1\nname: t\ndns: 5\n");
+    assert!(
+        e.contains("test.yaml:3:6: `dns` must be a mapping with the keys"),
+        "{e}"
+    );
+    let e = rejected("version: 1\nname: t\ndns:\n  limits: [1]\n");
+    assert!(
+        e.contains("test.yaml:4:11: `dns.limits` must be a mapping with the keys"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_dns_section_or_limits_means_the_defaults() {
+    let p = Policy::from_yaml("version: 1\nname: t\nrules: []\ndns:\n", "test.yaml");
+    assert!(p.is_ok(), "{:?}", p.err());
+    let p = Policy::from_yaml(
+        "version: 1\nname: t\nrules: []\ndns:\n  limits:\n",
+        "test.yaml",
+    );
+    assert!(p.is_ok(), "{:?}", p.err());
+}

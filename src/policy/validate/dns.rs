@@ -26,22 +26,9 @@ const MAX_NAMES_PER_MINUTE: i128 = 10_000;
 impl Checker {
     pub(super) fn dns(&mut self, v: &Node) -> DnsConfig {
         let mut out = DnsConfig::default();
-        let entries = match &v.value {
-            Value::Map(entries) => entries,
-            Value::Null => return out,
-            _ => {
-                self.err(
-                    v.pos,
-                    format!(
-                        "`dns` must be a mapping with the keys {}, but it is {}",
-                        list(DNS_KEYS),
-                        v.kind()
-                    ),
-                );
-                return out;
-            }
+        let Some(f) = self.optional_mapping(v, DNS_KEYS, "`dns`") else {
+            return out;
         };
-        let f = self.fields(v, entries, DNS_KEYS, "`dns`");
         if let Some(u) = f.get("upstream") {
             let items = self.list_of(
                 u,
@@ -164,24 +151,36 @@ impl Checker {
         addrs
     }
 
-    fn dns_limits(&mut self, v: &Node) -> DnsLimits {
-        let mut out = DnsLimits::default();
-        let entries = match &v.value {
-            Value::Map(entries) => entries,
-            Value::Null => return out,
+    /// The fields of a section that may be left out (null: `None`, no
+    /// error) or be a mapping of `keys`; anything else is an error, `None`.
+    fn optional_mapping<'n>(
+        &mut self,
+        v: &'n Node,
+        keys: &[&'static str],
+        what: &str,
+    ) -> Option<crate::policy::yaml::Fields<'n>> {
+        match &v.value {
+            Value::Map(entries) => Some(self.fields(v, entries, keys, what)),
+            Value::Null => None,
             _ => {
                 self.err(
                     v.pos,
                     format!(
-                        "`dns.limits` must be a mapping with the keys {}, but it is {}",
-                        list(LIMIT_KEYS),
+                        "{what} must be a mapping with the keys {}, but it is {}",
+                        list(keys),
                         v.kind()
                     ),
                 );
-                return out;
+                None
             }
+        }
+    }
+
+    fn dns_limits(&mut self, v: &Node) -> DnsLimits {
+        let mut out = DnsLimits::default();
+        let Some(f) = self.optional_mapping(v, LIMIT_KEYS, "`dns.limits`") else {
+            return out;
         };
-        let f = self.fields(v, entries, LIMIT_KEYS, "`dns.limits`");
         if let Some(t) = f.get("query_types") {
             out.query_types = self.query_types(t);
         }
