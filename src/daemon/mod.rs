@@ -9,21 +9,13 @@
 //! alive after its container ended: every reference it holds (descriptor,
 //! listeners, counters) goes with the sandbox's release.
 
-#[forbid(unsafe_code)]
 mod adopt;
-#[forbid(unsafe_code)]
 pub mod api;
-#[forbid(unsafe_code)]
 pub mod client;
-#[forbid(unsafe_code)]
 pub mod config;
-#[forbid(unsafe_code)]
 mod exits;
-#[forbid(unsafe_code)]
 mod fdpass;
-#[forbid(unsafe_code)]
 mod registry;
-#[forbid(unsafe_code)]
 mod server;
 
 use anyhow::{Context, Result};
