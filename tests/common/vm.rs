@@ -5,8 +5,9 @@
 //! guest through a virtio-serial control port: one boot, many checks.
 //!
 //! QEMU gets `</dev/null`, runs under `timeout -s KILL` (a hard limit even if
-//! this process dies) in its own process group, and is killed and reaped
-//! when the [`Vm`] is dropped. Every wait is for an event (QEMU connecting,
+//! this process dies) in its own process group, and is killed when the
+//! [`Vm`] is dropped; the drop returns once every process of that group has
+//! exited. Every wait is for an event (QEMU connecting,
 //! a line from the guest, QEMU exiting) with a deadline, never a sleep.
 //! Without root, qemu or the kit, [`Kit::get`] skips loudly, or panics when
 //! SLUICE_REQUIRE_PRIVILEGED=1 (as in CI). At most two VMs should run at
@@ -371,12 +372,34 @@ impl Vm {
             return "already reaped".into();
         }
         self.reaped = true;
-        let group = nix::unistd::Pid::from_raw(self.qemu.id() as i32);
-        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-        match self.qemu.wait() {
+        let group = self.qemu.id() as i32;
+        // Our child is `timeout` (or nsenter exec'd into it); QEMU is its
+        // child. Reaping `timeout` leaves a killed QEMU to be reaped by init,
+        // and until it has exited it still counts as a process in the
+        // namespace. A pidfd for each member of the group turns readable
+        // only once that process has fully exited, so wait on those.
+        let members: Vec<OwnedFd> = group_members(group)
+            .into_iter()
+            .filter_map(|pid| rustix::process::Pid::from_raw(pid))
+            .filter_map(|pid| {
+                rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+            })
+            .collect();
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(group),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let status = match self.qemu.wait() {
             Ok(status) => status.to_string(),
             Err(e) => format!("wait failed: {e}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for pidfd in &members {
+            if !wait_readable(pidfd, deadline) {
+                return format!("{status}; a process of its group outlived SIGKILL by 30 s");
+            }
         }
+        status
     }
 
     fn read_line(&mut self, deadline: Instant) -> Result<String> {
@@ -387,6 +410,43 @@ impl Vm {
 impl Drop for Vm {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The processes whose process group is `group` (from /proc/PID/stat).
+fn group_members(group: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                // "PID (COMM) STATE PPID PGRP ...": COMM may hold spaces
+                // and parentheses, so count fields after the last ')'.
+                .and_then(|stat| {
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(2)?.parse::<i32>().ok()
+                })
+                == Some(group)
+        })
+        .collect()
+}
+
+/// Whether `fd` became readable before `deadline`.
+fn wait_readable(fd: &OwnedFd, deadline: Instant) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) if left.is_zero() => return false,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
     }
 }
 
