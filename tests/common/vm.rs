@@ -380,7 +380,7 @@ impl Vm {
         // only once that process has fully exited, so wait on those.
         let members: Vec<OwnedFd> = group_members(group)
             .into_iter()
-            .filter_map(|pid| rustix::process::Pid::from_raw(pid))
+            .filter_map(rustix::process::Pid::from_raw)
             .filter_map(|pid| {
                 rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
             })
