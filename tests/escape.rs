@@ -817,3 +817,40 @@ fn read_terminal(master: &std::fs::File) -> Arc<Mutex<String>> {
     });
     seen
 }
+
+/// Lists the descriptors the shell holds: "NUMBER KIND" per line, where
+/// KIND is what the link names up to its first ':' or '['.
+const LIST_FDS: &str =
+    r#"for f in /proc/$$/fd/*; do l=$(readlink "$f"); echo "${f##*/} ${l%%[:[]*}"; done"#;
+
+#[test]
+fn a_workload_inherits_no_descriptor_that_sluice_opened() {
+    let Some(w) = World::new() else { return };
+    // The same shell started the same way without sluice: what any
+    // program run from this test inherits anyway.
+    let direct = w
+        .outer
+        .command("sh")
+        .args(["-c", LIST_FDS])
+        .output()
+        .expect("run sh");
+    let sandboxed = w.run(&w.policy(STRICT), &["sh", "-c", LIST_FDS]);
+    assert!(sandboxed.status.success(), "{}", stderr(&sandboxed));
+    let lines = |out: &std::process::Output| {
+        let mut v: Vec<String> = stdout(out).lines().map(str::to_string).collect();
+        v.sort();
+        v
+    };
+    // Standard input, output and error are the harness's to choose; every
+    // descriptor above them must be one the caller passed down.
+    let extra = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .filter(|l| l.split(' ').next().and_then(|n| n.parse::<u32>().ok()) > Some(2))
+            .collect()
+    };
+    assert_eq!(
+        extra(lines(&sandboxed)),
+        extra(lines(&direct)),
+        "the workload holds descriptors a plain child of the caller does not"
+    );
+}

@@ -210,7 +210,9 @@ fn start(args: &InitArgs) -> Result<(Pid, SignalFd), Failure> {
     // init was started some other way.
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&taken), None)
         .map_err(|e| confine(&e))?;
-    let signals = SignalFd::new(&taken).map_err(|e| confine(&e))?;
+    // Close-on-exec: the workload must not inherit the init's signals.
+    let signals = SignalFd::with_flags(&taken, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| confine(&e))?;
     mounts::confine(&args.files).map_err(|e| confine(&e))?;
     let filters = seccomp::build().map_err(|e| confine(&e))?;
     let run_as = args.run_as;
