@@ -65,18 +65,51 @@ pub(super) type Run<'a> = dyn FnMut(&CStr) -> Reply + 'a;
 /// Opens a libnftables context in the CALLING THREAD's network namespace,
 /// hands `work` a runner for JSON commands on it (run in order, on one
 /// context, so later commands see what earlier ones did), and frees the
-/// context when `work` returns.
-pub(super) fn session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
+/// context when `work` returns. `work` runs on a thread of its own that
+/// sees no descriptor but 0-2, so it must not use (or own) any.
+pub(super) fn session<T: Send>(
+    work: impl FnOnce(&mut Run<'_>) -> T + Send,
+) -> Result<T, EnforceError> {
     session_with(NFT_CTX_OUTPUT_JSON, work)
 }
 
 /// [`session`] with nft's text listings instead of JSON: for what nft
 /// 1.0.6's JSON leaves out (the device a netdev chain is bound to).
-pub(super) fn text_session<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
+pub(super) fn text_session<T: Send>(
+    work: impl FnOnce(&mut Run<'_>) -> T + Send,
+) -> Result<T, EnforceError> {
     session_with(0, work)
 }
 
-fn session_with<T>(
+fn session_with<T: Send>(
+    output_flags: c_uint,
+    work: impl FnOnce(&mut Run<'_>) -> T + Send,
+) -> Result<T, EnforceError> {
+    // libnftables waits for netlink replies with select(2), which glibc
+    // aborts the whole process over when the socket's number is 1024 or
+    // more: a sandbox holding a thousand connections made the daemon's next
+    // attach kill it. So the context lives on a thread of its own whose
+    // descriptor table is a private copy with everything above stderr
+    // closed, where its socket gets a low number. The thread starts in the
+    // calling thread's network namespace, which is where the context must be.
+    std::thread::scope(|scope| {
+        match scope
+            .spawn(move || {
+                if !matches!(ffi(Call::PrivateDescriptors), Done::Unshared(true)) {
+                    return Err(EnforceError::Descriptors(std::io::Error::last_os_error()));
+                }
+                session_here(output_flags, work)
+            })
+            .join()
+        {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// [`session_with`]'s work, on the thread made for it.
+fn session_here<T>(
     output_flags: c_uint,
     work: impl FnOnce(&mut Run<'_>) -> T,
 ) -> Result<T, EnforceError> {
@@ -135,6 +168,8 @@ impl Drop for Context {
 /// Every call into C, as data, so that one `unsafe` block ([`ffi`]) holds
 /// them all.
 enum Call<'a> {
+    /// Give this thread a private descriptor table with only 0, 1 and 2.
+    PrivateDescriptors,
     /// dlopen the library and resolve the entry points.
     Load,
     /// A new context with these output flags (JSON or text) and buffered
@@ -148,6 +183,7 @@ enum Call<'a> {
 
 /// What a [`Call`] answers.
 enum Done {
+    Unshared(bool),
     Loaded(Result<Api, String>),
     Opened(Option<Context>),
     Ran(Reply),
@@ -166,8 +202,18 @@ fn ffi(call: Call<'_>) -> Done {
     // command is a NUL-terminated C string that outlives its call. The
     // buffers nft_ctx_get_*_buffer return are NUL-terminated strings owned
     // by the context, valid until its next call; they are copied at once.
+    //
+    // close_range with CLOSE_RANGE_UNSHARE first gives the calling thread a
+    // private copy of the descriptor table and closes only that copy's
+    // descriptors above 2: the process's own table, and every descriptor
+    // another thread uses, are untouched. It is called only first thing on
+    // a thread made for one session, whose work owns no descriptors, so
+    // nothing on that thread refers to what it closes.
     unsafe {
         match call {
+            Call::PrivateDescriptors => Done::Unshared(
+                libc::close_range(3, c_uint::MAX, libc::CLOSE_RANGE_UNSHARE as c_int) == 0,
+            ),
             Call::Load => {
                 let load = || -> Result<Api, String> {
                     let library = libloading::Library::new(LIBRARY).map_err(|e| e.to_string())?;

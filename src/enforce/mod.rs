@@ -120,6 +120,8 @@ pub enum EnforceError {
     NftNotFound(String),
     #[error("this sluice is statically linked (like the microVM guest kit's build), and a static binary cannot load libnftables safely; enforce with the dynamically linked build (cargo build --release)")]
     StaticBuild,
+    #[error("cannot give the nftables thread its own descriptor table (close_range, Linux 5.9 or later): {0}")]
+    Descriptors(#[source] std::io::Error),
     #[error("cannot open a netfilter netlink socket in the sandbox namespace: {0} (does this kernel have nf_tables?)")]
     Netlink(#[source] std::io::Error),
     #[error("libnftables could not set up a context (out of memory?); nothing was applied")]
