@@ -191,7 +191,7 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let mut samples = vec![sample("attached, 0 connections", 0, daemon_pid)?];
+    let mut samples = vec![sample("attached", 0, daemon_pid)?];
     let steps: Vec<usize> = (1..=4).map(|q| plan.conns * q / 4).collect();
     let mut held = Vec::with_capacity(plan.conns);
     let origin_task = runtime.block_on(async {
