@@ -175,9 +175,19 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
             vm: None,
         };
         let started = Instant::now();
-        client
-            .attach(&request, fd.as_fd())
-            .with_context(|| format!("attaching sandbox {i}"))?;
+        if let Err(e) = client.attach(&request, fd.as_fd()) {
+            // The daemon's log goes with the scratch directory: say what it
+            // printed last, so a failure here can be diagnosed.
+            let log = std::fs::read_to_string(scratch.dir.join("daemon.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            return Err(anyhow::Error::new(e).context(format!(
+                "attaching sandbox {} of {}; the daemon's last log lines:\n{}",
+                i + 1,
+                plan.sandboxes,
+                tail.join("\n")
+            )));
+        }
         attach_ms.push(started.elapsed().as_secs_f64() * 1e3);
         namespaces.push(fd);
         scratch.sandboxes.push(ns);
