@@ -21,6 +21,7 @@ pub mod peers;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod scale;
 pub mod session;
 pub mod stats;
 pub mod vm;

@@ -97,6 +97,9 @@ pub enum Command {
     /// Measure sluice side by side with the native path and peer proxies (needs root).
     #[command(after_help = bench::AFTER_HELP)]
     Bench(bench::BenchArgs),
+    /// One daemon, many sandboxes, many held connections: attach time and RSS (needs root).
+    #[command(after_help = bench::SCALE_AFTER_HELP)]
+    BenchScale(bench::BenchScaleArgs),
     /// Show sluice at work on a throwaway topology (needs root; touches nothing outside it).
     Demo,
     /// A small network client used by the demo and the tests to probe a sandbox from inside.
@@ -125,6 +128,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::OciHook(args) => oci_hook::execute(args),
         Command::Status(args) => status::execute(args),
         Command::Bench(args) => bench::execute(args),
+        Command::BenchScale(args) => bench::execute_scale(args),
         Command::BenchClient => Ok(crate::bench::client::main()),
         Command::BenchProxy(args) => bench::execute_proxy(args),
         Command::Demo => demo::execute(),
