@@ -96,7 +96,12 @@ fn raise_nofile(want: u64) -> Result<()> {
     }
     let new = want.max(hard);
     setrlimit(Resource::RLIMIT_NOFILE, new, new).with_context(|| {
-        format!("cannot raise the descriptor limit to {new} (the bench and its daemon need {want}); check /proc/sys/fs/nr_open")
+        format!(
+            "cannot raise the descriptor limit to {new} (the bench and its daemon need {want}): \
+             raising the hard limit ({hard}) needs CAP_SYS_RESOURCE and stops at \
+             /proc/sys/fs/nr_open; or run with --conns {} or fewer",
+            hard.saturating_sub(4096) / 6
+        )
     })
 }
 

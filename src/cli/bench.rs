@@ -184,8 +184,10 @@ them, waits until the daemon counts none active, samples again, detaches every s
 none is left. DIR gets report.md, attach.csv and rss.csv.
 
 Limits: the daemon holds six descriptors per relayed connection, so the bench raises its own \
-RLIMIT_NOFILE (soft and hard, inherited by the daemon) to 6 x --conns + 4096; as root that works \
-up to /proc/sys/fs/nr_open. Needs root, ip (iproute2), nft (nftables) and sleep.
+RLIMIT_NOFILE (soft and hard, inherited by the daemon) to 6 x --conns + 4096. Raising the hard \
+limit needs CAP_SYS_RESOURCE (and stops at /proc/sys/fs/nr_open); without it, --conns can be at \
+most (ulimit -Hn - 4096) / 6, e.g. 2600 for a hard limit of 20,000. Needs root, ip (iproute2), \
+nft (nftables) and sleep.
 
 Exit status: 0 done; 1 the bench failed (a connection did not round-trip, an attach or detach \
 failed, or the testbed could not be built: the message says which); 2 bad arguments.
