@@ -137,6 +137,11 @@ pub fn qemu_args(kit: &Kit, tap: &str, mac: &str, net: &GuestNet, control: &Path
         "console=ttyS0".to_string(),
         "quiet".into(),
         "panic=-1".into(),
+        // Reboot by triple fault: QEMU (-no-reboot) exits at once. The
+        // kernel's default order tries ACPI and the keyboard controller
+        // first, and under load a microvm guest could spin in those for
+        // more than a minute before QEMU saw the reset.
+        "reboot=t".into(),
         // Without these the kernel distrusts TCG's TSC and falls back to
         // jiffies: the guest's clock would tick in 4 ms steps, too coarse
         // for the bench client's request times. With them it reads the
