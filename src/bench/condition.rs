@@ -146,6 +146,30 @@ pub fn prepare(
 }
 
 /// The client command: this very binary's hidden `bench-client`.
+/// `sluice SUBCOMMAND` with the bench's policy, this condition's audit log,
+/// a timings file for `round`, and the testbed's own state dir (the audit
+/// writer keeps its checkpoint key there: a throwaway one, so a benchmark
+/// leaves nothing in /var/lib). The caller adds the rest.
+pub fn sluice_command(
+    bed: &Testbed,
+    subcommand: &str,
+    audit: &std::path::Path,
+    kind: ConditionKind,
+    round: usize,
+) -> Command {
+    let mut cmd = Command::new(&bed.exe);
+    cmd.arg(subcommand)
+        .arg("--policy")
+        .arg(&bed.policy)
+        .arg("--audit")
+        .arg(audit)
+        .arg("--timings")
+        .arg(bed.dir.join(format!("timings-{kind}-{round}.csv")))
+        .arg("--state-dir")
+        .arg(bed.dir.join("state"));
+    cmd
+}
+
 pub fn client_command(bed: &Testbed) -> Command {
     let mut cmd = Command::new(&bed.exe);
     cmd.arg("bench-client");
@@ -184,20 +208,9 @@ impl Condition for Sluice {
     }
 
     fn start(&self, bed: &Testbed, round: usize) -> Result<Session, BenchError> {
-        let mut cmd = Command::new(&bed.exe);
-        let timings = bed.dir.join(format!("timings-{}-{round}.csv", self.kind));
-        cmd.arg(if self.image.is_some() { "oci" } else { "run" })
-            .arg("--policy")
-            .arg(&bed.policy)
-            .arg("--audit")
-            .arg(&self.audit)
-            .arg("--timings")
-            .arg(&timings)
-            // The audit writer keeps its checkpoint key in the state dir:
-            // a throwaway one, so a benchmark leaves nothing in /var/lib.
-            .arg("--state-dir")
-            .arg(bed.dir.join("state"))
-            .arg("--");
+        let subcommand = if self.image.is_some() { "oci" } else { "run" };
+        let mut cmd = sluice_command(bed, subcommand, &self.audit, self.kind, round);
+        cmd.arg("--");
         match &self.image {
             None => {
                 cmd.arg(&bed.exe).arg("bench-client");

@@ -146,28 +146,19 @@ impl Condition for Guest {
                 (cmd, world, Proxy::None)
             }
             None => {
-                let timings = bed.dir.join(format!("timings-{}-{round}.csv", self.kind));
-                let mut cmd = Command::new(&bed.exe);
-                cmd.arg("vm")
-                    .arg("--policy")
-                    .arg(&bed.policy)
-                    .arg("--audit")
-                    .arg(&self.audit)
-                    .arg("--timings")
-                    .arg(&timings)
-                    .arg("--state-dir")
-                    .arg(bed.dir.join("state"))
-                    .args([
-                        "--id",
-                        "bench-vm",
-                        "--tap",
-                        TAP,
-                        "--guest-mac",
-                        GUEST_MAC,
-                        "--",
-                    ])
-                    .arg(QEMU)
-                    .args(qemu);
+                let mut cmd =
+                    super::condition::sluice_command(bed, "vm", &self.audit, self.kind, round);
+                cmd.args([
+                    "--id",
+                    "bench-vm",
+                    "--tap",
+                    TAP,
+                    "--guest-mac",
+                    GUEST_MAC,
+                    "--",
+                ])
+                .arg(QEMU)
+                .args(qemu);
                 (cmd, &bed.outer, Proxy::Itself)
             }
         };
