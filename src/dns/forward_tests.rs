@@ -418,20 +418,56 @@ async fn in_audit_mode_a_limited_query_is_forwarded_and_audited_would_deny() {
     assert_eq!(records[0].reason, "dns-query-type");
 }
 
-#[tokio::test]
-async fn limit_hits_are_counted_by_limit() {
-    let up = Upstream::start(one_address).await;
-    let mut h = Harness::new(up.addr, "enforce", "");
+/// Gives `h`'s sandbox a metrics registry of its own and returns it.
+fn with_metrics(h: &mut Harness) -> prometheus::Registry {
     let registry = prometheus::Registry::new();
     let metrics = Arc::new(crate::metrics::Metrics::new(&registry).unwrap());
     Arc::get_mut(&mut h.ctx).unwrap().metrics = Some(metrics);
-    h.ask("data.example.", RecordType::TXT).await;
-    h.ask("data.example.", RecordType::TXT).await;
-    let (text, _) = crate::metrics::render(&registry);
-    assert!(
-        text.contains("sluice_dns_limited_total{limit=\"query-type\"} 2"),
-        "{text}"
+    registry
+}
+
+fn metrics_text(registry: &prometheus::Registry) -> String {
+    crate::metrics::render(registry).0
+}
+
+#[tokio::test]
+async fn limit_hits_are_counted_by_limit() {
+    let up = Upstream::start(one_address).await;
+    let mut h = Harness::new(
+        up.addr,
+        "enforce",
+        "    queries_per_minute: 4\n    names_per_minute: 3",
     );
+    let registry = with_metrics(&mut h);
+    // query-type: TXT is not forwarded by default (twice).
+    h.ask("data.example.", RecordType::TXT).await;
+    h.ask("data.example.", RecordType::TXT).await;
+    // name-length: over the harness's max_name_length of 128.
+    let label = "a".repeat(50);
+    let long = format!("{label}.{label}.{label}.example.");
+    h.ask(&long, RecordType::A).await;
+    // names: the fourth distinct name this minute (three forwarded first).
+    for n in [
+        "one.example.",
+        "two.example.",
+        "three.example.",
+        "four.example.",
+    ] {
+        h.ask(n, RecordType::A).await;
+    }
+    // queries: a fourth forwarded query spends the last of the four, the
+    // next is over.
+    h.ask("one.example.", RecordType::A).await;
+    h.ask("one.example.", RecordType::A).await;
+    let text = metrics_text(&registry);
+    for series in [
+        "sluice_dns_limited_total{limit=\"query-type\"} 2",
+        "sluice_dns_limited_total{limit=\"name-length\"} 1",
+        "sluice_dns_limited_total{limit=\"names\"} 1",
+        "sluice_dns_limited_total{limit=\"queries\"} 1",
+    ] {
+        assert!(text.contains(series), "no {series} in:\n{text}");
+    }
 }
 
 #[tokio::test]
@@ -447,6 +483,67 @@ async fn a_hostname_the_cache_does_not_know_is_verified_through_the_upstream() {
     assert!(h.ctx.cache.resolved("api.example", ip("198.18.0.7")));
     // ...but it is not claimed as the name the sandbox asked for.
     assert_eq!(h.ctx.cache.name_for(ip("198.18.0.7")), None);
+}
+
+#[tokio::test]
+async fn each_hostname_lookup_is_counted_by_its_result() {
+    let up = Upstream::start(one_address).await;
+    let mut h = Harness::new(up.addr, "enforce", "");
+    let registry = with_metrics(&mut h);
+    assert!(h.ctx.verify("api.example", ip("198.18.0.7")).await);
+    assert!(!h.ctx.verify("www.example", ip("198.18.0.8")).await);
+    let text = metrics_text(&registry);
+    for series in [
+        "sluice_hostname_lookups_total{result=\"confirmed\"} 1",
+        "sluice_hostname_lookups_total{result=\"mismatch\"} 1",
+    ] {
+        assert!(text.contains(series), "no {series} in:\n{text}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lookup_the_upstream_never_answers_ends_in_a_deny_at_the_time_bound() {
+    // Bound but never read: every query to it goes unanswered.
+    let silent = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let mut h = Harness::new(silent.local_addr().unwrap(), "enforce", "");
+    let registry = with_metrics(&mut h);
+    let started = tokio::time::Instant::now();
+    assert!(!h.ctx.verify("api.example", ip("198.18.0.7")).await);
+    // Virtual time (the clock is paused): the lookup gave up by its bound.
+    assert!(started.elapsed() <= crate::dns::VERIFY_TIMEOUT + Duration::from_millis(1));
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains("sluice_hostname_lookups_total{result=\"no-answer\"} 1"),
+        "{text}"
+    );
+    // Nothing was cached from the silence: the next connection asks again.
+    assert!(!h.ctx.cache.knows("api.example", ip("198.18.0.7")));
+}
+
+#[tokio::test]
+async fn an_ipv6_destination_is_verified_by_an_aaaa_lookup() {
+    let up = Upstream::start(|q: &Message| {
+        let owner = q.queries[0].name().to_ascii();
+        match q.queries[0].query_type() {
+            RecordType::AAAA => vec![Record::from_rdata(
+                name(&owner),
+                60,
+                RData::AAAA(hickory_proto::rr::rdata::AAAA(
+                    "2001:db8::7".parse().unwrap(),
+                )),
+            )],
+            _ => vec![a(&owner, [198, 18, 0, 7])],
+        }
+    })
+    .await;
+    let h = Harness::new(up.addr, "enforce", "");
+    assert!(h.ctx.verify("api.example", ip("2001:db8::7")).await);
+    assert!(!h.ctx.verify("www.example", ip("2001:db8::8")).await);
+    let sent = up.queries();
+    assert_eq!(sent.len(), 2);
+    assert!(sent
+        .iter()
+        .all(|q| q.queries[0].query_type() == RecordType::AAAA));
 }
 
 #[tokio::test]

@@ -364,6 +364,33 @@ fn host_can_matter_only_on_ports_of_host_rules() {
 }
 
 #[test]
+fn only_connections_a_hostname_could_still_change_have_each_request_decided() {
+    let p = policy(
+        r#"
+version: 1
+name: t
+rules:
+  - {name: lan, action: allow, cidrs: ["198.18.0.0/24"], ports: [8080, 8081]}
+  - {name: api, action: allow, hosts: ["api.test"], ports: [8080]}
+  - {name: bank, action: deny, hosts: ["bank.test"], ports: [8081]}
+"#,
+    );
+    // Admitted by address, and no hosts rule could deny on the port: the
+    // connection is relayed unread (zero copy).
+    let p2 = policy(
+        "version: 1\nname: t\nrules: [{name: c, action: allow, cidrs: [\"198.18.0.0/24\"], ports: [8080]}]\n",
+    );
+    assert!(!p2.host_decides_each_request(sa("198.18.0.1:8080")));
+    // Admitted by address alone, an allow hosts rule on the port cannot
+    // take it away: still unread.
+    assert!(!p.host_decides_each_request(sa("198.18.0.1:8080")));
+    // A deny hosts rule covers the port: every request is decided.
+    assert!(p.host_decides_each_request(sa("198.18.0.1:8081")));
+    // Admitted only by a hosts rule: every request is decided.
+    assert!(p.host_decides_each_request(sa("198.18.1.1:8080")));
+}
+
+#[test]
 fn admits_names_of_allow_host_rules_only() {
     let p = policy(
         r#"
