@@ -41,6 +41,7 @@ pub mod bench;
 pub mod bundle;
 #[forbid(unsafe_code)]
 pub mod cli;
+#[deny(unsafe_code)]
 pub mod confine;
 #[forbid(unsafe_code)]
 pub mod daemon;
@@ -52,6 +53,7 @@ pub mod dhcp;
 pub mod dns;
 #[forbid(unsafe_code)]
 pub mod drain;
+#[deny(unsafe_code)]
 pub mod enforce;
 #[forbid(unsafe_code)]
 pub mod mac;

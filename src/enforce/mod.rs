@@ -15,6 +15,7 @@
 
 #[forbid(unsafe_code)]
 mod fence;
+#[allow(unsafe_code)]
 mod libnft;
 #[forbid(unsafe_code)]
 mod nft;

@@ -4,8 +4,8 @@
 //! refuses a packet for (`mac`, `arp`, `ipv4-source`, ...: a bounded set,
 //! named by `enforce`).
 //!
-//! Reading a counter means entering the sandbox's namespace (a thread, and
-//! for now an `nft` process): milliseconds, and more with many sandboxes. A
+//! Reading a counter means entering the sandbox's namespace (a thread that
+//! runs a libnftables read there): milliseconds, and more with many sandboxes. A
 //! scrape must never wait for that, so scrapes read a cache that one
 //! refresher thread (`sluice-drops`) keeps current, every [`REFRESH`] while
 //! someone scrapes. It starts with the first scrape (a sluice nobody
