@@ -68,6 +68,22 @@ fn thinned(mut values: Vec<f64>) -> Vec<f64> {
         .collect()
 }
 
+/// The height of the `i`th of `n` bars in the paired plot: the first
+/// condition on top, as in the report's table.
+fn row_of(i: usize, n: usize) -> f64 {
+    (n - 1 - i) as f64
+}
+
+/// Which of `n` bars a y-axis label at `y` names, if it sits on one:
+/// [`row_of`]'s inverse, so every label names its own bar.
+fn label_at(y: f64, n: usize) -> Option<usize> {
+    let row = y.round();
+    if (y - row).abs() > 1e-6 || row < 0.0 || row >= n as f64 {
+        return None;
+    }
+    Some(n - 1 - row as usize)
+}
+
 /// Points per ECDF curve.
 const ECDF_POINTS: usize = 1500;
 
@@ -120,16 +136,10 @@ pub fn paired(summary: &Summary, path: &Path) -> Result<(), PlotError> {
         chart
             .configure_mesh()
             .y_labels(others.len().max(1))
-            .y_label_formatter(&move |y| {
-                let i = y.round();
-                if (y - i).abs() < 1e-6 && i >= 0.0 {
-                    names
-                        .get(i as usize)
-                        .map(|c| c.to_string())
-                        .unwrap_or_default()
-                } else {
-                    String::new()
-                }
+            .y_label_formatter(&move |&y| {
+                label_at(y, names.len())
+                    .map(|i| names[i].to_string())
+                    .unwrap_or_default()
             })
             .x_labels(5)
             .light_line_style(WHITE.mix(0.0))
@@ -143,8 +153,7 @@ pub fn paired(summary: &Summary, path: &Path) -> Result<(), PlotError> {
             .map_err(|e| err(e.to_string()))?;
         for (i, low, mid, high) in bars {
             let color = PALETTE[(i + 1) % PALETTE.len()];
-            // The first condition on top, as in the report's table.
-            let y = n - 1.0 - i as f64;
+            let y = row_of(i, others.len());
             chart
                 .draw_series([
                     PathElement::new([(low, y), (high, y)], color.stroke_width(2)),
@@ -164,6 +173,19 @@ pub fn paired(summary: &Summary, path: &Path) -> Result<(), PlotError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_paired_label_names_the_condition_of_its_own_bar() {
+        for n in 1..8 {
+            for i in 0..n {
+                assert_eq!(label_at(row_of(i, n), n), Some(i), "bar {i} of {n}");
+            }
+            assert_eq!(label_at(0.5, n), None);
+            assert_eq!(label_at(n as f64, n), None);
+        }
+        // The first condition is drawn on top.
+        assert_eq!(row_of(0, 6), 5.0);
+    }
 
     #[test]
     fn a_long_series_is_thinned_to_its_quantiles_ends_included() {

@@ -2,7 +2,8 @@
 //! exact command, the seed, the table in the published report's shape, the
 //! paired differences, what is called out, DESIGN.md's targets), and the
 //! data behind it: batches.csv (a row per condition, workload and batch),
-//! paired.csv (`condition,workload,diff_median_ms,ci_low_ms,ci_high_ms,ratio`),
+//! paired.csv (`condition,workload,diff_median_ms,ci_low_ms,ci_high_ms,ratio`;
+//! vm paired with vm-direct too, as condition `vm-vs-vm-direct`),
 //! raw.jsonl (every request's times). The plots come from `plot`. This
 //! module writes only inside DIR and computes nothing `stats` did not.
 
@@ -173,8 +174,32 @@ fn paired_csv(summary: &Summary) -> String {
             );
         }
     }
+    // vm against the same guest on a plain tap, paired in the same rounds.
+    for c in summary
+        .conditions
+        .iter()
+        .filter(|c| c.condition == ConditionKind::Vm)
+    {
+        for (metric, m) in &c.metrics {
+            let Some(d) = m.vs_plain_tap else { continue };
+            let _ = writeln!(
+                out,
+                "{VM_OVER_PLAIN_TAP},{},{},{},{},{}",
+                metric.name(),
+                ms(Some(d.median_diff_us)),
+                ms(Some(d.ci_low_us)),
+                ms(Some(d.ci_high_us)),
+                m.plain_tap_ratio
+                    .map(|r| format!("{r:.3}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
     out
 }
+
+/// paired.csv's `condition` for vm paired with vm-direct rather than native.
+pub const VM_OVER_PLAIN_TAP: &str = "vm-vs-vm-direct";
 
 fn raw_jsonl(results: &Results) -> String {
     let mut out = String::new();
@@ -381,6 +406,35 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
                     .map(|r| format!("{r:.2}"))
                     .unwrap_or_else(|| "-".into()),
                 if out { "called out" } else { "" }
+            );
+        }
+    }
+    let plain_tap: Vec<(Metric, crate::timing::stats::PairedDiff, Option<f64>)> = summary
+        .of(ConditionKind::Vm)
+        .map(|c| {
+            c.metrics
+                .iter()
+                .filter_map(|(metric, m)| Some((*metric, m.vs_plain_tap?, m.plain_tap_ratio)))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !plain_tap.is_empty() {
+        md.push_str(
+            "\n## sluice's own cost on the microVM path: vm - vm-direct\n\nThe same guest \
+             through `sluice vm` and on a plain tap, paired in the same rounds, so the cost of \
+             virtualisation cancels.\n\n| metric | difference (ms) | 95% CI (ms) | ratio |\n|---|---|---|---|\n",
+        );
+        for (metric, d, ratio) in plain_tap {
+            let _ = writeln!(
+                md,
+                "| {} | {:+.3} | [{:+.3}, {:+.3}] | {} |",
+                metric.title(),
+                d.median_diff_us / 1e3,
+                d.ci_low_us / 1e3,
+                d.ci_high_us / 1e3,
+                ratio
+                    .map(|r| format!("{r:.2}"))
+                    .unwrap_or_else(|| "-".into()),
             );
         }
     }
