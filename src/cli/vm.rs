@@ -52,7 +52,8 @@ pub enum VmAction {
     /// Fence an existing tap in another namespace and serve it until SIGINT or SIGTERM.
     #[command(after_help = ATTACH_AFTER_HELP)]
     Attach(Box<AttachArgs>),
-    /// Remove the fence `sluice vm attach` left on a tap.
+    /// Remove the fence `sluice vm attach` left on a tap, or (--daemon) release a VM and remove its fence.
+    #[command(after_help = DETACH_AFTER_HELP)]
     Detach(DetachArgs),
 }
 
@@ -159,7 +160,8 @@ pub struct AttachArgs {
     pub guest: GuestArgs,
     /// Ask the running `sluice daemon` to fence and serve the tap, and return
     /// at once (the daemon's audit log and metrics apply; it releases the VM
-    /// when the VMM (--pid), or every process of the namespace, is gone).
+    /// when the VMM (--pid), or every process of the namespace, is gone, the
+    /// fence staying; `sluice vm detach --daemon --id ID` removes it too).
     #[arg(long)]
     pub daemon: bool,
     /// With --daemon: its control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
@@ -171,11 +173,35 @@ pub struct AttachArgs {
 #[derive(Debug, Args)]
 pub struct DetachArgs {
     /// The fenced tap.
-    #[arg(long, value_name = "NAME")]
-    pub tap: String,
-    #[command(flatten)]
-    pub namespace: NamespaceArgs,
+    #[arg(long, value_name = "NAME", required_unless_present = "daemon")]
+    pub tap: Option<String>,
+    /// The namespace, by name (/run/netns/NAME) or path.
+    #[arg(long, value_name = "NAME|PATH", conflicts_with = "pid", required_unless_present_any = ["pid", "daemon"])]
+    pub netns: Option<String>,
+    /// The namespace of this process (the VMM's).
+    #[arg(long, value_name = "VMM_PID", required_unless_present_any = ["netns", "daemon"])]
+    pub pid: Option<u32>,
+    /// Ask the running `sluice daemon` to release VM --id (stop serving it,
+    /// remove the gateway addresses its attach added) and remove its tap's
+    /// fence; prints the daemon's view of the VM as it was.
+    #[arg(long, requires = "id", conflicts_with_all = ["tap", "netns", "pid"])]
+    pub daemon: bool,
+    /// With --daemon: the VM's id, as `sluice vm attach --daemon --id` gave it
+    /// (`sluice status` lists them).
+    #[arg(long, value_name = "ID", requires = "daemon", conflicts_with_all = ["tap", "netns", "pid"])]
+    pub id: Option<String>,
+    /// With --daemon: its control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
+    #[arg(long, value_name = "PATH", requires = "daemon", conflicts_with_all = ["tap", "netns", "pid"])]
+    pub socket: Option<PathBuf>,
 }
+
+const DETACH_AFTER_HELP: &str = "Without --daemon: removes the two tables `sluice-TAP` that a \
+stopped `sluice vm attach` left in the namespace (the tap and its addresses are left alone).\n\n\
+With --daemon --id ID: the daemon releases the VM and removes its fence in one request \
+(`DELETE /v1/sandboxes/ID?fence=remove`); the tap is then open, as before the attach. (A plain \
+release, when the VMM exits or the daemon stops, keeps the fence.)\n\n\
+Exit status: 0 done; 2 bad arguments, or the daemon serves no VM of that id (see `sluice \
+status`); 3 the fence could not be removed; 4 no daemon answers at the socket.";
 
 pub fn execute(args: VmArgs) -> anyhow::Result<i32> {
     match args.action {
@@ -266,11 +292,70 @@ fn attach_through_daemon(args: &AttachArgs, id: String) -> anyhow::Result<i32> {
 }
 
 fn detach(args: DetachArgs) -> anyhow::Result<i32> {
+    if args.daemon {
+        return detach_through_daemon(&args);
+    }
     crate::confine::require_root("sluice vm detach")?;
-    let netns = args.namespace.open()?;
-    crate::app::vm::detach(&netns, &args.tap)?;
-    eprintln!("sluice: removed the fence of tap {}", args.tap);
+    let tap = args
+        .tap
+        .as_deref()
+        .expect("clap requires --tap without --daemon");
+    let namespace = NamespaceArgs {
+        netns: args.netns.clone(),
+        pid: args.pid,
+    };
+    let netns = namespace.open()?;
+    crate::app::vm::detach(&netns, tap)?;
+    eprintln!("sluice: removed the fence of tap {tap}");
     Ok(0)
+}
+
+/// `sluice vm detach --daemon --id ID`: the daemon releases the VM and
+/// removes its fence; prints the daemon's view of the VM.
+fn detach_through_daemon(args: &DetachArgs) -> anyhow::Result<i32> {
+    use crate::daemon::ClientError;
+    let id = args
+        .id
+        .as_deref()
+        .expect("clap requires --id with --daemon");
+    let socket = crate::daemon::socket_path(args.socket.as_deref());
+    let status_hint = format!("`sluice status --socket {}`", socket.display());
+    if id.is_empty()
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(BadInput(anyhow::anyhow!(
+            "--id {id:?} is not a sandbox id (letters, digits, '.', '_', '-'): {status_hint} lists the VMs the daemon serves"
+        ))
+        .into());
+    }
+    match crate::daemon::Client::new(socket.clone()).detach_removing_fence(id) {
+        Ok(Some(info)) => {
+            println!("{}", serde_json::to_string(&info).expect("serializable"));
+            let tap = info.vm.as_ref().map_or("?", |vm| vm.tap.as_str());
+            eprintln!("sluice: released VM {id} and removed the fence of tap {tap}");
+            Ok(0)
+        }
+        Ok(None) => Err(BadInput(anyhow::anyhow!(
+            "the sluice daemon at {} serves no sandbox {id}: {status_hint} lists the ones it serves",
+            socket.display()
+        ))
+        .into()),
+        // As `sluice status` (exit 4): no daemon to ask.
+        Err(ClientError::Connect { cause, .. }) => {
+            eprintln!(
+                "sluice: error: no sluice daemon answers at {}: {cause}; start one with `sluice daemon --config FILE`, or give the socket its config names with --socket",
+                socket.display()
+            );
+            Ok(super::exit::NO_DAEMON)
+        }
+        Err(err @ ClientError::Refused { status: 400..=499, .. }) => Err(BadInput(
+            anyhow::Error::from(err).context(format!("the daemon did not detach {id}")),
+        )
+        .into()),
+        Err(err) => Err(anyhow::Error::from(err).context(format!("the daemon did not detach {id}"))),
+    }
 }
 
 /// The guest's addressing; the wrapper fills in its defaults, attach has
@@ -309,4 +394,68 @@ fn sandbox_id(guest: &GuestArgs) -> anyhow::Result<String> {
         .context("bad VM id");
     }
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn detach_args(args: &[&str]) -> Result<DetachArgs, clap::Error> {
+        let argv = ["sluice", "vm", "detach"].iter().chain(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Vm(VmArgs {
+                action: Some(VmAction::Detach(args)),
+                ..
+            }) => Ok(args),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn detach_through_the_daemon_takes_an_id_and_a_socket() {
+        let args = detach_args(&["--daemon", "--id", "vm-a", "--socket", "/s"]).unwrap();
+        assert!(args.daemon);
+        assert_eq!(args.id.as_deref(), Some("vm-a"));
+        assert_eq!(args.socket, Some(PathBuf::from("/s")));
+        assert!(args.tap.is_none() && args.netns.is_none() && args.pid.is_none());
+    }
+
+    #[test]
+    fn detach_through_the_daemon_needs_an_id() {
+        assert!(detach_args(&["--daemon"]).is_err());
+    }
+
+    #[test]
+    fn detach_through_the_daemon_refuses_a_tap_or_a_namespace() {
+        for extra in [["--tap", "tap0"], ["--netns", "vm1"], ["--pid", "1"]] {
+            let mut args = vec!["--daemon", "--id", "vm-a"];
+            args.extend(extra);
+            let err = detach_args(&args).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{extra:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn detach_of_a_tap_needs_the_tap_and_one_namespace() {
+        let args = detach_args(&["--tap", "tap0", "--netns", "vm1"]).unwrap();
+        assert_eq!(args.tap.as_deref(), Some("tap0"));
+        assert!(!args.daemon);
+        assert!(detach_args(&["--tap", "tap0", "--pid", "7"]).is_ok());
+        assert!(detach_args(&["--tap", "tap0"]).is_err());
+        assert!(detach_args(&["--netns", "vm1"]).is_err());
+        assert!(detach_args(&["--tap", "tap0", "--netns", "vm1", "--pid", "7"]).is_err());
+    }
+
+    #[test]
+    fn an_id_or_a_socket_without_the_daemon_is_refused() {
+        assert!(detach_args(&["--tap", "tap0", "--netns", "vm1", "--id", "x"]).is_err());
+        assert!(detach_args(&["--tap", "tap0", "--netns", "vm1", "--socket", "/s"]).is_err());
+    }
 }

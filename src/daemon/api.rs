@@ -12,7 +12,8 @@
 //! POST   /v1/sandboxes        AttachRequest (JSON) -> 201 SandboxInfo   (first byte 'F' + fd;
 //!                             with `vm`: fence that tap in the namespace sent)
 //! GET    /v1/sandboxes        -> 200 [SandboxInfo]                       (first byte 'N')
-//! DELETE /v1/sandboxes/{id}   -> 200 SandboxInfo | 404                   (first byte 'N')
+//! DELETE /v1/sandboxes/{id}   -> 200 SandboxInfo | 404                   (first byte 'N';
+//!                             a VM's fence stays; `?fence=remove`: its tap's two tables go too)
 //! GET    /v1/audit            -> 200 AuditHead                           (first byte 'N')
 //! ```
 //!
@@ -39,6 +40,45 @@ pub const SANDBOXES: &str = "/v1/sandboxes";
 /// The head of the daemon's audit log (`crate::audit::AuditHead`): its
 /// file, checkpoint key id, newest line and newest checkpoint (seq, hash).
 pub const AUDIT: &str = "/v1/audit";
+
+/// The query of a DELETE that removes a VM's fence too.
+pub const FENCE_REMOVE: &str = "fence=remove";
+
+/// What a `DELETE /v1/sandboxes/{id}` does with a VM's fence (the two
+/// tables `sluice-TAP` in the VMM's namespace).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Fence {
+    /// Leave it (a plain DELETE, or `?fence=keep`): the guest reaches
+    /// nothing until the tap goes or the fence is removed.
+    #[default]
+    Keep,
+    /// Remove it after the release (`?fence=remove`, `sluice vm detach
+    /// --daemon`): the tap is then open, as before the attach.
+    Remove,
+}
+
+impl Fence {
+    /// The fence a DELETE's query asks for. Anything but `fence=keep` or
+    /// `fence=remove` is refused rather than ignored: a typo must not
+    /// silently keep (or remove) a fence.
+    pub fn from_query(query: Option<&str>) -> Result<Fence, String> {
+        match query {
+            None | Some("") | Some("fence=keep") => Ok(Fence::Keep),
+            Some(FENCE_REMOVE) => Ok(Fence::Remove),
+            Some(other) => Err(format!(
+                "unknown query `{other}`: DELETE {SANDBOXES}/ID takes `?{FENCE_REMOVE}` (also remove a VM's fence) or nothing (release it, the fence stays)"
+            )),
+        }
+    }
+
+    /// The query that asks for this fence (empty for [`Fence::Keep`]).
+    pub fn query(self) -> &'static str {
+        match self {
+            Fence::Keep => "",
+            Fence::Remove => FENCE_REMOVE,
+        }
+    }
+}
 
 /// Attach a namespace (sent alongside) as sandbox `id`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,4 +184,38 @@ pub struct Connections {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delete_without_a_query_keeps_the_fence() {
+        assert_eq!(Fence::from_query(None), Ok(Fence::Keep));
+        assert_eq!(Fence::from_query(Some("")), Ok(Fence::Keep));
+        assert_eq!(Fence::from_query(Some("fence=keep")), Ok(Fence::Keep));
+    }
+
+    #[test]
+    fn fence_remove_asks_for_the_fence_to_go() {
+        assert_eq!(Fence::from_query(Some("fence=remove")), Ok(Fence::Remove));
+        assert_eq!(
+            Fence::from_query(Some(Fence::Remove.query())),
+            Ok(Fence::Remove)
+        );
+        assert_eq!(
+            Fence::from_query(Some(Fence::Keep.query())),
+            Ok(Fence::Keep)
+        );
+    }
+
+    #[test]
+    fn an_unknown_query_is_refused_naming_the_one_accepted() {
+        for query in ["fence=rm", "fence=remove&x=1", "remove", "fence"] {
+            let err = Fence::from_query(Some(query)).unwrap_err();
+            assert!(err.contains(query), "{err}");
+            assert!(err.contains("?fence=remove"), "{err}");
+        }
+    }
 }

@@ -1,4 +1,5 @@
-//! The control API's client, for `sluice oci-hook` and `sluice status`:
+//! The control API's client, for `sluice oci-hook`, `sluice status` and
+//! `sluice vm attach|detach --daemon`:
 //! connect, send the opening byte (with the namespace descriptor for an
 //! attach), then one HTTP/1.1 request with hyper. Blocking to its callers
 //! (a small single-threaded runtime inside), bounded by a timeout.
@@ -13,7 +14,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
 use super::api::{
-    AttachRequest, ErrorBody, SandboxInfo, AUDIT, DEFAULT_SOCKET, SANDBOXES, SOCKET_ENV,
+    AttachRequest, ErrorBody, Fence, SandboxInfo, AUDIT, DEFAULT_SOCKET, SANDBOXES, SOCKET_ENV,
 };
 use super::fdpass::send_opening;
 
@@ -71,14 +72,25 @@ impl Client {
         self.decode(status, &body, StatusCode::CREATED)
     }
 
-    /// Stop serving sandbox `id`; `Ok(None)` if none was attached.
+    /// Stop serving sandbox `id`; `Ok(None)` if none was attached. A VM's
+    /// fence stays.
     pub fn detach(&self, id: &str) -> Result<Option<SandboxInfo>, ClientError> {
-        let (status, body) = self.call(
-            Method::DELETE,
-            format!("{SANDBOXES}/{id}"),
-            Vec::new(),
-            None,
-        )?;
+        self.delete(id, Fence::Keep)
+    }
+
+    /// Stop serving VM `id` and remove its tap's fence (`sluice vm detach
+    /// --daemon`); `Ok(None)` if none was attached. A sandbox that is not a
+    /// VM is refused (and stays attached).
+    pub fn detach_removing_fence(&self, id: &str) -> Result<Option<SandboxInfo>, ClientError> {
+        self.delete(id, Fence::Remove)
+    }
+
+    fn delete(&self, id: &str, fence: Fence) -> Result<Option<SandboxInfo>, ClientError> {
+        let path = match fence.query() {
+            "" => format!("{SANDBOXES}/{id}"),
+            query => format!("{SANDBOXES}/{id}?{query}"),
+        };
+        let (status, body) = self.call(Method::DELETE, path, Vec::new(), None)?;
         if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }

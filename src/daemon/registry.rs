@@ -18,7 +18,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::adopt::{self, Records};
-use super::api::{AttachRequest, Connections, SandboxInfo};
+use super::api::{AttachRequest, Connections, Fence, SandboxInfo, FENCE_REMOVE};
 use super::config::Defaults;
 use super::exits::ExitWatcher;
 use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, DRAIN_GRACE};
@@ -72,7 +72,8 @@ struct Entry {
     pid: Option<i32>,
     attached: u64,
     /// A microVM's tap: who it fences, and the gateway addresses the
-    /// attach added (removed again at release; the fence itself stays).
+    /// attach added (removed again at release; the fence itself stays
+    /// unless a detach asks for it to go).
     vm: Option<(VmNet, Vec<LinkAddress>)>,
     reloading: Reloading,
     /// The sandbox's reloader.
@@ -359,7 +360,7 @@ impl Registry {
 
     /// Stop serving `id` and drop every reference to its namespace. With
     /// `generation`, only that incarnation (a watcher must not release a
-    /// newer attach of the same id).
+    /// newer attach of the same id). A VM's fence stays.
     pub async fn release(
         &self,
         id: &str,
@@ -377,6 +378,53 @@ impl Registry {
         .await
     }
 
+    /// A detach asked through the control API: release `id` and forget it;
+    /// with [`Fence::Remove`], a VM's fence goes too (its tap's two tables,
+    /// removed as `sluice vm detach` removes them). Refused, with nothing
+    /// released, when `id` is not attached (404) or the fence of a sandbox
+    /// that is not a VM is asked to go (400).
+    pub async fn detach(&self, id: &str, fence: Fence) -> Result<SandboxInfo, ApiError> {
+        let entry = self.take(id, |entry| match (&entry.vm, fence) {
+            (None, Fence::Remove) => Err(ApiError::bad(format!(
+                "sandbox {id} is not a VM (path {}): it has no tap fence to remove; a DELETE without ?{FENCE_REMOVE} releases it",
+                entry.served.path().as_str()
+            ))),
+            _ => Ok(()),
+        })?;
+        self.release_entry(
+            id,
+            entry,
+            true,
+            "detached on request",
+            Afterwards::Forget,
+            Instant::now() + DRAIN_GRACE,
+            fence,
+        )
+        .await
+    }
+
+    /// Take `id`'s entry out of the registry if it is attached and `check`
+    /// accepts it; otherwise leave everything as it is.
+    fn take(
+        &self,
+        id: &str,
+        check: impl FnOnce(&Entry) -> Result<(), ApiError>,
+    ) -> Result<Box<Entry>, ApiError> {
+        let not_attached = || ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("no sandbox {id} is attached"),
+        };
+        let mut slots = self.lock();
+        match slots.get(id) {
+            Some(Slot::Ready(entry)) => check(entry)?,
+            _ => return Err(not_attached()),
+        }
+        match slots.remove(id) {
+            Some(Slot::Ready(entry)) => Ok(entry),
+            _ => Err(not_attached()),
+        }
+    }
+
     /// [`release`](Self::release), its connections drained by `deadline`.
     async fn release_by(
         &self,
@@ -386,21 +434,43 @@ impl Registry {
         afterwards: Afterwards,
         deadline: Instant,
     ) -> Option<SandboxInfo> {
-        let entry = {
-            let mut slots = self.lock();
-            match slots.get(id) {
-                Some(Slot::Ready(entry)) if generation.is_none_or(|g| g == entry.generation) => {
-                    match slots.remove(id) {
-                        Some(Slot::Ready(entry)) => entry,
-                        _ => return None,
-                    }
-                }
-                _ => return None,
-            }
-        };
-        let mut entry = entry;
+        let entry = self
+            .take(id, |entry| match generation {
+                Some(g) if g != entry.generation => Err(ApiError::conflict("a newer attach")),
+                _ => Ok(()),
+            })
+            .ok()?;
+        // Keeping the fence, the release cannot fail.
+        self.release_entry(
+            id,
+            entry,
+            generation.is_none(),
+            why,
+            afterwards,
+            deadline,
+            Fence::Keep,
+        )
+        .await
+        .ok()
+    }
+
+    /// Stop serving a taken entry, remove the gateway addresses a VM attach
+    /// added and, with [`Fence::Remove`], the VM's fence. Only the fence's
+    /// removal can fail: the sandbox is released all the same, and the
+    /// error says so.
+    #[allow(clippy::too_many_arguments)]
+    async fn release_entry(
+        &self,
+        id: &str,
+        mut entry: Box<Entry>,
+        from_outside: bool,
+        why: &str,
+        afterwards: Afterwards,
+        deadline: Instant,
+        fence: Fence,
+    ) -> Result<SandboxInfo, ApiError> {
         let info = self.info_of(id, &entry);
-        if generation.is_none() {
+        if from_outside {
             // Asked from outside: the watcher is not needed any more. (The
             // watcher releasing its own entry must not abort itself.)
             if let Some(watcher) = entry.watcher.take() {
@@ -410,21 +480,43 @@ impl Registry {
         let netns = entry.netns.clone();
         let vm = entry.vm.take();
         entry.stop(deadline).await;
+        let mut unfenced = Ok(());
         if let Some((net, added)) = vm {
-            // The fence stays: the guest reaches nothing until the tap goes
-            // or `sluice vm detach` removes it.
-            let removed =
-                tokio::task::spawn_blocking(move || netns.remove_tap_addresses(&net.tap, &added))
-                    .await;
-            if !matches!(removed, Ok(Ok(()))) {
+            // Unless asked to go, the fence stays: the guest reaches nothing
+            // until the tap goes or `sluice vm detach` removes it.
+            let tap = net.tap.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                let removed = netns.remove_tap_addresses(&net.tap, &added);
+                let unfenced = match fence {
+                    Fence::Keep => Ok(()),
+                    Fence::Remove => crate::app::vm::detach(&netns, &net.tap)
+                        .map_err(|e| crate::report::error_line(&e)),
+                };
+                (removed, unfenced)
+            })
+            .await;
+            let (removed, fence_removed) = match done {
+                Ok((removed, unfenced)) => (removed.is_ok(), unfenced),
+                Err(e) => (false, Err(format!("the removal task failed: {e}"))),
+            };
+            if !removed {
                 tracing::warn!(sandbox = %id, "cannot remove the gateway addresses the attach added");
+            }
+            unfenced = fence_removed.map_err(|cause| {
+                tracing::error!(sandbox = %id, %tap, %cause, "cannot remove the fence");
+                ApiError::internal(format!(
+                    "sandbox {id} was released, but the fence of tap {tap} could not be removed ({cause}): the tap stays closed; remove the fence with `sluice vm detach --tap {tap} --netns NAME|PATH` (or --pid VMM_PID)"
+                ))
+            });
+            if fence == Fence::Remove && unfenced.is_ok() {
+                tracing::info!(sandbox = %id, %tap, "fence removed");
             }
         }
         if afterwards == Afterwards::Forget {
             self.records.remove(id);
         }
         tracing::info!(sandbox = %id, why, "sandbox released");
-        Some(info)
+        unfenced.map(|()| info)
     }
 
     /// Release everything (daemon shutdown), every sandbox's connections

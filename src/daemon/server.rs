@@ -16,9 +16,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
-use super::api::{AttachRequest, ErrorBody, AUDIT, SANDBOXES};
+use super::api::{AttachRequest, ErrorBody, Fence, AUDIT, FENCE_REMOVE, SANDBOXES};
 use super::fdpass::{recv_opening, Opening};
-use super::registry::{Afterwards, ApiError, Registry};
+use super::registry::{ApiError, Registry};
 use crate::drain::Watch;
 
 /// Largest request body accepted (an attach request is a few hundred bytes).
@@ -166,21 +166,21 @@ async fn route(
         (Method::POST, SANDBOXES) => attach(req, registry, fd).await,
         (Method::DELETE, p) if p.starts_with(SANDBOXES) && p.len() > SANDBOXES.len() + 1 => {
             let id = &p[SANDBOXES.len() + 1..];
-            match registry
-                .release(id, None, "detached on request", Afterwards::Forget)
-                .await
-            {
-                Some(info) => Ok((StatusCode::OK, json(&info))),
-                None => Err(ApiError {
-                    status: StatusCode::NOT_FOUND,
-                    message: format!("no sandbox {id} is attached"),
+            match Fence::from_query(req.uri().query()) {
+                Ok(fence) => registry
+                    .detach(id, fence)
+                    .await
+                    .map(|info| (StatusCode::OK, json(&info))),
+                Err(message) => Err(ApiError {
+                    status: StatusCode::BAD_REQUEST,
+                    message,
                 }),
             }
         }
         _ => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!(
-                "{} {path}: not an endpoint (GET/POST {SANDBOXES}, DELETE {SANDBOXES}/ID, GET {AUDIT})",
+                "{} {path}: not an endpoint (GET/POST {SANDBOXES}, DELETE {SANDBOXES}/ID[?{FENCE_REMOVE}], GET {AUDIT})",
                 req.method()
             ),
         }),

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod daemon;
 pub mod vm;
 
 pub use sluice::testbed::{pattern, OuterNetns};

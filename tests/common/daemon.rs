@@ -1,0 +1,174 @@
+//! `sluice daemon` for the end-to-end tests, and what its clients and the
+//! namespaces it fences show: a daemon in the world's outer namespace with
+//! its own socket, audit log, state dir and log file; a stand-in VMM (a
+//! process that lives in a namespace, so a VM attached with `--pid` stays
+//! attached until it ends); the nftables tables of a namespace.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::{eventually, sluice_bin, OuterNetns, World};
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A running `sluice -v daemon`; killed when dropped.
+pub struct Daemon {
+    child: Child,
+    pub socket: PathBuf,
+    pub audit: PathBuf,
+    /// Its stderr.
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Start a daemon in `w`'s outer namespace and wait until its control
+    /// socket accepts connections.
+    pub fn start(w: &World) -> Daemon {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let file = |what: &str| w.dir.path().join(format!("daemon-{n}.{what}"));
+        let (socket, audit, log, config) =
+            (file("sock"), file("audit.jsonl"), file("log"), file("yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "socket: {}\naudit: {}\ndefaults:\n  state_dir: {}\n",
+                socket.display(),
+                audit.display(),
+                w.state.path().join(format!("daemon-state-{n}")).display()
+            ),
+        )
+        .unwrap();
+        let stderr = std::fs::File::create(&log).unwrap();
+        let child = w
+            .outer
+            .command(sluice_bin())
+            .args(["-v", "daemon", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start the daemon");
+        let daemon = Daemon {
+            child,
+            socket,
+            audit,
+            log,
+        };
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok()
+            }),
+            "the daemon did not open its socket: {}",
+            daemon.log_text()
+        );
+        daemon
+    }
+
+    /// What the daemon logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `sluice ARGS... --socket SOCKET` (a client of this daemon), in the
+    /// world's outer namespace.
+    pub fn client(&self, w: &World, args: &[&str]) -> Output {
+        w.outer
+            .command(sluice_bin())
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .expect("run sluice")
+    }
+
+    /// `sluice status --json`: every sandbox the daemon serves.
+    pub fn status(&self, w: &World) -> Vec<serde_json::Value> {
+        let out = self.client(w, &["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "sluice status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    /// Whether `sluice status` lists sandbox `id`.
+    pub fn lists(&self, w: &World, id: &str) -> bool {
+        self.status(w).iter().any(|s| s["id"] == id)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process living in a namespace in place of a VMM (no guest boots);
+/// killed when dropped.
+pub struct StandInVmm {
+    child: Child,
+}
+
+impl StandInVmm {
+    /// Start it in `ns` and wait until it runs there.
+    pub fn start(ns: &OuterNetns) -> StandInVmm {
+        let mut child = ns
+            .command("sh")
+            .args(["-c", "echo ready; exec sleep infinity"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the stand-in VMM");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read the stand-in's first line");
+        assert_eq!(line.trim(), "ready", "the stand-in VMM did not start");
+        StandInVmm { child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for StandInVmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `nft list tables` in the namespace at `netns`: one `table FAMILY NAME`
+/// per line.
+pub fn nft_tables(netns: &Path) -> Vec<String> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["nft", "list", "tables"])
+        .output()
+        .expect("run nsenter nft");
+    assert!(
+        out.status.success(),
+        "nft list tables: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The two tables of `tap`'s fence, as `nft list tables` names them.
+pub fn fence_tables(tap: &str) -> [String; 2] {
+    [
+        format!("table inet sluice-{tap}"),
+        format!("table netdev sluice-{tap}"),
+    ]
+}
