@@ -26,6 +26,13 @@ pub struct NoDaemon {
     cause: std::io::Error,
 }
 
+impl NoDaemon {
+    /// Nothing answered at `socket` (the connect failed with `cause`).
+    pub fn new(socket: PathBuf, cause: std::io::Error) -> NoDaemon {
+        NoDaemon { socket, cause }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The daemon's control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
@@ -46,10 +53,9 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
     let socket = crate::daemon::socket_path(args.socket.as_deref());
     let client = crate::daemon::Client::new(socket.clone());
     let no_daemon = |err| match err {
-        ClientError::Connect { cause, .. } => anyhow::Error::from(NoDaemon {
-            socket: socket.clone(),
-            cause,
-        }),
+        ClientError::Connect { cause, .. } => {
+            anyhow::Error::from(NoDaemon::new(socket.clone(), cause))
+        }
         err => err.into(),
     };
     if args.audit {

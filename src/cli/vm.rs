@@ -344,11 +344,7 @@ fn detach_through_daemon(args: &DetachArgs) -> anyhow::Result<i32> {
         .into()),
         // As `sluice status` (exit 4): no daemon to ask.
         Err(ClientError::Connect { cause, .. }) => {
-            eprintln!(
-                "sluice: error: no sluice daemon answers at {}: {cause}; start one with `sluice daemon --config FILE`, or give the socket its config names with --socket",
-                socket.display()
-            );
-            Ok(super::exit::NO_DAEMON)
+            Err(super::status::NoDaemon::new(socket.clone(), cause).into())
         }
         Err(err @ ClientError::Refused { status: 400..=499, .. }) => Err(BadInput(
             anyhow::Error::from(err).context(format!("the daemon did not detach {id}")),
