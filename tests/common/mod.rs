@@ -335,6 +335,25 @@ pub fn wait_until_exited(pid: u32) {
     );
 }
 
+/// `cmd` started by a shell that first opens each `(fd, path)` read-only
+/// on that descriptor number (0-9: sh's redirections): descriptors its caller hands it, which
+/// `sluice run` passes down to the command as any caller's.
+pub fn with_descriptors(cmd: &Command, fds: &[(u32, &Path)]) -> Command {
+    let mut opens = String::new();
+    let mut wrapped = Command::new("sh");
+    for (i, (fd, _)) in fds.iter().enumerate() {
+        opens.push_str(&format!("exec {fd}<\"${}\"; ", i + 1));
+    }
+    wrapped
+        .arg("-c")
+        .arg(format!("{opens}shift {}; exec \"$@\"", fds.len()))
+        .arg("sh")
+        .args(fds.iter().map(|(_, path)| path.as_os_str()))
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    wrapped
+}
+
 /// The sandbox namespace inode sluice logged (`netns_inode=N`).
 pub fn logged_netns_inode(stderr: &str) -> Option<u64> {
     stderr
