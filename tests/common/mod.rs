@@ -354,6 +354,48 @@ pub fn with_descriptors(cmd: &Command, fds: &[(u32, &Path)]) -> Command {
     wrapped
 }
 
+/// A process that sits in the test's outer namespace (a `cat` reading a
+/// pipe that stays open) until dropped: a host pid whose namespace is the
+/// one sluice runs in, for a workload to name.
+pub struct OuterProcess {
+    child: Child,
+}
+
+impl OuterProcess {
+    /// Started, and (bounded) in the outer namespace once this returns.
+    pub fn start(w: &World) -> OuterProcess {
+        use std::os::unix::fs::MetadataExt;
+        let child = w
+            .outer
+            .command("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn cat in the outer namespace");
+        let held = OuterProcess { child };
+        let want = std::fs::metadata(w.outer.path()).unwrap().ino();
+        let pid = held.pid();
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                std::fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| m.ino() == want)
+            }),
+            "process {pid} never entered the outer namespace"
+        );
+        held
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for OuterProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The sandbox namespace inode sluice logged (`netns_inode=N`).
 pub fn logged_netns_inode(stderr: &str) -> Option<u64> {
     stderr
