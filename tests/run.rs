@@ -520,6 +520,69 @@ fn a_sigint_sent_to_sluice_alone_reaches_the_command() {
     assert_sandbox_gone(inode);
 }
 
+/// The command's child starts three grandchildren that wait on a pipe and
+/// exits; once the command has seen them reparented, it lets them exit and
+/// waits (bounded) for them to be gone from its PID namespace, then counts
+/// the zombies there.
+const ORPHANS: &str = r#"
+import os, time
+def stat(p):
+    return open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+hold_r, hold_w = os.pipe()
+ready_r, ready_w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(ready_r)
+    pids = []
+    for _ in range(3):
+        gc = os.fork()
+        if gc == 0:
+            os.close(hold_w)
+            os.close(ready_w)
+            os.read(hold_r, 1)
+            os._exit(0)
+        pids.append(gc)
+    os.write(ready_w, " ".join(map(str, pids)).encode())
+    os._exit(0)
+os.close(ready_w)
+pids = [int(p) for p in os.read(ready_r, 100).split()]
+os.waitpid(child, 0)
+print("parents", *[stat(p)[1] for p in pids], flush=True)
+os.close(hold_w)
+def left():
+    out = []
+    for p in pids:
+        try:
+            out.append((p, stat(p)[0]))
+        except FileNotFoundError:
+            pass
+    return out
+deadline = time.monotonic() + 20
+while left() and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("left", left(), flush=True)
+zombies = []
+for e in os.listdir("/proc"):
+    try:
+        if e.isdigit() and stat(e)[0] == "Z":
+            zombies.append(e)
+    except FileNotFoundError:
+        pass
+print("zombies", len(zombies), flush=True)
+"#;
+
+#[test]
+fn the_init_reaps_orphans_while_the_command_runs() {
+    let Some(w) = World::new() else { return };
+    let out = w.run(&w.policy(POLICY), &["python3", "-c", ORPHANS]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    // Orphaned, they are the init's (PID 1 of the command's namespace).
+    assert!(text.contains("parents 1 1 1\n"), "{text}");
+    assert!(text.contains("left []\n"), "{text}");
+    assert!(text.contains("zombies 0\n"), "{text}");
+}
+
 #[test]
 fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
     let Some(w) = World::new() else { return };
