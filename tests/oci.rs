@@ -718,12 +718,26 @@ fn a_root_container_with_net_admin_that_flushes_the_ruleset_still_reaches_nothin
     both_ways(|w, env, via| {
         let http_hits = w.http_origin("198.18.0.1:8080");
         let udp_hits = w.udp_sink("198.18.0.1:5353");
-        // After the flush nothing redirects to sluice any more, and the
-        // namespace has no link that leads anywhere.
-        let script = "sluice probe http http://198.18.0.1:8080/; echo before=$?; \
-                      nft flush ruleset && echo flushed; \
-                      sluice probe http http://198.18.0.1:8080/; echo after=$?; \
-                      sluice probe udp 198.18.0.1:5353";
+        // Host pids to name: this test's (the host's namespace) and one in
+        // the outer namespace sluice runs in; 1 is the container's own.
+        let outer = OuterProcess::start(w);
+        let targets = [1, std::process::id(), outer.pid()];
+        // After the flush nothing redirects to sluice any more, the
+        // namespace has no link that leads anywhere, and the link cannot
+        // be moved: a host pid is not one the container can name.
+        let script = format!(
+            "sluice probe http http://198.18.0.1:8080/; echo before=$?; \
+             nft flush ruleset && echo flushed; \
+             echo own $(readlink /proc/self/ns/net); \
+             for pid in {}; do \
+               ip link set sbx0 netns $pid 2>&1; echo moved-to-$pid=$?; \
+               [ -e /proc/$pid/ns/net ] && echo sees-$pid $(readlink /proc/$pid/ns/net); \
+               ip link show sbx0 >/dev/null 2>&1 && echo still-$pid; \
+             done; \
+             sluice probe http http://198.18.0.1:8080/; echo after=$?; \
+             sluice probe udp 198.18.0.1:5353",
+            targets.map(|p| p.to_string()).join(" ")
+        );
         let ran = run_container(
             w,
             env,
@@ -737,7 +751,7 @@ fn a_root_container_with_net_admin_that_flushes_the_ruleset_still_reaches_nothin
                 "--annotation",
                 "io.sluice.allow-net-admin=true",
             ],
-            script,
+            &script,
         );
         let text = ran.stdout();
         assert!(
@@ -747,6 +761,24 @@ fn a_root_container_with_net_admin_that_flushes_the_ruleset_still_reaches_nothin
             ran.stderr()
         );
         assert!(text.contains("flushed"), "{text}\n{}", ran.stderr());
+        let own = text
+            .lines()
+            .find_map(|l| l.strip_prefix("own "))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(own.starts_with("net:["), "{text}");
+        // Its own PID 1 is in its own namespace: that move changes nothing.
+        assert!(text.contains(&format!("sees-1 {own}")), "{text}");
+        for pid in targets {
+            assert!(text.contains(&format!("still-{pid}\n")), "{pid}: {text}");
+        }
+        assert_eq!(text.matches("No such process").count(), 2, "{text}");
+        for pid in &targets[1..] {
+            assert!(!text.contains(&format!("sees-{pid} ")), "{pid}: {text}");
+            assert!(
+                !text.contains(&format!("moved-to-{pid}=0")),
+                "{pid}: {text}"
+            );
+        }
         assert!(text.contains("after=1"), "{text}");
         // Only the one request made while sluice was in the path arrived,
         // and the canaries sent from outside after the container.

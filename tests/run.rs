@@ -520,6 +520,69 @@ fn a_sigint_sent_to_sluice_alone_reaches_the_command() {
     assert_sandbox_gone(inode);
 }
 
+/// The command's child starts three grandchildren that wait on a pipe and
+/// exits; once the command has seen them reparented, it lets them exit and
+/// waits (bounded) for them to be gone from its PID namespace, then counts
+/// the zombies there.
+const ORPHANS: &str = r#"
+import os, time
+def stat(p):
+    return open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+hold_r, hold_w = os.pipe()
+ready_r, ready_w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(ready_r)
+    pids = []
+    for _ in range(3):
+        gc = os.fork()
+        if gc == 0:
+            os.close(hold_w)
+            os.close(ready_w)
+            os.read(hold_r, 1)
+            os._exit(0)
+        pids.append(gc)
+    os.write(ready_w, " ".join(map(str, pids)).encode())
+    os._exit(0)
+os.close(ready_w)
+pids = [int(p) for p in os.read(ready_r, 100).split()]
+os.waitpid(child, 0)
+print("parents", *[stat(p)[1] for p in pids], flush=True)
+os.close(hold_w)
+def left():
+    out = []
+    for p in pids:
+        try:
+            out.append((p, stat(p)[0]))
+        except FileNotFoundError:
+            pass
+    return out
+deadline = time.monotonic() + 20
+while left() and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("left", left(), flush=True)
+zombies = []
+for e in os.listdir("/proc"):
+    try:
+        if e.isdigit() and stat(e)[0] == "Z":
+            zombies.append(e)
+    except FileNotFoundError:
+        pass
+print("zombies", len(zombies), flush=True)
+"#;
+
+#[test]
+fn the_init_reaps_orphans_while_the_command_runs() {
+    let Some(w) = World::new() else { return };
+    let out = w.run(&w.policy(POLICY), &["python3", "-c", ORPHANS]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    // Orphaned, they are the init's (PID 1 of the command's namespace).
+    assert!(text.contains("parents 1 1 1\n"), "{text}");
+    assert!(text.contains("left []\n"), "{text}");
+    assert!(text.contains("zombies 0\n"), "{text}");
+}
+
 #[test]
 fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
     let Some(w) = World::new() else { return };
@@ -615,14 +678,47 @@ fn a_half_close_is_passed_on_to_the_origin() {
 #[test]
 fn a_root_command_can_neither_leave_the_sandbox_namespace_nor_touch_its_ruleset() {
     let Some(w) = World::new() else { return };
-    // $PPID is sluice, whose namespace is the way out.
-    let script = "nsenter --net=/proc/$PPID/ns/net true && echo LEFT; \
+    // The command's parent is the init, in the sandbox namespace, so the
+    // ways out are handed to it: descriptor 8 on the namespace sluice runs
+    // in (the test's outer one), 9 on the host's, as a caller could.
+    let outer = w.outer.path();
+    let host = std::path::PathBuf::from("/proc/self/ns/net");
+    let script = "for fd in 8 9; do \
+                    echo fd$fd $(stat -L -c %i /proc/self/fd/$fd) own $(stat -L -c %i /proc/self/ns/net); \
+                    nsenter --net=/proc/self/fd/$fd true 2>&1 && echo LEFT$fd; \
+                  done; \
                   nft flush ruleset && echo FLUSHED; \
                   grep CapBnd /proc/self/status";
-    let out = w.run(&w.policy(POLICY), &["sh", "-c", script]);
+    let run = w.run_command(&w.policy(POLICY), &["sh", "-c", script]);
+    let child = with_descriptors(&run, &[(8, &outer), (9, &host)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let out = wait_bounded(child, Duration::from_secs(60));
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
-    assert!(!text.contains("LEFT"), "{text}");
+    // Each descriptor really names a namespace other than the command's.
+    let ns_of = |path: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).unwrap().ino().to_string()
+    };
+    for (fd, path) in [(8, &outer), (9, &host)] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("fd{fd} ")))
+            .unwrap_or_else(|| panic!("no line for fd {fd}: {text}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words.get(1), Some(&ns_of(path).as_str()), "{text}");
+        assert_eq!(words.get(2), Some(&"own"), "{text}");
+        assert_ne!(words.get(1), words.get(3), "{text}");
+        assert!(!text.contains(&format!("LEFT{fd}")), "{text}");
+    }
+    assert_eq!(
+        text.matches("Operation not permitted").count(),
+        2,
+        "each setns is refused with EPERM: {text}"
+    );
     assert!(!text.contains("FLUSHED"), "{text}");
     let bounding = u64::from_str_radix(text.trim().rsplit('\t').next().unwrap(), 16).unwrap();
     for cap in [12, 19, 21] {

@@ -388,6 +388,29 @@ mod tests {
     }
 
     #[test]
+    fn joining_a_mount_namespace_by_path_is_refused_and_its_own_is_not() {
+        let mut joined = config(&[], Some(""), json!([]), json!({}));
+        joined["linux"]["namespaces"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "mount", "path": "/proc/1/ns/mnt"}));
+        let r = reasons(&joined);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(
+            r[0].contains("joins the mount namespace /proc/1/ns/mnt"),
+            "{r:?}"
+        );
+        for ns in [
+            json!({"type": "mount"}),
+            json!({"type": "mount", "path": ""}),
+        ] {
+            let mut own = config(&[], Some(""), json!([]), json!({}));
+            own["linux"]["namespaces"].as_array_mut().unwrap().push(ns);
+            assert_eq!(check(&own, &[]), Ok(()), "{own}");
+        }
+    }
+
+    #[test]
     fn net_admin_needs_the_annotation() {
         let r = reasons(&config(&["CAP_NET_ADMIN"], Some(""), json!([]), json!({})));
         assert!(r[0].contains(ANNOTATION_ALLOW_NET_ADMIN), "{r:?}");

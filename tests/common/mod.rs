@@ -336,6 +336,67 @@ pub fn wait_until_exited(pid: u32) {
     );
 }
 
+/// `cmd` started by a shell that first opens each `(fd, path)` read-only
+/// on that descriptor number (0-9: sh's redirections): descriptors its caller hands it, which
+/// `sluice run` passes down to the command as any caller's.
+pub fn with_descriptors(cmd: &Command, fds: &[(u32, &Path)]) -> Command {
+    let mut opens = String::new();
+    let mut wrapped = Command::new("sh");
+    for (i, (fd, _)) in fds.iter().enumerate() {
+        opens.push_str(&format!("exec {fd}<\"${}\"; ", i + 1));
+    }
+    wrapped
+        .arg("-c")
+        .arg(format!("{opens}shift {}; exec \"$@\"", fds.len()))
+        .arg("sh")
+        .args(fds.iter().map(|(_, path)| path.as_os_str()))
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    wrapped
+}
+
+/// A process that sits in the test's outer namespace (a `cat` reading a
+/// pipe that stays open) until dropped: a host pid whose namespace is the
+/// one sluice runs in, for a workload to name.
+pub struct OuterProcess {
+    child: Child,
+}
+
+impl OuterProcess {
+    /// Started, and (bounded) in the outer namespace once this returns.
+    pub fn start(w: &World) -> OuterProcess {
+        use std::os::unix::fs::MetadataExt;
+        let child = w
+            .outer
+            .command("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn cat in the outer namespace");
+        let held = OuterProcess { child };
+        let want = std::fs::metadata(w.outer.path()).unwrap().ino();
+        let pid = held.pid();
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                std::fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| m.ino() == want)
+            }),
+            "process {pid} never entered the outer namespace"
+        );
+        held
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for OuterProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The sandbox namespace inode sluice logged (`netns_inode=N`).
 pub fn logged_netns_inode(stderr: &str) -> Option<u64> {
     stderr
