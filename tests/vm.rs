@@ -802,6 +802,39 @@ fn a_guest_on_an_attached_tap_passes_the_wrappers_checks_with_metrics_timings_an
     assert_eq!(sluice.wait().unwrap().code(), Some(0));
 }
 
+#[test]
+fn a_guest_booted_for_dhcp_on_an_attached_tap_gets_its_lease_from_sluice_and_fetches() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("198.18.0.1:8080");
+    let policy = w.policy(POLICY);
+    let vmm = OuterNetns::create("sluice-vmd", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let vmm_path: PathBuf = vmm.path();
+    let mut sluice = attach(&w, &policy, &vmm_path, "vm-attached-dhcp");
+    let mut vm = Vm::boot(
+        &kit,
+        &VmSpec::new(Some(vmm_path.clone()), TAP, MAC, GuestNet::Dhcp),
+    )
+    .expect("boot");
+    assert!(vm.ready.contains(&format!("addr={GUEST}")), "{}", vm.ready);
+    let out = vm.check("cat /etc/resolv.conf; ip route").unwrap();
+    assert!(out.contains(&format!("nameserver {GATEWAY}")), "{out}");
+    assert!(out.contains(&format!("default via {GATEWAY}")), "{out}");
+    let out = vm
+        .check("sluice probe http http://origin.test:8080/")
+        .unwrap();
+    assert!(out.contains("HTTP 200"), "{out}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sluice.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(sluice.wait().unwrap().code(), Some(0));
+}
+
 /// `sluice daemon` in the world's namespace; killed when dropped.
 struct Daemon {
     child: Child,
