@@ -11,7 +11,8 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::vm::{add_tap, GuestNet, Kit, Vm, VmSpec};
@@ -77,6 +78,8 @@ fn wrapped_spec(w: &World, policy: &Path, id: &str, net: GuestNet) -> VmSpec {
         w.audit_path().into_os_string(),
         "--state-dir".into(),
         w.state_dir().into_os_string(),
+        "--timings".into(),
+        timings_path(w).into_os_string(),
         "--metrics".into(),
         METRICS.into(),
         "--id".into(),
@@ -85,6 +88,11 @@ fn wrapped_spec(w: &World, policy: &Path, id: &str, net: GuestNet) -> VmSpec {
     ]
     .to_vec();
     spec
+}
+
+/// Where [`wrapped_spec`]'s sluice writes its timing records.
+fn timings_path(w: &World) -> PathBuf {
+    w.dir.path().join("timings.jsonl")
 }
 
 fn world_and_kit() -> Option<(World, Kit)> {
@@ -131,19 +139,44 @@ fn wait_counted(w: &World, id: &str, reason: &str, before: f64) -> f64 {
     now
 }
 
+/// Every origin the guest checks below talk to, served in the world's
+/// namespace.
+struct Origins {
+    /// Requests 198.18.0.1:8082 (a denied port) got.
+    denied_port: Arc<AtomicU64>,
+    /// Datagrams 198.18.0.1:9999 (a UDP sink) got.
+    udp: Arc<AtomicU64>,
+    /// The CA of the TLS origin api.tls.test at 198.18.0.1:8443.
+    ca: PathBuf,
+}
+
+fn origins(w: &World) -> Origins {
+    w.http_origin("198.18.0.1:8080");
+    w.http_origin("[2001:db8::1]:8080");
+    w.echo_origin("198.18.0.2:7000");
+    Origins {
+        denied_port: w.http_origin("198.18.0.1:8082"),
+        udp: w.udp_sink("198.18.0.1:9999"),
+        ca: w.tls_origin("198.18.0.1:8443", &["api.tls.test"]),
+    }
+}
+
 #[test]
 fn a_guest_under_sluice_vm_fetches_what_the_policy_allows_by_address_name_tls_and_ipv6() {
     let Some((w, kit)) = world_and_kit() else {
         return;
     };
     let _turn = one_vm();
-    w.http_origin("198.18.0.1:8080");
-    w.http_origin("[2001:db8::1]:8080");
-    let ca = w.tls_origin("198.18.0.1:8443", &["api.tls.test"]);
+    let o = origins(&w);
     let policy = w.policy(POLICY);
     let mut vm =
         Vm::boot(&kit, &wrapped_spec(&w, &policy, "vm-allow", static_net())).expect("boot");
+    fetches_what_the_policy_allows(&o, &mut vm);
+}
 
+/// A 1 MiB fetch by address (SHA-256 checked), a name resolved through
+/// sluice, an SNI-allowed TLS connection, a fetch over IPv6.
+fn fetches_what_the_policy_allows(o: &Origins, vm: &mut Vm) {
     let out = vm
         .check("sluice probe http http://198.18.0.1:8080/bytes/1048576")
         .unwrap();
@@ -163,11 +196,7 @@ fn a_guest_under_sluice_vm_fetches_what_the_policy_allows_by_address_name_tls_an
         .unwrap();
     assert!(out.contains("HTTP 200"), "{out}");
 
-    put_file(
-        &mut vm,
-        "/tmp/ca.pem",
-        &std::fs::read_to_string(&ca).unwrap(),
-    );
+    put_file(vm, "/tmp/ca.pem", &std::fs::read_to_string(&o.ca).unwrap());
     let out = vm
         .check("sluice probe tls api.tls.test:8443 --ca /tmp/ca.pem")
         .unwrap();
@@ -186,17 +215,27 @@ fn a_guest_under_sluice_vm_reaches_no_denied_port_address_gateway_port_or_metada
         return;
     };
     let _turn = one_vm();
-    let hits = w.http_origin("198.18.0.1:8082");
-    w.echo_origin("198.18.0.2:7000");
+    let o = origins(&w);
     let policy = w.policy(POLICY);
     let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, "vm-deny", static_net())).expect("boot");
+    reaches_no_denied_port_address_gateway_port_or_metadata_address(&w, &o, &mut vm, "vm-deny");
+}
 
+/// A denied port (403, the origin untouched), a denied address, the
+/// gateway's other ports and 169.254.169.254 refused, a denied name
+/// REFUSED; each refusal audited, timed and counted as VM `id`'s.
+fn reaches_no_denied_port_address_gateway_port_or_metadata_address(
+    w: &World,
+    o: &Origins,
+    vm: &mut Vm,
+    id: &str,
+) {
     let ran = vm
         .run("sluice probe http --body http://198.18.0.1:8082/")
         .unwrap();
     assert_eq!(ran.status, 1, "{}", ran.output);
     assert!(ran.output.contains("HTTP 403"), "{}", ran.output);
-    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(o.denied_port.load(Ordering::Relaxed), 0);
 
     for target in [
         "198.18.0.2:7000",
@@ -223,11 +262,31 @@ fn a_guest_under_sluice_vm_reaches_no_denied_port_address_gateway_port_or_metada
     assert!(denies.len() >= 3, "{audit:?}");
     for record in &denies {
         assert_eq!(record["path"], "vm", "{record}");
-        assert_eq!(record["sandbox"], "vm-deny", "{record}");
+        assert_eq!(record["sandbox"], id, "{record}");
     }
     for dst in ["198.18.0.1:8082", "198.18.0.2:7000", "169.254.169.254:80"] {
         assert!(denies.iter().any(|r| r["dst"] == dst), "{dst}: {audit:?}");
     }
+
+    // So is each connection's timing record, and the metrics count them
+    // under path vm.
+    let mut timings = Vec::new();
+    let written = eventually(Duration::from_secs(20), || {
+        timings = sluice::timing::read_file(&timings_path(w)).unwrap_or_default();
+        timings.len() >= 3
+    });
+    assert!(written, "{timings:?}");
+    for record in &timings {
+        assert_eq!(record.path, "vm", "{record:?}");
+        assert_eq!(record.sandbox, id, "{record:?}");
+    }
+    let metrics = w.http_get_outer(METRICS, "/metrics").expect("/metrics");
+    let denied = metric_value(
+        &metrics,
+        "sluice_connections_total",
+        &["path=\"vm\"", "verdict=\"deny\""],
+    );
+    assert!(denied.is_some_and(|n| n >= 3.0), "{metrics}");
 }
 
 #[test]
@@ -236,12 +295,17 @@ fn udp_icmp_and_raw_ip_from_a_guest_under_sluice_vm_are_dropped_and_counted() {
         return;
     };
     let _turn = one_vm();
-    let udp = w.udp_sink("198.18.0.1:9999");
+    let o = origins(&w);
     let policy = w.policy(POLICY);
     let id = "vm-proto";
     let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, id, static_net())).expect("boot");
+    drops_and_counts_udp_icmp_and_raw_ip(&w, &o, &mut vm, id);
+}
 
-    let mut seen = dropped(&w, id, "not-redirected");
+/// UDP, ICMP and raw IP (v4 and v6) counted as not redirected, and the UDP
+/// sink got only the canary sent after them.
+fn drops_and_counts_udp_icmp_and_raw_ip(w: &World, o: &Origins, vm: &mut Vm, id: &str) {
+    let mut seen = dropped(w, id, "not-redirected");
     for probe in [
         "sluice probe udp 198.18.0.1:9999",
         "sluice probe udp [2001:db8::1]:9999",
@@ -251,11 +315,11 @@ fn udp_icmp_and_raw_ip_from_a_guest_under_sluice_vm_are_dropped_and_counted() {
     ] {
         // The send itself succeeds in the guest: the fence drops it.
         let _ = vm.run(probe).unwrap();
-        seen = wait_counted(&w, id, "not-redirected", seen);
+        seen = wait_counted(w, id, "not-redirected", seen);
     }
     // The sink got nothing before the canary sent after the probes.
     w.udp_canary("198.18.0.1:9999");
-    assert_eq!(wait_for_count(&udp, 1), 1);
+    assert_eq!(wait_for_count(&o.udp, 1), 1);
 }
 
 #[test]
@@ -264,11 +328,17 @@ fn spoofed_addresses_macs_arp_and_router_advertisements_from_a_guest_are_dropped
         return;
     };
     let _turn = one_vm();
-    w.http_origin("198.18.0.1:8080");
+    origins(&w);
     let policy = w.policy(POLICY);
     let id = "vm-spoof";
     let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, id, static_net())).expect("boot");
+    drops_and_counts_spoofed_frames(&w, &mut vm, id);
+}
 
+/// Spoofed IPv4 and IPv6 sources, a spoofed MAC, a gratuitous ARP for the
+/// gateway, an ARP for another address, a router advertisement and a VLAN
+/// tag, each counted under its reason; the guest itself still gets through.
+fn drops_and_counts_spoofed_frames(w: &World, vm: &mut Vm, id: &str) {
     for (frame, reason) in [
         ("udp --src 198.18.0.9 --dst 198.18.0.1", "ipv4-source"),
         (
@@ -276,13 +346,14 @@ fn spoofed_addresses_macs_arp_and_router_advertisements_from_a_guest_are_dropped
             "mac",
         ),
         ("arp --src 198.19.254.1 --dst 198.19.254.1", "arp"),
+        ("arp --src 198.19.254.2 --dst 198.19.254.3", "arp"),
         ("ra", "ipv6-router"),
         ("udp --src 2001:db8::66 --dst 2001:db8::1", "ipv6-source"),
         ("udp --vlan 7 --src 198.19.254.2 --dst 198.18.0.1", "vlan"),
     ] {
-        let before = dropped(&w, id, reason);
+        let before = dropped(w, id, reason);
         vm.check(&format!("sluice probe frame {frame}")).unwrap();
-        wait_counted(&w, id, reason, before);
+        wait_counted(w, id, reason, before);
     }
     // The guest itself still gets through.
     let out = vm
@@ -396,6 +467,94 @@ fn the_vmm_is_told_its_tap_and_guest_and_its_exit_status_passes_through() {
     }
 }
 
+/// `sluice vm` in the world's namespace with `options`, then `-- VMM...`;
+/// waits (bounded) for it.
+fn sluice_vm(w: &World, options: &[&std::ffi::OsStr], vmm: &[&str]) -> std::process::Output {
+    w.outer
+        .command(sluice_bin())
+        .arg("vm")
+        .args(options)
+        .arg("--state-dir")
+        .arg(w.state_dir())
+        .arg("--")
+        .args(vmm)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(|child| wait_bounded(child, Duration::from_secs(60)))
+        .unwrap()
+}
+
+#[test]
+fn the_vmm_is_confined_like_a_sluice_run_workload_and_its_own_egress_goes_through_sluice() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    w.echo_origin("198.18.0.2:7000");
+    let policy = w.policy(POLICY);
+    let script = format!(
+        "echo pidns=$(readlink /proc/self/ns/pid); \
+         grep -E '^(Seccomp|CapBnd):' /proc/self/status; \
+         nft flush ruleset && echo FLUSHED; \
+         {bin} probe tcp 198.18.0.2:7000 --send hi; \
+         {bin} probe http http://198.18.0.1:8080/",
+        bin = sluice_bin()
+    );
+    let out = sluice_vm(
+        &w,
+        &["--policy".as_ref(), policy.as_ref()],
+        &["sh", "-c", &script],
+    );
+    let text = stdout(&out);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .trim()
+            .to_string()
+    };
+    let ours = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    assert_ne!(field("pidns="), ours.to_string_lossy(), "{text}");
+    assert_eq!(field("Seccomp:"), "2", "{text}");
+    let bounding = u64::from_str_radix(&field("CapBnd:"), 16).unwrap();
+    // NET_ADMIN, NET_RAW, SYS_MODULE, SYS_PTRACE, SYS_ADMIN.
+    for cap in [12, 13, 16, 19, 21] {
+        assert_eq!(bounding & (1 << cap), 0, "capability {cap} kept: {text}");
+    }
+    assert!(!text.contains("FLUSHED"), "{text}");
+    assert!(!text.contains("echo:"), "{text}");
+    // The last command's status is sluice vm's: the allowed fetch worked.
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(text.contains("HTTP 200"), "{text}");
+}
+
+#[test]
+fn sluice_vm_runs_the_vmm_on_a_verified_bundle_and_refuses_a_bundle_without_trust() {
+    let Some(w) = World::new() else { return };
+    let (bundle, trust) = signed_bundle(w.dir.path(), POLICY, 1);
+    let out = sluice_vm(
+        &w,
+        &[
+            "--bundle".as_ref(),
+            bundle.as_ref(),
+            "--trust".as_ref(),
+            trust.as_ref(),
+        ],
+        &["sh", "-c", "exit 7"],
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+
+    let marker = w.dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let out = sluice_vm(
+        &w,
+        &["--bundle".as_ref(), bundle.as_ref()],
+        &["sh", "-c", &touch],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--trust"), "{}", stderr(&out));
+    assert!(!marker.exists());
+}
+
 #[test]
 fn bad_vm_addressing_is_refused_with_exit_2_before_anything_runs() {
     let Some(w) = World::new() else { return };
@@ -425,6 +584,11 @@ fn bad_vm_addressing_is_refused_with_exit_2_before_anything_runs() {
 /// `sluice vm attach` in the world's namespace for tap [`TAP`] in `netns`;
 /// returns once it serves.
 fn attach(w: &World, policy: &Path, netns: &Path, id: &str) -> Child {
+    attach_with(w, policy, netns, id, &[])
+}
+
+/// [`attach`] with more `options` (before `--tap`).
+fn attach_with(w: &World, policy: &Path, netns: &Path, id: &str, options: &[&str]) -> Child {
     let mut child = w
         .outer
         .command(sluice_bin())
@@ -434,6 +598,7 @@ fn attach(w: &World, policy: &Path, netns: &Path, id: &str) -> Child {
         .arg(w.audit_path())
         .arg("--state-dir")
         .arg(w.state_dir())
+        .args(options)
         .args(["--tap", TAP, "--netns"])
         .arg(netns)
         .args([
@@ -532,7 +697,7 @@ fn an_attached_tap_serves_its_guest_and_stays_closed_after_sluice_stops_until_de
     assert!(tables.contains("inet sluice-tap0"), "{tables}");
     let ran = vm.run("sluice probe http http://198.18.0.1:8080/").unwrap();
     assert_eq!(ran.status, 1, "{}", ran.output);
-    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(hits.load(Ordering::Relaxed), 0);
     // The gateway address it added is gone again.
     let addrs = std::process::Command::new("ip")
         .args(["-n", vmm.name(), "addr", "show", TAP])
@@ -550,6 +715,124 @@ fn an_attached_tap_serves_its_guest_and_stays_closed_after_sluice_stops_until_de
     assert!(out.status.success(), "{}", stderr(&out));
     let tables = tables_in(&vmm_path);
     assert!(!tables.contains("sluice-tap0"), "{tables}");
+}
+
+#[test]
+fn a_sigkilled_attach_leaves_the_tap_fenced_and_closed_until_detach() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    let hits = w.http_origin("198.18.0.1:8080");
+    let policy = w.policy(POLICY);
+    let vmm = OuterNetns::create("sluice-vmk", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let vmm_path: PathBuf = vmm.path();
+    let mut sluice = attach(&w, &policy, &vmm_path, "vm-killed");
+    let mut vm = Vm::boot(
+        &kit,
+        &VmSpec::new(Some(vmm_path.clone()), TAP, MAC, static_net()),
+    )
+    .expect("boot");
+    let out = vm
+        .check("sluice probe http http://198.18.0.1:8080/")
+        .unwrap();
+    assert!(out.contains("HTTP 200"), "{out}");
+    let served = hits.load(Ordering::Relaxed);
+
+    // Killed, sluice cleans nothing up: the fence stays, both tables.
+    sluice.kill().unwrap();
+    let status = sluice.wait().unwrap();
+    assert!(!status.success());
+    let tables = tables_in(&vmm_path);
+    assert!(tables.contains("netdev sluice-tap0"), "{tables}");
+    assert!(tables.contains("inet sluice-tap0"), "{tables}");
+    let ran = vm.run("sluice probe http http://198.18.0.1:8080/").unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+    // The origin's next request is the canary sent after the guest's.
+    assert!(w.http_get_outer("198.18.0.1:8080", "/").is_some());
+    assert_eq!(wait_for_count(&hits, served + 1), served + 1);
+
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .args(["vm", "detach", "--tap", TAP, "--netns"])
+        .arg(&vmm_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tables = tables_in(&vmm_path);
+    assert!(!tables.contains("sluice-tap0"), "{tables}");
+}
+
+#[test]
+fn a_guest_on_an_attached_tap_passes_the_wrappers_checks_with_metrics_timings_and_ipv6() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    let o = origins(&w);
+    let policy = w.policy(POLICY);
+    let vmm = OuterNetns::create("sluice-vmc", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let vmm_path: PathBuf = vmm.path();
+    let timings = timings_path(&w);
+    let id = "vm-checked";
+    let mut sluice = attach_with(
+        &w,
+        &policy,
+        &vmm_path,
+        id,
+        &["--metrics", METRICS, "--timings", timings.to_str().unwrap()],
+    );
+    let mut vm = Vm::boot(
+        &kit,
+        &VmSpec::new(Some(vmm_path.clone()), TAP, MAC, static_net()),
+    )
+    .expect("boot");
+    fetches_what_the_policy_allows(&o, &mut vm);
+    reaches_no_denied_port_address_gateway_port_or_metadata_address(&w, &o, &mut vm, id);
+    drops_and_counts_udp_icmp_and_raw_ip(&w, &o, &mut vm, id);
+    drops_and_counts_spoofed_frames(&w, &mut vm, id);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sluice.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(sluice.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn a_guest_booted_for_dhcp_on_an_attached_tap_gets_its_lease_from_sluice_and_fetches() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("198.18.0.1:8080");
+    let policy = w.policy(POLICY);
+    let vmm = OuterNetns::create("sluice-vmd", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let vmm_path: PathBuf = vmm.path();
+    let mut sluice = attach(&w, &policy, &vmm_path, "vm-attached-dhcp");
+    let mut vm = Vm::boot(
+        &kit,
+        &VmSpec::new(Some(vmm_path.clone()), TAP, MAC, GuestNet::Dhcp),
+    )
+    .expect("boot");
+    assert!(vm.ready.contains(&format!("addr={GUEST}")), "{}", vm.ready);
+    let out = vm.check("cat /etc/resolv.conf; ip route").unwrap();
+    assert!(out.contains(&format!("nameserver {GATEWAY}")), "{out}");
+    assert!(out.contains(&format!("default via {GATEWAY}")), "{out}");
+    let out = vm
+        .check("sluice probe http http://origin.test:8080/")
+        .unwrap();
+    assert!(out.contains("HTTP 200"), "{out}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sluice.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(sluice.wait().unwrap().code(), Some(0));
 }
 
 /// `sluice daemon` in the world's namespace; killed when dropped.
@@ -731,6 +1014,12 @@ fn two_vms_through_one_daemon_get_their_own_policy_and_id_cannot_reach_each_othe
         assert_eq!(vm["policy"], policy);
         assert_eq!(vm["vm"]["tap"], TAP);
         assert_eq!(vm["vm"]["guest"], guest);
+        // Its own fetch, and its two denies (the other policy's port and
+        // the other VM's address); the fence's drops are counted.
+        let counted = |key: &str| vm["connections"][key].as_u64().unwrap_or(0);
+        assert!(counted("allowed") >= 1, "{vm}");
+        assert!(counted("denied") >= 2, "{vm}");
+        assert!(vm["dropped_packets"].is_u64(), "{vm}");
     }
 
     // A restarted daemon adopts them again (their VMMs still run).

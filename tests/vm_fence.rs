@@ -78,6 +78,64 @@ fn as_guest(ns: &SandboxNetns, frames: Vec<Vec<u8>>) {
     .expect("write frames into the tap");
 }
 
+/// Writes `frames` into the tap as its guest would, then reads what the
+/// kernel sends back out of the tap until a frame satisfies `wanted` or
+/// `deadline` passes; returns whether one did.
+fn as_guest_until(
+    ns: &SandboxNetns,
+    frames: Vec<Vec<u8>>,
+    wanted: fn(&[u8]) -> bool,
+    deadline: std::time::Duration,
+) -> bool {
+    ns.run_in(move || -> std::io::Result<bool> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::io::Read;
+        use std::os::fd::AsFd;
+        let mut queue = tap::open_queue(TAP)?;
+        // The kernel can send on the tap once it has seen the carrier that
+        // opening the queue brings (until then its answers are discarded).
+        let up = common::eventually(deadline, || {
+            Command::new("ip")
+                .args(["-o", "link", "show", TAP])
+                .output()
+                .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("state UP"))
+        });
+        assert!(up, "{TAP} never came up");
+        for f in frames {
+            queue.write_all(&f)?;
+        }
+        let end = std::time::Instant::now() + deadline;
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(queue.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut fds, PollTimeout::from(ms))? == 0 {
+                continue;
+            }
+            let n = queue.read(&mut buf)?;
+            if wanted(&buf[..n]) {
+                return Ok(true);
+            }
+        }
+    })
+    .unwrap()
+    .expect("write frames into the tap and read its answers")
+}
+
+/// Whether `frame` is the gateway's ARP reply to the guest.
+fn arp_reply_from_the_gateway(frame: &[u8]) -> bool {
+    let f = fence();
+    frame.len() >= 42
+        && frame[12..14] == frame::ETH_P_ARP.to_be_bytes()
+        && frame[20..22] == 2u16.to_be_bytes()
+        && frame[28..32] == f.gateway.octets()
+        && frame[38..42] == f.guest.octets()
+}
+
 fn nft_in(ns: &SandboxNetns, args: &'static [&'static str]) {
     let ok = ns
         .run_in(move || Command::new("nft").args(args).status())
@@ -141,6 +199,31 @@ fn a_gratuitous_arp_for_the_gateway_is_counted_as_arp_and_one_for_it_is_not() {
         ],
     );
     assert_eq!(count(&ns, DropReason::Arp), 1);
+}
+
+#[test]
+fn an_arp_request_for_an_address_other_than_the_gateway_is_counted_as_arp() {
+    let Some(ns) = fenced() else { return };
+    let f = fence();
+    let unknown = MacAddr([0; 6]);
+    let elsewhere = Ipv4Addr::new(198, 19, 254, 3);
+    let before = count(&ns, DropReason::Arp);
+    // The canary after it, an ARP request for the gateway, gets through:
+    // the gateway answers it.
+    let answered = as_guest_until(
+        &ns,
+        vec![
+            frame::arp(f.guest_mac, 1, (f.guest_mac, f.guest), (unknown, elsewhere)),
+            frame::arp(f.guest_mac, 1, (f.guest_mac, f.guest), (unknown, f.gateway)),
+        ],
+        arp_reply_from_the_gateway,
+        std::time::Duration::from_secs(10),
+    );
+    assert!(
+        answered,
+        "the gateway never answered the ARP request for it"
+    );
+    assert_eq!(count(&ns, DropReason::Arp), before + 1);
 }
 
 #[test]
@@ -362,7 +445,13 @@ fn adopting_a_tap_adds_only_the_missing_gateway_and_removes_only_that() {
         let ok = Command::new("sh")
             .args([
                 "-c",
-                "ip tuntap add dev fence0 mode tap && ip addr add 198.19.254.1/30 dev fence0",
+                // The tap as its maker left it, open in every way sluice
+                // closes.
+                "ip tuntap add dev fence0 mode tap && ip addr add 198.19.254.1/30 dev fence0 \\
+                 && for k in ipv4/conf/fence0/forwarding ipv4/conf/fence0/accept_redirects \\
+                    ipv6/conf/fence0/forwarding ipv6/conf/fence0/accept_ra \\
+                    ipv6/conf/fence0/accept_redirects; do echo 1 > /proc/sys/net/$k; done \\
+                 && echo 0 > /proc/sys/net/ipv4/conf/fence0/rp_filter",
             ])
             .status()
             .unwrap()
@@ -378,6 +467,21 @@ fn adopting_a_tap_adds_only_the_missing_gateway_and_removes_only_that() {
         )
         .expect("adopt");
     assert_eq!(added, vec![(gw6, 64)]);
+    let read = |path: &'static str| {
+        ns.run_in(move || std::fs::read_to_string(path).unwrap().trim().to_string())
+            .unwrap()
+    };
+    // Hardened as a tap sluice makes (src/netns/tap.rs harden_sysctls).
+    for (path, want) in [
+        ("/proc/sys/net/ipv4/conf/fence0/forwarding", "0"),
+        ("/proc/sys/net/ipv4/conf/fence0/rp_filter", "1"),
+        ("/proc/sys/net/ipv4/conf/fence0/accept_redirects", "0"),
+        ("/proc/sys/net/ipv6/conf/fence0/forwarding", "0"),
+        ("/proc/sys/net/ipv6/conf/fence0/accept_ra", "0"),
+        ("/proc/sys/net/ipv6/conf/fence0/accept_redirects", "0"),
+    ] {
+        assert_eq!(read(path), want, "{path}");
+    }
     ns.remove_tap_addresses(TAP, &added).unwrap();
     let addrs = ns
         .run_in(|| {

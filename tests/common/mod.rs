@@ -609,3 +609,17 @@ pub fn build_test_image(tag: &str, extra: &[&str], conf: Option<&Path>) -> Resul
     }
     Ok(())
 }
+
+/// A fresh signing key and its trust file in `dir`, and `policy` signed
+/// with it as `revision` (valid for a day): (bundle, trust file).
+pub fn signed_bundle(dir: &Path, policy: &str, revision: u64) -> (PathBuf, PathBuf) {
+    let key = dir.join("bundle-key");
+    let trust = dir.join("bundle-trust.yaml");
+    sluice::bundle::keygen(&key, &trust, "test").expect("keygen");
+    let src = dir.join(format!("bundle-policy-{revision}.yaml"));
+    std::fs::write(&src, policy).unwrap();
+    let bundle = dir.join(format!("bundle-{revision}.tar.gz"));
+    let expires = time::OffsetDateTime::now_utc() + time::Duration::days(1);
+    sluice::bundle::sign(&key, &src, revision, expires, &bundle).expect("sign the bundle");
+    (bundle, trust)
+}
