@@ -246,25 +246,41 @@ fn podman_global() -> [&'static str; 5] {
 
 /// Why containers cannot run here, if they cannot.
 fn oci_unavailable(image: &str) -> Option<Skip> {
+    oci_unavailable_with(image, |tool| super::which(tool).is_some(), podman_has_image)
+}
+
+/// [`oci_unavailable`] with what it looks up given: whether a tool is on
+/// PATH, and whether podman has an image.
+fn oci_unavailable_with(
+    image: &str,
+    installed: impl Fn(&str) -> bool,
+    has_image: impl Fn(&str) -> bool,
+) -> Option<Skip> {
     for (tool, package) in [("podman", "podman"), ("runc", "runc")] {
-        if super::which(tool).is_none() {
+        if !installed(tool) {
             return Some(format!(
                 "{tool} is not installed (apt-get install --no-install-recommends {package})"
             ));
         }
     }
-    let exists = Command::new("podman")
+    if has_image(image) {
+        None
+    } else {
+        Some(format!(
+            "image {image} not found: build it with containers/build-image.sh --sluice \"$(command -v sluice)\" --tag {image}, or name one with --image"
+        ))
+    }
+}
+
+/// `podman image exists IMAGE`.
+fn podman_has_image(image: &str) -> bool {
+    Command::new("podman")
         .args(["image", "exists", image])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .status();
-    match exists {
-        Ok(status) if status.success() => None,
-        _ => Some(format!(
-            "image {image} not found: build it with containers/build-image.sh --sluice \"$(command -v sluice)\" --tag {image}, or name one with --image"
-        )),
-    }
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 #[cfg(test)]
@@ -286,5 +302,34 @@ mod tests {
         assert!(!ConditionKind::Haproxy.enforces());
         assert!(!ConditionKind::TokioProxy.enforces());
         assert!(ConditionKind::Host.enforces() && ConditionKind::Oci.enforces());
+    }
+
+    #[test]
+    fn without_podman_oci_is_skipped_with_the_package_to_install() {
+        let why = oci_unavailable_with("img", |tool| tool != "podman", |_| true);
+        assert_eq!(
+            why.as_deref(),
+            Some("podman is not installed (apt-get install --no-install-recommends podman)")
+        );
+    }
+
+    #[test]
+    fn without_its_image_oci_is_skipped_with_how_to_build_it() {
+        let why = oci_unavailable_with("localhost/bench:1", |_| true, |_| false).unwrap();
+        assert!(
+            why.starts_with(
+                "image localhost/bench:1 not found: build it with containers/build-image.sh "
+            ),
+            "{why}"
+        );
+        assert!(
+            why.contains("--tag localhost/bench:1, or name one with --image"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn with_podman_runc_and_the_image_oci_runs() {
+        assert_eq!(oci_unavailable_with("img", |_| true, |_| true), None);
     }
 }

@@ -327,13 +327,13 @@ pub fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, BenchError> 
         }
     }
     let commands = workload::Commands::new(&plan.workloads, plan.conns, plan.threads);
-    let mut rng = ChaCha8Rng::seed_from_u64(plan.seed);
     let total = plan.warmups + plan.batches;
     progress.begin(total, prepared.len());
     let mut rounds = Vec::new();
-    for round in 0..total {
-        let mut order: Vec<usize> = (0..prepared.len()).collect();
-        order.shuffle(&mut rng);
+    for (round, order) in round_orders(plan.seed, total, prepared.len())
+        .iter()
+        .enumerate()
+    {
         let warmup = round < plan.warmups;
         for (position, &i) in order.iter().enumerate() {
             if interrupt::raised() {
@@ -366,6 +366,20 @@ pub fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, BenchError> 
     })
 }
 
+/// The order the `conditions` run in, for each of `rounds` rounds: every
+/// condition once a round, shuffled afresh every round by a generator
+/// seeded with `seed` (so a run's order can be repeated).
+fn round_orders(seed: u64, rounds: usize, conditions: usize) -> Vec<Vec<usize>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..rounds)
+        .map(|_| {
+            let mut order: Vec<usize> = (0..conditions).collect();
+            order.shuffle(&mut rng);
+            order
+        })
+        .collect()
+}
+
 /// One condition's session in one round: start, deny check, every
 /// workload with the proxy's CPU time around it, exit.
 fn run_round(
@@ -391,21 +405,7 @@ fn run_round(
             (Some(a), Some(b)) => Some(b.saturating_sub(a)),
             _ => None,
         };
-        if let Some(detail) = &reply.first_mismatch {
-            return Err(BenchError::Content {
-                condition: kind,
-                workload: workload.name(),
-                detail: format!(
-                    "{} of the batch's bodies differ, e.g. {detail}",
-                    reply.mismatched
-                ),
-            });
-        }
-        batches.push(BatchOutcome {
-            workload: *workload,
-            reply,
-            cpu_ns,
-        });
+        batches.push(checked_batch(kind, *workload, reply, cpu_ns)?);
     }
     let start = session.start;
     let exit = session.finish()?;
@@ -427,6 +427,32 @@ fn run_round(
         exit,
         deny,
         batches,
+    })
+}
+
+/// A workload's batch, or the error that voids the run when any of its
+/// bodies had the wrong length or SHA-256: a proxy that changes bytes must
+/// not be timed, so such a batch never becomes a sample.
+fn checked_batch(
+    kind: ConditionKind,
+    workload: Workload,
+    reply: Reply,
+    cpu_ns: Option<u64>,
+) -> Result<BatchOutcome, BenchError> {
+    if let Some(detail) = &reply.first_mismatch {
+        return Err(BenchError::Content {
+            condition: kind,
+            workload: workload.name(),
+            detail: format!(
+                "{} of the batch's bodies differ, e.g. {detail}",
+                reply.mismatched
+            ),
+        });
+    }
+    Ok(BatchOutcome {
+        workload,
+        reply,
+        cpu_ns,
     })
 }
 
@@ -518,5 +544,79 @@ mod tests {
         assert!(!judge_deny(probe(false, true), true).passed);
         assert!(!judge_deny(probe(false, false), false).passed);
         assert!(!judge_deny(Reply::default(), false).passed);
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_condition_orders() {
+        assert_eq!(round_orders(7, 10, 5), round_orders(7, 10, 5));
+    }
+
+    #[test]
+    fn every_round_runs_every_condition_once() {
+        for order in round_orders(7, 10, 5) {
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, [0, 1, 2, 3, 4], "{order:?}");
+        }
+    }
+
+    #[test]
+    fn the_condition_order_is_shuffled_afresh_every_round() {
+        for seed in 0..20 {
+            let orders = round_orders(seed, 4, 7);
+            assert!(
+                orders.windows(2).any(|w| w[0] != w[1]),
+                "seed {seed}: {orders:?}"
+            );
+        }
+    }
+
+    /// A fetch of `len` bytes from a loopback origin, checked against
+    /// `expect_len` and the SHA-256 of `expected`.
+    fn fetch_checked_against(len: usize, expect_len: usize, expected: &[u8]) -> Reply {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || crate::testbed::origin::serve_http_forever(listener));
+        client::execute(&client::Command::Fetch {
+            url: format!("http://{addr}/bytes/{len}"),
+            count: 3,
+            threads: 1,
+            expect_len,
+            expect_sha256: hex::encode(ring::digest::digest(&ring::digest::SHA256, expected)),
+        })
+    }
+
+    #[test]
+    fn a_body_with_the_wrong_sha256_voids_the_run_instead_of_giving_a_sample() {
+        let mut other = crate::testbed::pattern(1024);
+        other[0] ^= 1;
+        let reply = fetch_checked_against(1024, 1024, &other);
+        assert_eq!((reply.failed, reply.mismatched), (0, 3), "{reply:?}");
+        let err = checked_batch(ConditionKind::Host, Workload::Small, reply, None).unwrap_err();
+        assert!(
+            matches!(&err, BenchError::Content { condition: ConditionKind::Host, workload: "small", detail }
+                if detail.starts_with("3 of the batch's bodies differ") && detail.contains("SHA-256")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_body_of_the_wrong_length_voids_the_run_instead_of_giving_a_sample() {
+        let reply = fetch_checked_against(1000, 1024, &crate::testbed::pattern(1024));
+        let err = checked_batch(ConditionKind::Oci, Workload::Bulk1k, reply, None).unwrap_err();
+        assert!(
+            matches!(&err, BenchError::Content { condition: ConditionKind::Oci, detail, .. }
+                if detail.contains("1000 bytes") && detail.contains("expected 1024 bytes")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bodies_that_match_give_a_batch() {
+        let body = crate::testbed::pattern(1024);
+        let reply = fetch_checked_against(1024, 1024, &body);
+        let batch = checked_batch(ConditionKind::Host, Workload::Small, reply, Some(5)).unwrap();
+        assert!(batch.ok(), "{batch:?}");
+        assert_eq!(batch.reply.samples.len(), 3);
     }
 }

@@ -36,7 +36,10 @@ impl Progress {
     pub fn begin(&mut self, rounds: usize, conditions: usize) {
         match self {
             Progress::Bar(bar) => {
-                let b = ProgressBar::new((rounds * conditions) as u64);
+                // A bar given in (one drawing elsewhere, as in the tests)
+                // is kept; otherwise one on stderr.
+                let b = bar.get_or_insert_with(ProgressBar::no_length);
+                b.set_length((rounds * conditions) as u64);
                 b.set_style(
                     ProgressStyle::with_template(
                         "{elapsed_precise} [{bar:32}] {pos}/{len} sessions, ETA {eta}  {wide_msg}",
@@ -44,7 +47,6 @@ impl Progress {
                     .expect("a valid template")
                     .progress_chars("=> "),
                 );
-                *bar = Some(b);
             }
             Progress::Lines { total } => *total = rounds,
             Progress::Silent => {}
@@ -105,4 +107,60 @@ fn line(o: &RoundOutcome) -> String {
         (o.start + o.exit).as_secs_f64() * 1e3
     ));
     parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{BatchOutcome, DenyCheck};
+    use indicatif::ProgressDrawTarget;
+    use std::time::Duration;
+
+    fn outcome(batch: usize) -> RoundOutcome {
+        RoundOutcome {
+            batch,
+            position: 1,
+            condition: ConditionKind::Host,
+            start: Duration::from_millis(3),
+            exit: Duration::from_millis(2),
+            deny: Some(DenyCheck {
+                passed: true,
+                detail: String::new(),
+            }),
+            batches: vec![BatchOutcome {
+                workload: Workload::Small,
+                reply: crate::bench::client::Reply {
+                    samples: vec![crate::bench::client::Sample {
+                        connect_us: 1,
+                        first_byte_us: 2,
+                        last_byte_us: 1500,
+                        total_us: 1600,
+                    }],
+                    ..Default::default()
+                },
+                cpu_ns: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn the_bar_counts_every_session_of_every_round_and_says_the_last() {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        let mut progress = Progress::Bar(Some(bar.clone()));
+        // One warmup and two formal rounds of two conditions.
+        progress.begin(3, 2);
+        assert_eq!((bar.position(), bar.length()), (0, Some(6)));
+        for round in 0..3 {
+            for _ in 0..2 {
+                progress.step(round, round == 0, &outcome(round));
+            }
+        }
+        assert_eq!(bar.position(), 6);
+        assert_eq!(
+            bar.message(),
+            "batch 2: host, small 1.500 ms, deny ok, start+exit 5 ms"
+        );
+        progress.end();
+        assert!(bar.is_finished());
+    }
 }

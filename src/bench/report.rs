@@ -510,4 +510,81 @@ mod tests {
             header.matches('|').count()
         );
     }
+
+    /// One round of `condition` whose 32 MiB (64 KiB writes) batch took
+    /// `us`.
+    fn bulk_round(batch: usize, condition: ConditionKind, us: u64) -> crate::bench::RoundOutcome {
+        use crate::bench::client::{Reply, Sample};
+        crate::bench::RoundOutcome {
+            batch,
+            position: 1,
+            condition,
+            start: std::time::Duration::ZERO,
+            exit: std::time::Duration::ZERO,
+            deny: None,
+            batches: vec![crate::bench::BatchOutcome {
+                workload: crate::bench::Workload::Bulk64k,
+                reply: Reply {
+                    samples: vec![Sample {
+                        connect_us: 1,
+                        first_byte_us: 2,
+                        last_byte_us: us,
+                        total_us: us,
+                    }],
+                    ..Reply::default()
+                },
+                cpu_ns: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn bulk_batches_in_two_clusters_are_reported_as_two_counts_and_medians() {
+        // host's bulk batches fall at ~20 ms (6) and ~200 ms (4); native's
+        // all at 10 ms.
+        let host = [
+            19_000, 200_000, 20_000, 20_000, 190_000, 21_000, 20_000, 210_000, 20_000, 200_000,
+        ];
+        let mut rounds = Vec::new();
+        for (i, us) in host.into_iter().enumerate() {
+            rounds.push(bulk_round(i + 1, ConditionKind::Native, 10_000));
+            rounds.push(bulk_round(i + 1, ConditionKind::Host, us));
+        }
+        let results = Results {
+            plan: crate::bench::Plan {
+                conditions: vec![ConditionKind::Native, ConditionKind::Host],
+                workloads: vec![crate::bench::Workload::Bulk64k],
+                batches: host.len(),
+                warmups: 0,
+                conns: 1,
+                threads: 1,
+                seed: 1,
+                image: String::new(),
+            },
+            ran: vec![ConditionKind::Native, ConditionKind::Host],
+            skipped: Vec::new(),
+            rounds,
+            elapsed: std::time::Duration::ZERO,
+        };
+        let summary = crate::bench::stats::summarise(&results);
+        let bulk = &summary.of(ConditionKind::Host).unwrap().metrics[&Metric::Bulk64k];
+        let clusters = bulk.clusters.expect("two clusters");
+        assert_eq!(
+            clusters.map(|c| (c.count, c.median_us)),
+            [(6, 20_000.0), (4, 200_000.0)]
+        );
+        let table = table(&summary);
+        let row = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(&format!("| {name} |")))
+                .unwrap()
+                .split(" | ")
+                .nth(7)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(row("host"), "6 at 20.0, 4 at 200.0", "{table}");
+        assert_eq!(row("native"), "10.000", "{table}");
+    }
 }

@@ -451,4 +451,51 @@ mod tests {
         assert_eq!((native.deny, native.cpu_small_us), (None, None));
         assert_eq!(host.metrics[&Metric::StartExit].p50, Some(3000.0));
     }
+
+    /// A condition's small metric whose paired difference to native is
+    /// `median_diff_us` with the interval `ci_us`.
+    fn differing_by(median_diff_us: f64, ci_us: (f64, f64)) -> MetricStats {
+        MetricStats {
+            batches: 10,
+            failed: 0,
+            p50: Some(1000.0 + median_diff_us),
+            p95: None,
+            clusters: None,
+            diff: Some(PairedDiff {
+                pairs: 10,
+                median_diff_us,
+                ci_low_us: ci_us.0,
+                ci_high_us: ci_us.1,
+            }),
+            ratio: None,
+        }
+    }
+
+    #[test]
+    fn a_real_difference_of_at_most_5_percent_of_natives_p50_is_not_called_out() {
+        // native's P50 is 1000 µs: 50 µs either way is within 5%.
+        for m in [
+            differing_by(50.0, (40.0, 60.0)),
+            differing_by(-50.0, (-60.0, -40.0)),
+        ] {
+            assert!(m.diff.unwrap().excludes_zero());
+            assert!(!m.called_out(Some(1000.0)), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn a_real_difference_above_5_percent_of_natives_p50_is_called_out() {
+        for m in [
+            differing_by(51.0, (41.0, 61.0)),
+            differing_by(-51.0, (-61.0, -41.0)),
+        ] {
+            assert!(m.called_out(Some(1000.0)), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn a_large_difference_whose_interval_holds_zero_is_not_called_out() {
+        let m = differing_by(500.0, (-10.0, 900.0));
+        assert!(!m.called_out(Some(1000.0)), "{m:?}");
+    }
 }

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -182,6 +182,24 @@ impl ProxyContext {
 /// connections in flight finish until the drain's deadline, when those
 /// still open are closed.
 pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) {
+    accept_until_drained(listener, ctx, drain, |stream, peer, ctx| async move {
+        connection::handle(stream, peer, &ctx).await
+    })
+    .await
+}
+
+/// [`serve`]'s accept loop, grace and deadline, with `handle` serving each
+/// accepted connection (a test hands its connections a destination of
+/// its own instead of the redirect's).
+async fn accept_until_drained<H, F>(
+    listener: TcpListener,
+    ctx: Arc<ProxyContext>,
+    drain: Watch,
+    handle: H,
+) where
+    H: Fn(TcpStream, SocketAddr, Arc<ProxyContext>) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
     let mut connections = JoinSet::new();
     // One future for the whole accept loop: nothing is set up per connection.
     let draining = drain.draining();
@@ -189,8 +207,11 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) 
     loop {
         while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            // Once the drain has started, a connection waiting in the
+            // backlog is not accepted (it is reset with the listener).
+            biased;
             _ = &mut draining => break,
+            accepted = listener.accept() => accepted,
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
@@ -229,9 +250,9 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) 
             }
         };
         ctx.accepted.fetch_add(1, Ordering::Relaxed);
-        let ctx = ctx.clone();
+        let served = handle(stream, peer, ctx.clone());
         connections.spawn(async move {
-            connection::handle(stream, peer, &ctx).await;
+            served.await;
             drop(permit);
         });
     }

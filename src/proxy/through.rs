@@ -437,3 +437,98 @@ async fn a_connection_admitted_by_address_alone_is_relayed_unread() {
     assert_eq!(count(got.as_bytes(), b"HTTP/1.1 200"), 2, "{got}");
     assert_eq!(origin.hosts().await, ["a.test", "b.test"]);
 }
+
+/// An origin that echoes every connection; `ended` hears of each one the
+/// proxy side closed.
+async fn echo_origin() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (ended, heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                let (mut from, mut to) = stream.split();
+                let _ = tokio::io::copy(&mut from, &mut to).await;
+                let _ = ended.send(());
+            });
+        }
+    });
+    (addr, heard)
+}
+
+/// What came back for `bytes` on `stream`.
+async fn echoed(stream: &mut TcpStream, bytes: &[u8]) -> Vec<u8> {
+    stream.write_all(bytes).await.unwrap();
+    let mut got = vec![0; bytes.len()];
+    stream.read_exact(&mut got).await.unwrap();
+    got
+}
+
+#[tokio::test]
+async fn a_drain_accepts_no_new_connection_relays_a_held_one_until_overdue_then_closes_it() {
+    let (dst, mut origin_closed) = echo_origin().await;
+    let proxy = Proxy::new(OPEN, InternalAddrs::default());
+    let front = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let (trigger, watch) = crate::drain::trigger();
+    let served = tokio::spawn(super::accept_until_drained(
+        front,
+        proxy.ctx.clone(),
+        watch,
+        move |stream, peer, ctx| async move { connection::serve(stream, peer, dst, &ctx).await },
+    ));
+    let mut held = TcpStream::connect(front_addr).await.unwrap();
+    assert_eq!(
+        echoed(&mut held, b"before the drain").await,
+        b"before the drain"
+    );
+
+    trigger.drain();
+    // Refused once the listener is gone, or reset with it from its backlog
+    // (while connecting or after): either way never accepted, never relayed.
+    match TcpStream::connect(front_addr).await {
+        Err(err) => assert!(
+            matches!(
+                err.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+            ),
+            "{err}"
+        ),
+        Ok(mut late) => {
+            let _ = late.write_all(b"too late").await;
+            let mut got = Vec::new();
+            let read = late.read_to_end(&mut got).await;
+            assert!(got.is_empty(), "relayed after the drain: {got:?}");
+            assert_eq!(
+                read.unwrap_err().kind(),
+                std::io::ErrorKind::ConnectionReset
+            );
+        }
+    }
+    assert_eq!(
+        proxy
+            .ctx
+            .accepted
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+
+    // The grace: the held connection is still relayed both ways.
+    assert_eq!(
+        echoed(&mut held, b"during the grace").await,
+        b"during the grace"
+    );
+    assert!(
+        !served.is_finished(),
+        "serve returned with a connection open"
+    );
+
+    trigger.overdue();
+    let mut after = Vec::new();
+    let _ = held.read_to_end(&mut after).await;
+    assert!(after.is_empty(), "{after:?}");
+    served.await.unwrap();
+    // The upstream side was closed too.
+    origin_closed.recv().await.unwrap();
+}

@@ -377,3 +377,52 @@ fn parse_csv(text: &str) -> Vec<Vec<String>> {
     }
     rows
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: u64) -> TimingRecord {
+        TimingRecord {
+            id,
+            sandbox: "sb".into(),
+            path: "host".into(),
+            dst: "198.18.0.1:8080".into(),
+            host: None,
+            verdict: "allow".into(),
+            start: 0,
+            decide_us: Some(1),
+            connect_us: Some(2),
+            first_byte_us: Some(3),
+            total_us: 4,
+            bytes_up: 5,
+            bytes_down: 6,
+        }
+    }
+
+    #[tokio::test]
+    async fn at_the_drain_deadline_the_writer_says_how_many_records_it_did_not_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("timings.csv");
+        let (log, writer) = TimingWriter::new(&path);
+        let (trigger, drain) = crate::drain::trigger();
+        // The drain is overdue before the writer ever runs, and a producer
+        // is still alive: the queued records are reported, not waited for.
+        trigger.overdue();
+        for id in 0..3 {
+            log.record(record(id)).await;
+        }
+        let err = writer.run_until(drain).await.unwrap_err();
+        assert!(
+            matches!(err, TimingError::Unwritten { records: 3, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("3 records"), "{err}");
+        // What it had (the header) is in the file; none of the records are.
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            format!("{CSV_HEADER}\n")
+        );
+        drop(log);
+    }
+}
