@@ -468,6 +468,8 @@ mod tests {
                 ci_high_us: ci_us.1,
             }),
             ratio: None,
+            vs_plain_tap: None,
+            plain_tap_ratio: None,
         }
     }
 
