@@ -18,7 +18,6 @@
 //! attach path can use it. It must never start a workload it could not
 //! confine: every failure is an error, and nothing runs.
 
-#[forbid(unsafe_code)]
 pub mod caps;
 #[allow(unsafe_code)]
 pub(crate) mod child;
@@ -26,13 +25,10 @@ pub(crate) mod child;
 pub mod fds;
 #[forbid(unsafe_code)]
 pub mod init;
-#[forbid(unsafe_code)]
 pub mod mounts;
-#[forbid(unsafe_code)]
 pub mod seccomp;
 #[forbid(unsafe_code)]
 mod spawn;
-#[forbid(unsafe_code)]
 pub mod terminal;
 
 use std::path::{Path, PathBuf};
