@@ -646,6 +646,20 @@ fn tables_in(netns: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `sluice vm detach` of TAP in `netns` succeeds and leaves neither table.
+fn detach_removes_the_fence(w: &World, netns: &Path) {
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .args(["vm", "detach", "--tap", TAP, "--netns"])
+        .arg(netns)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tables = tables_in(netns);
+    assert!(!tables.contains("sluice-tap0"), "{tables}");
+}
+
 #[test]
 fn an_attached_tap_serves_its_guest_and_stays_closed_after_sluice_stops_until_detach() {
     let Some((w, kit)) = world_and_kit() else {
@@ -705,16 +719,7 @@ fn an_attached_tap_serves_its_guest_and_stays_closed_after_sluice_stops_until_de
         .unwrap();
     assert!(!String::from_utf8_lossy(&addrs.stdout).contains(GATEWAY));
 
-    let out = w
-        .outer
-        .command(sluice_bin())
-        .args(["vm", "detach", "--tap", TAP, "--netns"])
-        .arg(&vmm_path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let tables = tables_in(&vmm_path);
-    assert!(!tables.contains("sluice-tap0"), "{tables}");
+    detach_removes_the_fence(&w, &vmm_path);
 }
 
 #[test]
@@ -753,16 +758,7 @@ fn a_sigkilled_attach_leaves_the_tap_fenced_and_closed_until_detach() {
     assert!(w.http_get_outer("198.18.0.1:8080", "/").is_some());
     assert_eq!(wait_for_count(&hits, served + 1), served + 1);
 
-    let out = w
-        .outer
-        .command(sluice_bin())
-        .args(["vm", "detach", "--tap", TAP, "--netns"])
-        .arg(&vmm_path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let tables = tables_in(&vmm_path);
-    assert!(!tables.contains("sluice-tap0"), "{tables}");
+    detach_removes_the_fence(&w, &vmm_path);
 }
 
 #[test]
