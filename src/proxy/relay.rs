@@ -1,10 +1,17 @@
 //! Moving bytes both ways once a connection is allowed.
 //!
-//! splice(2) through a pipe moves bytes socket -> pipe -> socket inside the
-//! kernel: no copy into user space and no per-byte work in sluice. Each
-//! direction ends on EOF by shutting down the write side of the other
-//! socket (half-close), and the relay ends when both directions have.
+//! Each direction starts by copying through one buffer per thread (a read,
+//! then a write: the two system calls a splice pair would cost too, without
+//! a pipe). A read that fills the buffer says the transfer is bulk, and
+//! from then on that direction moves bytes with splice(2) through a pipe:
+//! socket -> pipe -> socket inside the kernel, no copy into user space. So a
+//! small exchange holds only its two sockets (a pipe is two more descriptors
+//! per direction, which bounds how many connections one process can hold),
+//! and a large one is zero-copy after its first buffer. Each direction ends
+//! on EOF by shutting down the write side of the other socket (half-close),
+//! and the relay ends when both directions have.
 
+use std::cell::RefCell;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -17,6 +24,9 @@ use tokio::net::TcpStream;
 /// Bytes moved per splice call; also the pipe's capacity.
 const CHUNK: usize = 64 * 1024;
 
+/// The copy buffer: a read that fills it turns its direction to splice.
+const COPY_BUF: usize = 16 * 1024;
+
 /// What the relay observed.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Relayed {
@@ -28,21 +38,21 @@ pub struct Relayed {
 
 /// Relay until both directions are closed (or one fails).
 pub async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
-    let (Ok(up_pipe), Ok(down_pipe)) = (Pipe::take(), Pipe::take()) else {
-        tracing::warn!(
-            "cannot create a pipe for splice (file descriptor limit?); closing the connection"
-        );
-        return Relayed::default();
-    };
     let finished = AtomicBool::new(false);
-    let up = pump(client, upstream, up_pipe, &finished);
-    let down = pump(upstream, client, down_pipe, &finished);
+    let up = pump(client, upstream, &finished);
+    let down = pump(upstream, client, &finished);
     let (up, down) = tokio::join!(up, down);
     Relayed {
         bytes_up: up.bytes,
         bytes_down: down.bytes,
         first_byte_down: down.first_write,
     }
+}
+
+thread_local! {
+    /// Used only between a read and the write of what it read, never
+    /// across an await, so one per thread serves every connection on it.
+    static COPY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Pipes kept per thread for reuse: creating and closing two pipes per
@@ -60,6 +70,8 @@ struct Pipe {
 
 impl Pipe {
     fn take() -> nix::Result<Pipe> {
+        #[cfg(test)]
+        tests::PIPES_TAKEN.with(|n| n.set(n.get() + 1));
         if let Some(pipe) = SPARE_PIPES.with(|spare| spare.borrow_mut().pop()) {
             return Ok(pipe);
         }
@@ -84,15 +96,184 @@ struct Pumped {
     first_write: Option<Instant>,
 }
 
-/// One direction: `from` -> pipe -> `to`, then half-close `to`.
-/// `finished` is set by whichever direction ends first; the last one skips
-/// its half-close, since both sockets are closed right after anyway.
-async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe, finished: &AtomicBool) -> Pumped {
-    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
+impl Pumped {
+    fn wrote(&mut self, n: usize) {
+        if n > 0 {
+            self.bytes += n as u64;
+            self.first_write.get_or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// How a direction's copying stopped.
+enum Copied {
+    /// EOF (or a read error) from the source.
+    End,
+    /// The destination is gone.
+    DestinationGone,
+    /// A read filled the buffer: the rest goes by splice.
+    Bulk,
+}
+
+/// One step of the copy: a read and the write of what it read.
+enum Step {
+    Again,
+    End,
+    DestinationGone,
+    /// `n` bytes read and written; `full` if they filled the buffer.
+    Wrote {
+        n: usize,
+        full: bool,
+    },
+    /// `n` bytes read, `left` of them (copied out) not yet written: the
+    /// destination is full.
+    Partial {
+        n: usize,
+        left: Vec<u8>,
+    },
+}
+
+/// One direction: `from` -> `to`, copied, then spliced once bulk, then
+/// half-close `to`. `finished` is set by whichever direction ends first;
+/// the last one skips its half-close, since both sockets are closed right
+/// after anyway.
+async fn pump(from: &TcpStream, to: &TcpStream, finished: &AtomicBool) -> Pumped {
     let mut pumped = Pumped {
         bytes: 0,
         first_write: None,
     };
+    let mut copied = copy(from, to, &mut pumped, false).await;
+    if let Copied::Bulk = copied {
+        copied = match Pipe::take() {
+            Ok(pipe) => splice_all(from, to, pipe, &mut pumped).await,
+            // No descriptor for a pipe: go on copying, never splicing.
+            Err(e) => {
+                tracing::debug!(error = %e, "no pipe for splice; copying instead");
+                copy_forever(from, to, &mut pumped).await
+            }
+        };
+    }
+    match copied {
+        Copied::DestinationGone => {
+            // Stop reading the source too.
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(from),
+                nix::sys::socket::Shutdown::Read,
+            );
+        }
+        // EOF (or a read error) from the source: pass the half-close on
+        // (unless the other direction is done too).
+        _ => {
+            if !finished.swap(true, Ordering::Relaxed) {
+                let _ = nix::sys::socket::shutdown(
+                    std::os::fd::AsRawFd::as_raw_fd(to),
+                    nix::sys::socket::Shutdown::Write,
+                );
+            }
+        }
+    }
+    pumped
+}
+
+/// Copy until the source ends, the destination goes, or (unless `forever`)
+/// a read fills the buffer.
+async fn copy(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped, forever: bool) -> Copied {
+    loop {
+        if from.readable().await.is_err() {
+            return Copied::End;
+        }
+        let step = COPY.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if buf.is_empty() {
+                buf.resize(COPY_BUF, 0);
+            }
+            read_and_write(from, to, &mut buf)
+        });
+        let full = match step {
+            Step::Again => false,
+            Step::End => return Copied::End,
+            Step::DestinationGone => return Copied::DestinationGone,
+            Step::Wrote { n, full } => {
+                pumped.wrote(n);
+                full
+            }
+            Step::Partial { n, left } => {
+                pumped.wrote(n - left.len());
+                if !write_all(to, &left).await {
+                    return Copied::DestinationGone;
+                }
+                pumped.wrote(left.len());
+                n == COPY_BUF
+            }
+        };
+        if full && !forever {
+            return Copied::Bulk;
+        }
+    }
+}
+
+/// What the relay does when no pipe can be had: copy to the end.
+async fn copy_forever(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped) -> Copied {
+    copy(from, to, pumped, true).await
+}
+
+/// One read from `from` into `buf` and as much of it written to `to` as
+/// goes without waiting.
+fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8]) -> Step {
+    let n = match from.try_read(buf) {
+        Ok(0) => return Step::End,
+        Ok(n) => n,
+        Err(e) if again(&e) => return Step::Again,
+        Err(_) => return Step::End,
+    };
+    let mut written = 0;
+    while written < n {
+        match to.try_write(&buf[written..n]) {
+            Ok(0) => return Step::DestinationGone,
+            Ok(w) => written += w,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if again(&e) => {
+                return Step::Partial {
+                    n,
+                    left: buf[written..n].to_vec(),
+                }
+            }
+            Err(_) => return Step::DestinationGone,
+        }
+    }
+    Step::Wrote {
+        n,
+        full: n == buf.len(),
+    }
+}
+
+fn again(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+    )
+}
+
+/// Write all of `left`, waiting for room; false if the destination went.
+async fn write_all(to: &TcpStream, mut left: &[u8]) -> bool {
+    while !left.is_empty() {
+        if to.writable().await.is_err() {
+            return false;
+        }
+        match to.try_write(left) {
+            Ok(0) => return false,
+            Ok(w) => left = &left[w..],
+            Err(e) if again(&e) => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Splice `from` -> pipe -> `to` until the source ends or the destination
+/// goes. A pipe drained completely goes back to the pool.
+async fn splice_all(from: &TcpStream, to: &TcpStream, pipe: Pipe, pumped: &mut Pumped) -> Copied {
+    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     loop {
         // Fill the pipe from the source.
         let filled = loop {
@@ -123,30 +304,140 @@ async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe, finished: &AtomicBoo
             match drained {
                 Ok(n) => {
                     pending -= n;
-                    pumped.bytes += n as u64;
-                    pumped.first_write.get_or_insert_with(Instant::now);
+                    pumped.wrote(n);
                 }
                 Err(e) if e.raw_os_error() == Some(Errno::EINTR as i32) => {}
-                Err(_) => {
-                    // The destination is gone: stop reading the source too.
-                    let _ = nix::sys::socket::shutdown(
-                        std::os::fd::AsRawFd::as_raw_fd(from),
-                        nix::sys::socket::Shutdown::Read,
-                    );
-                    return pumped;
-                }
+                // The pipe still holds bytes: it is dropped, not reused.
+                Err(_) => return Copied::DestinationGone,
             }
         }
     }
-    // EOF (or a read error) from the source: pass the half-close on (unless
-    // the other direction is done too). The pipe was drained completely, so
-    // it can serve another connection.
-    if !finished.swap(true, Ordering::Relaxed) {
-        let _ = nix::sys::socket::shutdown(
-            std::os::fd::AsRawFd::as_raw_fd(to),
-            nix::sys::socket::Shutdown::Write,
-        );
-    }
     pipe.give_back();
-    pumped
+    Copied::End
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    thread_local! {
+        /// Pipes this thread's relays took (from the pool or new).
+        pub(super) static PIPES_TAKEN: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Two ends of one loopback TCP connection.
+    async fn connected() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (a, b) = tokio::join!(
+            TcpStream::connect(listener.local_addr().unwrap()),
+            listener.accept()
+        );
+        (a.unwrap(), b.unwrap().0)
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    /// The client sends `up`, the origin answers `down` once it has read
+    /// all of `up`; the client reads the answer `reader_chunk` bytes at a
+    /// time. Returns what each side received and what the relay counted.
+    async fn exchange(
+        up: Vec<u8>,
+        down: Vec<u8>,
+        reader_chunk: usize,
+    ) -> (Vec<u8>, Vec<u8>, Relayed) {
+        PIPES_TAKEN.with(|n| n.set(0));
+        let (mut client, client_side) = connected().await;
+        let (upstream_side, mut origin) = connected().await;
+        let relay = tokio::spawn(async move { relay(&client_side, &upstream_side).await });
+        let origin = tokio::spawn(async move {
+            let mut got = Vec::new();
+            origin.read_to_end(&mut got).await.unwrap();
+            origin.write_all(&down).await.unwrap();
+            origin.shutdown().await.unwrap();
+            got
+        });
+        client.write_all(&up).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        let mut chunk = vec![0u8; reader_chunk];
+        loop {
+            let n = client.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+            tokio::task::yield_now().await;
+        }
+        (origin.await.unwrap(), got, relay.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_small_exchange_is_copied_both_ways_without_a_pipe() {
+        let (at_origin, at_client, relayed) =
+            exchange(pattern(300), pattern(1024), 64 * 1024).await;
+        assert_eq!(at_origin, pattern(300));
+        assert_eq!(at_client, pattern(1024));
+        assert_eq!((relayed.bytes_up, relayed.bytes_down), (300, 1024));
+        assert!(relayed.first_byte_down.is_some());
+        assert_eq!(PIPES_TAKEN.with(Cell::get), 0);
+    }
+
+    #[tokio::test]
+    async fn a_bulk_transfer_turns_to_splice_and_arrives_intact() {
+        let size = 4 * 1024 * 1024 + 17;
+        let (at_origin, at_client, relayed) =
+            exchange(b"GET".to_vec(), pattern(size), 64 * 1024).await;
+        assert_eq!(at_origin, b"GET");
+        assert!(at_client == pattern(size), "the body differs");
+        assert_eq!(relayed.bytes_down, size as u64);
+        // Only the bulk direction took a pipe.
+        assert_eq!(PIPES_TAKEN.with(Cell::get), 1);
+    }
+
+    #[tokio::test]
+    async fn bulk_both_ways_to_a_slow_reader_arrives_intact() {
+        let (up, down) = (pattern(1024 * 1024 + 5), pattern(3 * 1024 * 1024 + 3));
+        let (at_origin, at_client, relayed) = exchange(up.clone(), down.clone(), 100).await;
+        assert!(at_origin == up, "the request differs");
+        assert!(at_client == down, "the response differs");
+        assert_eq!(
+            (relayed.bytes_up, relayed.bytes_down),
+            (up.len() as u64, down.len() as u64)
+        );
+        assert_eq!(PIPES_TAKEN.with(Cell::get), 2);
+    }
+
+    #[tokio::test]
+    async fn a_burst_smaller_than_the_buffer_to_a_full_destination_is_written_out() {
+        // Many small writes that the client does not read until the origin
+        // is done: the relay's writes to it fill its socket buffers, so
+        // some are only partly written and must finish later.
+        PIPES_TAKEN.with(|n| n.set(0));
+        let (mut client, client_side) = connected().await;
+        let (upstream_side, mut origin) = connected().await;
+        let relay = tokio::spawn(async move { relay(&client_side, &upstream_side).await });
+        let writes = 4000;
+        let piece = pattern(1000);
+        let origin_done = tokio::spawn(async move {
+            for _ in 0..writes {
+                origin.write_all(&piece).await.unwrap();
+            }
+            origin.shutdown().await.unwrap();
+            origin
+        });
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        drop(origin_done.await.unwrap());
+        assert_eq!(got.len(), writes * 1000);
+        assert!(got.chunks(1000).all(|c| c == pattern(1000).as_slice()));
+        assert_eq!(relay.await.unwrap().bytes_down, (writes * 1000) as u64);
+    }
 }
