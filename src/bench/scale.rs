@@ -80,10 +80,12 @@ impl Drop for Scratch {
     }
 }
 
-/// Descriptors the bench and its daemon need: the daemon holds six per
-/// relayed connection, the bench two (its client end and the origin's).
+/// Descriptors the bench and its daemon each need: the daemon holds two
+/// per relayed connection (its two sockets; a small exchange takes no
+/// splice pipe), the bench two (its client end and the origin's), and
+/// each some thousands besides (the sandboxes' namespaces and listeners).
 pub fn descriptors_needed(conns: usize) -> u64 {
-    (conns as u64) * 6 + 4096
+    (conns as u64) * 2 + 4096
 }
 
 /// Raise this process's RLIMIT_NOFILE (soft and hard) to `want`, so that
@@ -100,7 +102,7 @@ fn raise_nofile(want: u64) -> Result<()> {
             "cannot raise the descriptor limit to {new} (the bench and its daemon need {want}): \
              raising the hard limit ({hard}) needs CAP_SYS_RESOURCE and stops at \
              /proc/sys/fs/nr_open; or run with --conns {} or fewer",
-            hard.saturating_sub(4096) / 6
+            hard.saturating_sub(4096) / 2
         )
     })
 }

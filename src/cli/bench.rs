@@ -183,10 +183,10 @@ open, sampling the daemon's VmRSS and VmHWM at 0, 1/4, 1/2, 3/4 and all of them.
 them, waits until the daemon counts none active, samples again, detaches every sandbox and checks \
 none is left. DIR gets report.md, attach.csv and rss.csv.
 
-Limits: the daemon holds six descriptors per relayed connection, so the bench raises its own \
-RLIMIT_NOFILE (soft and hard, inherited by the daemon) to 6 x --conns + 4096. Raising the hard \
-limit needs CAP_SYS_RESOURCE (and stops at /proc/sys/fs/nr_open); without it, --conns can be at \
-most (ulimit -Hn - 4096) / 6, e.g. 2600 for a hard limit of 20,000. Needs root, ip (iproute2), \
+Limits: the daemon holds two descriptors per relayed connection (and the bench two), so the \
+bench raises its own RLIMIT_NOFILE (soft and hard, inherited by the daemon) to 2 x --conns + \
+4096. Raising the hard limit needs CAP_SYS_RESOURCE (and stops at /proc/sys/fs/nr_open); without \
+it, --conns can be at most (ulimit -Hn - 4096) / 2, e.g. 7950 for a hard limit of 20,000. Needs root, ip (iproute2), \
 nft (nftables) and sleep.
 
 Exit status: 0 done; 1 the bench failed (a connection did not round-trip, an attach or detach \
