@@ -190,7 +190,7 @@ pub(super) async fn serve(
         return;
     }
     // A plain-HTTP connection whose Host could change the verdict has each
-    // of its requests decided; any other keeps the splice relay.
+    // of its requests decided; any other keeps the plain relay.
     let each_request =
         session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst);
     drop(policy);

@@ -427,7 +427,7 @@ async fn a_later_request_for_a_denied_host_gets_403_and_the_connection_closes() 
 #[tokio::test]
 async fn a_connection_admitted_by_address_alone_is_relayed_unread() {
     // No rule names a host: nothing a request says can change the verdict,
-    // so the splice relay carries it, whatever its Hosts.
+    // so the plain relay carries it, whatever its Hosts.
     let origin = Origin::start().await;
     let proxy = Proxy::new(OPEN, InternalAddrs::default());
     let client = Client::open(&proxy, origin.addr).await;

@@ -376,7 +376,7 @@ rules:
 "#,
     );
     // Admitted by address, and no hosts rule could deny on the port: the
-    // connection is relayed unread (zero copy).
+    // connection is relayed unread (the plain relay).
     let p2 = policy(
         "version: 1\nname: t\nrules: [{name: c, action: allow, cidrs: [\"198.18.0.0/24\"], ports: [8080]}]\n",
     );
