@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::daemon::Daemon;
 use common::vm::{add_tap, GuestNet, Kit, Vm, VmSpec};
 use common::*;
 use sha2::Digest;
@@ -638,12 +639,7 @@ fn attach_with(w: &World, policy: &Path, netns: &Path, id: &str, options: &[&str
 }
 
 fn tables_in(netns: &Path) -> String {
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .args(["nft", "list", "tables"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::daemon::nft_tables(netns).join("\n")
 }
 
 /// `sluice vm detach` of TAP in `netns` succeeds and leaves neither table.
@@ -829,73 +825,6 @@ fn a_guest_booted_for_dhcp_on_an_attached_tap_gets_its_lease_from_sluice_and_fet
     )
     .unwrap();
     assert_eq!(sluice.wait().unwrap().code(), Some(0));
-}
-
-/// `sluice daemon` in the world's namespace; killed when dropped.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    audit: PathBuf,
-    config: PathBuf,
-}
-
-impl Daemon {
-    fn start(w: &World) -> Daemon {
-        let socket = w.dir.path().join("daemon.sock");
-        let audit = w.dir.path().join("daemon-audit.jsonl");
-        let config = w.dir.path().join("daemon.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "socket: {}\naudit: {}\ndefaults:\n  state_dir: {}\n",
-                socket.display(),
-                audit.display(),
-                w.state.path().join("daemon-state").display()
-            ),
-        )
-        .unwrap();
-        let mut daemon = Daemon {
-            child: std::process::Command::new("true").spawn().unwrap(),
-            socket,
-            audit,
-            config,
-        };
-        daemon.restart(w);
-        daemon
-    }
-
-    /// Stop it (SIGTERM) if running, and start it again on the same config.
-    fn restart(&mut self, w: &World) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-        self.child = w
-            .outer
-            .command(sluice_bin())
-            .args(["-v", "daemon", "--config"])
-            .arg(&self.config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the daemon");
-        let socket = self.socket.clone();
-        assert!(
-            eventually(Duration::from_secs(20), || {
-                std::os::unix::net::UnixStream::connect(&socket).is_ok()
-            }),
-            "the daemon did not open its socket"
-        );
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A VMM namespace with a bare tap and a guest booted on it.

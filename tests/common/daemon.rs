@@ -21,6 +21,7 @@ pub struct Daemon {
     pub audit: PathBuf,
     /// Its stderr.
     pub log: PathBuf,
+    config: PathBuf,
 }
 
 impl Daemon {
@@ -41,31 +42,48 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let stderr = std::fs::File::create(&log).unwrap();
-        let child = w
+        let mut daemon = Daemon {
+            child: Command::new("true").spawn().expect("run true"),
+            socket,
+            audit,
+            log,
+            config,
+        };
+        daemon.restart(w);
+        daemon
+    }
+
+    /// Stop it (SIGTERM) if it runs, and start it again on the same config
+    /// and files; returns once its control socket accepts connections.
+    pub fn restart(&mut self, w: &World) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = w
             .outer
             .command(sluice_bin())
             .args(["-v", "daemon", "--config"])
-            .arg(&config)
+            .arg(&self.config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
             .expect("start the daemon");
-        let daemon = Daemon {
-            child,
-            socket,
-            audit,
-            log,
-        };
+        let socket = self.socket.clone();
         assert!(
             eventually(Duration::from_secs(20), || {
-                std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok()
+                std::os::unix::net::UnixStream::connect(&socket).is_ok()
             }),
             "the daemon did not open its socket: {}",
-            daemon.log_text()
+            self.log_text()
         );
-        daemon
     }
 
     /// What the daemon logged so far.
