@@ -197,7 +197,7 @@ async fn accept_until_drained<H, F>(
     drain: Watch,
     handle: H,
 ) where
-    H: Fn(TcpStream, SocketAddr, Arc<ProxyContext>) -> F,
+    H: Fn(TcpStream, SocketAddr, Arc<ProxyContext>) -> F + Clone + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
     let mut connections = JoinSet::new();
@@ -250,9 +250,13 @@ async fn accept_until_drained<H, F>(
             }
         };
         ctx.accepted.fetch_add(1, Ordering::Relaxed);
-        let served = handle(stream, peer, ctx.clone());
+        // The handler's future is made inside the task: an async block that
+        // awaited a future it had captured would hold it twice (the
+        // capture and the awaited value are not laid over each other),
+        // which measured 3 KiB more per held connection.
+        let (handle, ctx) = (handle.clone(), ctx.clone());
         connections.spawn(async move {
-            served.await;
+            handle(stream, peer, ctx).await;
             drop(permit);
         });
     }
