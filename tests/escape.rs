@@ -1196,3 +1196,107 @@ call("x32-getpid", 0x40000000 | 39)
         ],
     );
 }
+
+// Read-only /sys, every mount under it included (src/confine/mounts.rs
+// makes the whole tree read-only in one mount_setattr(2) call). `ip netns
+// exec` mounts a fresh sysfs with nothing under it, so these run sluice
+// with `nsenter --net` instead: the workload's mounts start from the test's
+// own, cgroup hierarchies and all.
+
+/// `sluice run -- sh -c SCRIPT` in the test namespace's network but the
+/// test's own mount namespace.
+fn run_with_the_hosts_mounts(w: &World, script: &str) -> std::process::Output {
+    let mut cmd = std::process::Command::new("nsenter");
+    cmd.arg(format!("--net={}", w.outer.path().display()))
+        .arg(sluice_bin())
+        .args(["-v", "run", "--policy"])
+        .arg(w.policy(STRICT))
+        .args(["--", "sh", "-c", script]);
+    finish(cmd)
+}
+
+/// (mount point, per-mount options) of each mount at or under /sys in a
+/// mountinfo text.
+fn sys_mounts(mountinfo: &str) -> Vec<(String, Vec<String>)> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let point = *f.get(4)?;
+            let options = f.get(5)?.split(',').map(str::to_string).collect();
+            (point == "/sys" || point.starts_with("/sys/")).then(|| (point.to_string(), options))
+        })
+        .collect()
+}
+
+#[test]
+fn every_mount_under_sys_is_read_only_for_the_workload_and_keeps_its_other_flags() {
+    let Some(w) = World::new() else { return };
+    let host = sys_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
+    assert!(
+        host.len() > 1,
+        "the test's /sys has no mount under it: the check would be empty: {host:?}"
+    );
+    let canary = w.dir.path().join("canary");
+    let script = format!(
+        "cat /proc/self/mountinfo; echo written > {} && echo canary-ok",
+        canary.display()
+    );
+    let out = run_with_the_hosts_mounts(&w, &script);
+    let text = stdout(&out);
+    assert!(text.contains("canary-ok"), "{text}\n{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&canary).unwrap(), "written\n");
+    let seen = sys_mounts(&text);
+    // /sys/firmware is sluice's own empty tmpfs (masked), read-only too.
+    for (point, options) in &seen {
+        assert!(
+            options.iter().any(|o| o == "ro"),
+            "{point} is writable in the workload: {options:?}"
+        );
+    }
+    let rest = |options: &[String]| -> Vec<String> {
+        options
+            .iter()
+            .filter(|o| *o != "ro" && *o != "rw")
+            .cloned()
+            .collect()
+    };
+    for (point, options) in &host {
+        let Some((_, theirs)) = seen.iter().find(|(p, _)| p == point) else {
+            panic!("{point} is missing in the workload: {text}");
+        };
+        assert_eq!(rest(theirs), rest(options), "{point}'s flags changed");
+    }
+}
+
+#[test]
+fn a_root_workload_cannot_create_a_cgroup_in_any_hierarchy() {
+    let Some(w) = World::new() else { return };
+    let hierarchies: Vec<String> =
+        sys_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap())
+            .into_iter()
+            .map(|(point, _)| point)
+            .filter(|p| p.starts_with("/sys/fs/cgroup"))
+            .collect();
+    assert!(
+        !hierarchies.is_empty(),
+        "the test has no cgroup hierarchy: the check would be empty"
+    );
+    // A cgroup made by mistake is removed again at once.
+    let script = format!(
+        "for h in {}; do \
+           d=$h/sluice-escape-$$; \
+           if mkdir $d 2>/dev/null; then echo CREATED $d; rmdir $d; \
+           else echo refused $h; fi; \
+         done; \
+         mkdir /tmp/sluice-escape-$$ && rmdir /tmp/sluice-escape-$$ && echo canary-ok",
+        hierarchies.join(" ")
+    );
+    let out = run_with_the_hosts_mounts(&w, &script);
+    let text = stdout(&out);
+    assert!(text.contains("canary-ok"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("CREATED"), "{text}");
+    for h in &hierarchies {
+        assert!(text.contains(&format!("refused {h}\n")), "{h}: {text}");
+    }
+}

@@ -12,8 +12,15 @@
 //! on a reload or a log rotation. The kernel refuses to rename or remove a
 //! mount point (EBUSY), so every ancestor of a protected path (below the
 //! mount that holds it) becomes one.
+//!
+//! Read-only is set with mount_setattr(2) (Linux 5.12), recursively: one
+//! call makes a whole subtree read-only (/sys and every mount under it,
+//! cgroup hierarchies included) and leaves each mount's other flags as
+//! they are, where a read-only bind remount had to be made once per mount,
+//! with the flags it kept read first. A kernel without it is an error,
+//! never a less confined workload.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -21,7 +28,6 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sys::statvfs::{statvfs, FsFlags};
 
 /// What the workload must not change, by sluice's paths.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,11 +103,14 @@ pub fn confine(plan: &FilePlan) -> Result<(), MountError> {
     )
     .map_err(failed("make mount propagation slave on", Path::new("/")))?;
 
+    // The one read of the mount table: which ancestors are mount points
+    // already, and where the host's procfs mounts are.
     let mut points = MountTable::read()?;
     for path in &plan.read_only {
         let path = canonical(path)?;
         pin_ancestors(&path, &mut points)?;
-        bind_read_only(&path, &mut points)?;
+        bind_read_only(&path)?;
+        points.add(&path);
     }
     for path in &plan.hidden {
         if let Ok(path) = std::fs::canonicalize(path) {
@@ -110,15 +119,13 @@ pub fn confine(plan: &FilePlan) -> Result<(), MountError> {
         }
     }
     own_proc(&points)?;
-    // The host's procfs mounts are gone: read what is there now.
-    let mut points = MountTable::read()?;
     for path in READ_ONLY_PROC.iter().map(Path::new).filter(|p| p.exists()) {
-        bind_read_only(path, &mut points)?;
+        bind_read_only(path)?;
     }
     for path in MASKED_PROC.iter().map(Path::new).filter(|p| p.exists()) {
         hide(path)?;
     }
-    read_only_below(Path::new("/sys"), &points)?;
+    read_only_tree(Path::new("/sys"))?;
     // The working directory still names the mounts it was opened through,
     // under the binds just made: enter it again by path, or relative paths
     // would reach around them.
@@ -155,26 +162,65 @@ fn pin_ancestors(path: &Path, points: &mut MountTable) -> Result<(), MountError>
 
 /// A recursive bind of `path` onto itself, then read-only (every mount in
 /// it), keeping the flags it had (nosuid, nodev, noexec, atime).
-fn bind_read_only(path: &Path, points: &mut MountTable) -> Result<(), MountError> {
+fn bind_read_only(path: &Path) -> Result<(), MountError> {
     bind(path, path, MsFlags::MS_REC).map_err(failed("bind", path))?;
-    points.add(path);
-    read_only_below(path, points)
+    read_only_tree(path)
 }
 
-/// Remount read-only `top` and every mount under it.
-fn read_only_below(top: &Path, points: &MountTable) -> Result<(), MountError> {
-    for point in points.at_or_below(top) {
-        let kept = kept_flags(&point);
-        mount(
-            None::<&str>,
-            &point,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | kept,
-            None::<&str>,
-        )
-        .map_err(failed("make read-only", &point))?;
+/// Make the mount at `top` and every mount under it read-only, in one
+/// call; their other flags stay as they are.
+fn read_only_tree(top: &Path) -> Result<(), MountError> {
+    setattr::read_only_recursive(top).map_err(|e| MountError {
+        what: "make read-only",
+        path: top.to_path_buf(),
+        cause: match e.raw_os_error() {
+            Some(libc::ENOSYS) => {
+                "this kernel has no mount_setattr(2) (Linux 5.12 or later is needed)".to_string()
+            }
+            _ => e.to_string(),
+        },
+    })
+}
+
+/// mount_setattr(2), which neither nix nor rustix wraps (rustix lists it as
+/// not implemented).
+#[allow(unsafe_code)]
+mod setattr {
+    use std::ffi::CString;
+    use std::io;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    /// Set MOUNT_ATTR_RDONLY on the mount at `path` (its root) and every
+    /// mount below it, clearing nothing.
+    pub(super) fn read_only_recursive(path: &Path) -> io::Result<()> {
+        let path = CString::new(path.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let attr = libc::mount_attr {
+            attr_set: libc::MOUNT_ATTR_RDONLY,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        // SAFETY: `path` is a NUL-terminated string and `attr` a
+        // mount_attr, both alive for the call, which only reads them; the
+        // size passed is that of the struct pointed to.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                libc::AT_RECURSIVE as libc::c_uint,
+                &attr as *const libc::mount_attr,
+                std::mem::size_of::<libc::mount_attr>(),
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
-    Ok(())
 }
 
 /// Cover `path`: a file with /dev/null, a directory with an empty
@@ -234,29 +280,6 @@ fn bind(from: &Path, to: &Path, extra: MsFlags) -> nix::Result<()> {
     )
 }
 
-/// The per-mount flags a read-only remount must keep (a bind remount sets
-/// them all at once).
-fn kept_flags(point: &Path) -> MsFlags {
-    let Ok(st) = statvfs(point) else {
-        return MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    };
-    let f = st.flags();
-    let mut kept = MsFlags::empty();
-    for (fs, ms) in [
-        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
-        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
-        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
-        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
-        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
-        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
-    ] {
-        if f.contains(fs) {
-            kept |= ms;
-        }
-    }
-    kept
-}
-
 /// The mount points of this mount namespace, from /proc/self/mountinfo,
 /// plus those added since it was read. Hand-parsed: two fields of a
 /// line-oriented kernel file, where a crate (procfs) would bring far more
@@ -305,14 +328,6 @@ impl MountTable {
 
     fn add(&mut self, path: &Path) {
         self.points.insert(path.to_path_buf());
-    }
-
-    fn at_or_below(&self, top: &Path) -> Vec<PathBuf> {
-        self.points
-            .iter()
-            .filter(|p| p.starts_with(top))
-            .cloned()
-            .collect()
     }
 
     fn of_type(&self, fstype: &str) -> Vec<PathBuf> {
@@ -374,16 +389,7 @@ mod tests {
                 PathBuf::from("/srv/with space/proc")
             ]
         );
-        assert_eq!(
-            t.at_or_below(Path::new("/sys")),
-            vec![PathBuf::from("/sys"), PathBuf::from("/sys/fs/cgroup")]
-        );
-    }
-
-    #[test]
-    fn a_path_below_sys_is_not_a_prefix_match_of_a_sibling() {
-        let t = MountTable::parse(b"1 0 0:1 / /sysx rw - tmpfs t rw\n");
-        assert!(t.at_or_below(Path::new("/sys")).is_empty());
+        assert!(t.is_mount_point(Path::new("/sys/fs/cgroup")));
     }
 
     #[test]
