@@ -78,12 +78,28 @@ pub const DROPPED: [(Capability, &str); 22] = [
 /// and inheritable sets, which a root `execve` would otherwise add to the
 /// new program's permitted set whatever the bounding set says.
 pub(crate) fn bounding_to_drop() -> Vec<rustix::thread::CapabilitySet> {
-    let known = caps::runtime::thread_all_supported();
+    let last = last_known();
+    let known = |cap: &Capability| match last {
+        Some(last) => cap.index() <= last,
+        None => caps::has_cap(None, caps::CapSet::Bounding, *cap).is_ok(),
+    };
     DROPPED
         .iter()
-        .filter(|(cap, _)| known.contains(cap))
+        .filter(|(cap, _)| known(cap))
         .map(|(cap, _)| rustix::thread::CapabilitySet::from_bits_retain(1 << cap.index()))
         .collect()
+}
+
+/// The highest capability number this kernel knows, from
+/// /proc/sys/kernel/cap_last_cap: one read, where asking for each
+/// capability (PR_CAPBSET_READ, what is done without it) takes one call
+/// each.
+fn last_known() -> Option<u8> {
+    parse_last_cap(&std::fs::read("/proc/sys/kernel/cap_last_cap").ok()?)
+}
+
+fn parse_last_cap(text: &[u8]) -> Option<u8> {
+    std::str::from_utf8(text).ok()?.trim_end().parse().ok()
 }
 
 #[cfg(test)]
@@ -99,5 +115,23 @@ mod tests {
         }
         assert!(seen.contains(&Capability::CAP_NET_RAW));
         assert!(seen.contains(&Capability::CAP_SYS_ADMIN));
+    }
+
+    #[test]
+    fn cap_last_cap_is_read_as_a_number_and_anything_else_as_unknown() {
+        assert_eq!(parse_last_cap(b"40\n"), Some(40));
+        assert_eq!(parse_last_cap(b""), None);
+        assert_eq!(parse_last_cap(b"forty\n"), None);
+    }
+
+    #[test]
+    fn the_kernel_s_last_capability_gives_the_same_drops_as_asking_for_each() {
+        let probed: Vec<_> = DROPPED
+            .iter()
+            .filter(|(cap, _)| caps::has_cap(None, caps::CapSet::Bounding, *cap).is_ok())
+            .map(|(cap, _)| rustix::thread::CapabilitySet::from_bits_retain(1 << cap.index()))
+            .collect();
+        assert!(last_known().is_some());
+        assert_eq!(bounding_to_drop(), probed);
     }
 }
