@@ -78,28 +78,20 @@ pub const DROPPED: [(Capability, &str); 22] = [
 /// and inheritable sets, which a root `execve` would otherwise add to the
 /// new program's permitted set whatever the bounding set says.
 pub(crate) fn bounding_to_drop() -> Vec<rustix::thread::CapabilitySet> {
-    let last = last_known();
-    let known = |cap: &Capability| match last {
-        Some(last) => cap.index() <= last,
-        None => caps::has_cap(None, caps::CapSet::Bounding, *cap).is_ok(),
-    };
+    let known = |cap: Capability| caps::has_cap(None, caps::CapSet::Bounding, cap).is_ok();
+    // The kernel knows every capability up to its last one and none above
+    // (PR_CAPBSET_READ fails only above): when it knows the highest listed,
+    // it knows them all, and one call answers for the whole list.
+    let highest = DROPPED
+        .iter()
+        .map(|(cap, _)| *cap)
+        .max_by_key(|cap| cap.index());
+    let all_known = highest.is_some_and(known);
     DROPPED
         .iter()
-        .filter(|(cap, _)| known(cap))
+        .filter(|(cap, _)| all_known || known(*cap))
         .map(|(cap, _)| rustix::thread::CapabilitySet::from_bits_retain(1 << cap.index()))
         .collect()
-}
-
-/// The highest capability number this kernel knows, from
-/// /proc/sys/kernel/cap_last_cap: one read, where asking for each
-/// capability (PR_CAPBSET_READ, what is done without it) takes one call
-/// each.
-fn last_known() -> Option<u8> {
-    parse_last_cap(&std::fs::read("/proc/sys/kernel/cap_last_cap").ok()?)
-}
-
-fn parse_last_cap(text: &[u8]) -> Option<u8> {
-    std::str::from_utf8(text).ok()?.trim_end().parse().ok()
 }
 
 #[cfg(test)]
@@ -118,20 +110,12 @@ mod tests {
     }
 
     #[test]
-    fn cap_last_cap_is_read_as_a_number_and_anything_else_as_unknown() {
-        assert_eq!(parse_last_cap(b"40\n"), Some(40));
-        assert_eq!(parse_last_cap(b""), None);
-        assert_eq!(parse_last_cap(b"forty\n"), None);
-    }
-
-    #[test]
-    fn the_kernel_s_last_capability_gives_the_same_drops_as_asking_for_each() {
+    fn one_probe_of_the_highest_gives_the_same_drops_as_asking_for_each() {
         let probed: Vec<_> = DROPPED
             .iter()
             .filter(|(cap, _)| caps::has_cap(None, caps::CapSet::Bounding, *cap).is_ok())
             .map(|(cap, _)| rustix::thread::CapabilitySet::from_bits_retain(1 << cap.index()))
             .collect();
-        assert!(last_known().is_some());
         assert_eq!(bounding_to_drop(), probed);
     }
 }
