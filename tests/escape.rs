@@ -1300,3 +1300,35 @@ fn a_root_workload_cannot_create_a_cgroup_in_any_hierarchy() {
         assert!(text.contains(&format!("refused {h}\n")), "{h}: {text}");
     }
 }
+
+#[test]
+fn a_root_workload_cannot_change_the_dev_null_that_masks_a_kernel_file() {
+    let Some(w) = World::new() else { return };
+    // The masks are the host's /dev/null bound over the file: were the
+    // bind writable, a chmod would change the host's /dev/null. One made
+    // by mistake is put back at once.
+    let masked: Vec<&str> = MASKED
+        .iter()
+        .copied()
+        .filter(|p| std::path::Path::new(p).is_file())
+        .collect();
+    assert!(
+        !masked.is_empty(),
+        "the host has no masked file: the check would be empty"
+    );
+    let script = format!(
+        "for p in {}; do \
+           if chmod 0600 $p 2>/dev/null; then echo CHANGED $p; chmod 0666 $p; \
+           else echo refused $p; fi; \
+         done; \
+         f=/tmp/sluice-escape-$$; : > $f && chmod 0600 $f && rm $f && echo canary-ok",
+        masked.join(" ")
+    );
+    let out = run_with_the_hosts_mounts(&w, &script);
+    let text = stdout(&out);
+    assert!(text.contains("canary-ok"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains("CHANGED"), "{text}");
+    for p in &masked {
+        assert!(text.contains(&format!("refused {p}\n")), "{p}: {text}");
+    }
+}
