@@ -4,11 +4,6 @@ use clap::Parser;
 use sluice::cli::Cli;
 
 fn main() {
-    // sluice re-executed as a workload's init (see confine::init): before
-    // clap, which knows nothing of it.
-    if std::env::args_os().nth(1).as_deref() == Some(sluice::confine::init::MARKER.as_ref()) {
-        sluice::confine::init::main();
-    }
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let code = match sluice::cli::execute(cli) {

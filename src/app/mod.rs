@@ -16,6 +16,7 @@ pub mod vm;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +61,8 @@ pub struct RunOptions {
     pub command: Vec<OsString>,
     /// sluice's own files, which the command must not change.
     pub files: crate::confine::SluiceFiles,
+    /// The command's init, forked before the runtime started.
+    pub init: crate::confine::PreparedInit,
 }
 
 /// The process-wide services: audit and timing writers, the metrics
@@ -462,7 +465,14 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
 
     let terminal = crate::confine::terminal::Foreground::now();
     // Spawned from this (the runtime's main) thread: see host::spawn.
-    let mut child = match host::spawn(&served.sandbox, &opts.command, run_as, &opts.files).await {
+    let spawned = host::spawn(
+        opts.init,
+        &served.sandbox,
+        &opts.command,
+        run_as,
+        &opts.files,
+    );
+    let mut child = match spawned.await {
         Ok(child) => child,
         Err(err) => {
             session.finish(Some(served), Leftovers::Unknown).await;
@@ -523,7 +533,7 @@ pub(crate) enum CtrlC {
 /// and again for a second signal), then SIGKILL the child [`STOP_GRACE`]
 /// later; SIGHUP reloads the policy.
 pub(crate) async fn supervise(
-    child: &mut tokio::process::Child,
+    child: &mut impl Supervised,
     signals: &Signals,
     reloading: &Reloading,
     ctrl_c: CtrlC,
@@ -568,11 +578,43 @@ pub(crate) async fn supervise(
     }
 }
 
+/// What [`supervise`] needs of a child: podman's `tokio::process::Child`,
+/// or a workload's init (`confine::Workload`).
+pub(crate) trait Supervised {
+    fn id(&self) -> Option<u32>;
+    fn start_kill(&mut self) -> std::io::Result<()>;
+    fn wait(&mut self) -> impl std::future::Future<Output = std::io::Result<ExitStatus>>;
+}
+
+impl Supervised for tokio::process::Child {
+    fn id(&self) -> Option<u32> {
+        tokio::process::Child::id(self)
+    }
+    fn start_kill(&mut self) -> std::io::Result<()> {
+        tokio::process::Child::start_kill(self)
+    }
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        tokio::process::Child::wait(self).await
+    }
+}
+
+impl Supervised for crate::confine::Workload {
+    fn id(&self) -> Option<u32> {
+        crate::confine::Workload::id(self)
+    }
+    fn start_kill(&mut self) -> std::io::Result<()> {
+        crate::confine::Workload::start_kill(self)
+    }
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        crate::confine::Workload::wait(self).await
+    }
+}
+
 /// Supervise the user's command (the workload itself, or the podman that
 /// runs it): signals to sluice are passed on to it, and a Ctrl-C at the
 /// terminal is its own to answer.
 pub(crate) async fn supervise_command(
-    child: &mut tokio::process::Child,
+    child: &mut impl Supervised,
     session: &Session,
 ) -> Result<i32> {
     let pid = child.id();
@@ -612,7 +654,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
+pub(crate) fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status
         .code()

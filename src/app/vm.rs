@@ -31,6 +31,8 @@ pub struct VmOptions {
     pub user: Option<String>,
     pub command: Vec<OsString>,
     pub files: SluiceFiles,
+    /// The VMM's init, forked before the runtime started.
+    pub init: crate::confine::PreparedInit,
 }
 
 /// Run the VMM behind a fenced tap; returns its exit status.
@@ -54,8 +56,15 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
     // Spawned from this (the runtime's main) thread: see host::spawn.
     let spawned = match served.sandbox.netns.entry() {
         Ok(netns) => {
-            crate::confine::spawn_with_env(&opts.command, run_as, &opts.files, &env, Some(netns))
-                .await
+            crate::confine::spawn_with_env(
+                opts.init,
+                &opts.command,
+                run_as,
+                &opts.files,
+                &env,
+                Some(netns),
+            )
+            .await
         }
         Err(err) => Err(crate::confine::ConfineError::Init(err)),
     };

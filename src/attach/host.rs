@@ -9,10 +9,9 @@
 use std::ffi::OsString;
 
 use nix::unistd::{Uid, User};
-use tokio::process::Child;
 
 pub use crate::confine::RunAs;
-use crate::confine::SluiceFiles;
+use crate::confine::{PreparedInit, SluiceFiles, Workload};
 
 use super::{AttachError, Attachment, Sandbox};
 use crate::workload::WorkloadPath;
@@ -35,24 +34,25 @@ pub fn resolve_user(user: &str) -> Result<RunAs, AttachError> {
     })
 }
 
-/// Start `argv` inside the sandbox namespace, confined (`crate::confine`):
+/// Start `argv` inside the sandbox namespace by `init`, confined (`crate::confine`):
 /// its own PID and mount namespaces, where `files` are read-only or absent,
 /// the seccomp filter, the reduced capabilities, and `user`.
 ///
-/// Must be called from a thread that lives as long as sluice (the runtime's
-/// main thread): the workload's init gets SIGKILL when the thread that
-/// forked it dies, so a killed sluice takes its workload with it.
+/// The init was forked by the thread that lives as long as sluice (the main
+/// thread): it gets SIGKILL when that thread dies, so a killed sluice takes
+/// its workload with it.
 pub async fn spawn(
+    init: PreparedInit,
     sandbox: &Sandbox,
     argv: &[OsString],
     user: Option<RunAs>,
     files: &SluiceFiles,
-) -> Result<Child, AttachError> {
+) -> Result<Workload, AttachError> {
     let netns = sandbox
         .netns
         .entry()
         .map_err(|e| AttachError::Confine(crate::confine::ConfineError::Init(e)))?;
-    crate::confine::spawn(argv, user, files, Some(netns))
+    crate::confine::spawn(init, argv, user, files, Some(netns))
         .await
         .map_err(|err| match err {
             crate::confine::ConfineError::Exec { program, source } => {

@@ -34,6 +34,8 @@ pub struct RunArgs {
 pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let policy = policy_source(&args.source, crate::workload::WorkloadPath::Host)?;
     crate::confine::require_root("sluice run")?;
+    // First, while sluice is one thread and small (see PreparedInit).
+    let init = crate::confine::PreparedInit::fork()?;
     let files = sluice_files(&args.source, &args.records);
     let opts = crate::app::RunOptions {
         policy,
@@ -41,6 +43,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         user: args.user,
         command: args.command,
         files,
+        init,
     };
     crate::app::runtime::one_sandbox()?.block_on(crate::app::run(opts))
 }

@@ -216,6 +216,8 @@ fn wrap(args: WrapArgs) -> anyhow::Result<i32> {
     let id = sandbox_id(&args.guest)?;
     let policy = policy_source(&args.source, WorkloadPath::Vm)?;
     crate::confine::require_root("sluice vm")?;
+    // First, while sluice is one thread and small (see PreparedInit).
+    let init = crate::confine::PreparedInit::fork()?;
     let files = super::run::sluice_files(&args.source, &args.records);
     let opts = crate::app::vm::VmOptions {
         policy,
@@ -225,6 +227,7 @@ fn wrap(args: WrapArgs) -> anyhow::Result<i32> {
         user: args.user,
         command: args.command,
         files,
+        init,
     };
     crate::app::runtime::one_sandbox()?.block_on(crate::app::vm::run(opts))
 }

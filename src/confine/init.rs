@@ -1,11 +1,15 @@
-//! The workload's init: PID 1 of its PID namespace. sluice re-executes
-//! itself (`/proc/self/exe` with [`MARKER`] as the first argument) as the
-//! first process of a fresh PID namespace; this code then sets up the mount
+//! The workload's init: PID 1 of its PID namespace. sluice forks it early
+//! ([`super::PreparedInit`]: while sluice still runs one thread, as the
+//! first process of a fresh PID namespace); it waits for one message on a
+//! socket saying what to run ([`InitArgs`], with the sandbox's network
+//! namespace attached), enters that network namespace, sets up the mount
 //! namespace, starts the workload confined (seccomp, capabilities, user),
 //! reaps orphans, passes on the signals sluice sends, and exits with the
 //! workload's status (128+N when signal N ended it). Its exit takes every
 //! process left in the namespace with it: the kernel kills them when a PID
-//! namespace's init dies.
+//! namespace's init dies. If sluice closes the socket without a message
+//! (it failed, or exits, before starting a workload), the init exits 0 at
+//! once and writes nothing.
 //!
 //! Which signals are passed on: only those a process outside the namespace
 //! sent (sluice asking the workload to stop; si_code SI_USER, no sender
@@ -15,11 +19,12 @@
 //! signals from the workload's own processes are ignored.
 //!
 //! It must never run the workload unconfined: any failure before the
-//! workload's exec is reported to sluice (which then exits 3) and nothing
-//! runs. It writes nothing to the workload's stdout or stderr.
+//! workload's exec is reported to sluice on the socket (which then exits 3)
+//! and nothing runs. It writes nothing to the workload's stdout or stderr.
 
 use std::ffi::OsString;
-use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -29,13 +34,14 @@ use nix::unistd::Pid;
 
 use super::child::{self, ChildSetup, Step, WorkloadConfinement};
 use super::mounts::{self, FilePlan};
-use super::{seccomp, RunAs};
+use super::{scm, seccomp, RunAs};
 
-/// The first argument that makes the sluice binary this init.
-pub const MARKER: &str = "__sluice-workload-init";
+/// The init's name (its comm: `ps`, `/proc/1/comm` in the sandbox).
+pub const NAME: &str = "sluice-init";
 
-/// Signals the init takes through its signalfd. sluice blocks them in the
-/// child before exec, so none sent while the init starts is lost.
+/// Signals the init takes through its signalfd. sluice blocks them before
+/// it forks the init (and unblocks them in itself right after), so none
+/// sent while the init starts is lost.
 pub(crate) fn taken_signals() -> SigSet {
     let mut set = SigSet::empty();
     for sig in [
@@ -52,149 +58,234 @@ pub(crate) fn taken_signals() -> SigSet {
     set
 }
 
-/// What sluice tells its init, as command-line arguments after [`MARKER`].
+/// What sluice tells its init: one message of NUL-terminated fields (see
+/// [`InitArgs::to_message`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InitArgs {
-    /// The pipe on which the init says whether the workload started.
-    pub report_fd: i32,
     pub run_as: Option<RunAs>,
     pub files: FilePlan,
+    /// Added to the environment the workload inherits (not the init's).
+    pub env: Vec<(OsString, OsString)>,
     pub argv: Vec<OsString>,
 }
 
 impl InitArgs {
-    pub(crate) fn to_args(&self) -> Vec<OsString> {
-        let mut out: Vec<OsString> = vec![MARKER.into(), "--report".into()];
-        out.push(self.report_fd.to_string().into());
+    /// The message: `uid N gid N`, `read-only PATH`, `hide PATH`, `env K V`
+    /// fields, then `--` and the command, each field ended by a NUL.
+    /// Refused if a field holds a NUL itself.
+    pub(crate) fn to_message(&self) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        let mut field = |bytes: &[u8]| -> Result<(), String> {
+            if bytes.contains(&0) {
+                return Err(format!(
+                    "{:?} holds a NUL byte",
+                    String::from_utf8_lossy(bytes)
+                ));
+            }
+            out.extend_from_slice(bytes);
+            out.push(0);
+            Ok(())
+        };
         if let Some(user) = self.run_as {
-            out.extend([
-                "--uid".into(),
-                user.uid.to_string().into(),
-                "--gid".into(),
-                user.gid.to_string().into(),
-            ]);
+            field(b"uid")?;
+            field(user.uid.to_string().as_bytes())?;
+            field(b"gid")?;
+            field(user.gid.to_string().as_bytes())?;
         }
         for path in &self.files.read_only {
-            out.extend(["--read-only".into(), path.clone().into_os_string()]);
+            field(b"read-only")?;
+            field(path.as_os_str().as_bytes())?;
         }
         for path in &self.files.hidden {
-            out.extend(["--hide".into(), path.clone().into_os_string()]);
+            field(b"hide")?;
+            field(path.as_os_str().as_bytes())?;
         }
-        out.push("--".into());
-        out.extend(self.argv.iter().cloned());
-        out
+        for (key, value) in &self.env {
+            field(b"env")?;
+            field(key.as_bytes())?;
+            field(value.as_bytes())?;
+        }
+        field(b"--")?;
+        for arg in &self.argv {
+            field(arg.as_bytes())?;
+        }
+        Ok(out)
     }
 
-    /// The inverse of [`InitArgs::to_args`] (from the argument after the marker).
-    pub(crate) fn parse(mut args: impl Iterator<Item = OsString>) -> Result<InitArgs, String> {
-        let mut report_fd = None;
+    /// The inverse of [`InitArgs::to_message`].
+    pub(crate) fn from_message(message: &[u8]) -> Result<InitArgs, String> {
+        let Some(fields) = message.strip_suffix(&[0]) else {
+            return Err("the message does not end with a NUL".into());
+        };
+        let mut args = fields
+            .split(|b| *b == 0)
+            .map(|f| OsString::from_vec(f.to_vec()));
+        let mut next = |what: &str| args.next().ok_or_else(|| format!("{what} needs a value"));
         let (mut uid, mut gid) = (None, None);
         let mut files = FilePlan::default();
-        let number = |v: Option<OsString>, what: &str| -> Result<u32, String> {
-            v.and_then(|v| v.to_str()?.parse().ok())
+        let mut env = Vec::new();
+        let number = |v: OsString, what: &str| -> Result<u32, String> {
+            v.to_str()
+                .and_then(|v| v.parse().ok())
                 .ok_or_else(|| format!("{what} needs a number"))
         };
         loop {
-            let Some(arg) = args.next() else {
-                return Err("no `--` before the command".into());
-            };
+            let arg = next("the message")?;
             match arg.to_str() {
                 Some("--") => break,
-                Some("--report") => report_fd = Some(number(args.next(), "--report")? as i32),
-                Some("--uid") => uid = Some(number(args.next(), "--uid")?),
-                Some("--gid") => gid = Some(number(args.next(), "--gid")?),
-                Some("--read-only") => files.read_only.push(PathBuf::from(
-                    args.next().ok_or("--read-only needs a path")?,
-                )),
-                Some("--hide") => files
-                    .hidden
-                    .push(PathBuf::from(args.next().ok_or("--hide needs a path")?)),
-                _ => return Err(format!("unknown argument {arg:?}")),
+                Some("uid") => uid = Some(number(next("uid")?, "uid")?),
+                Some("gid") => gid = Some(number(next("gid")?, "gid")?),
+                Some("read-only") => files.read_only.push(PathBuf::from(next("read-only")?)),
+                Some("hide") => files.hidden.push(PathBuf::from(next("hide")?)),
+                Some("env") => env.push((next("env")?, next("env")?)),
+                _ => return Err(format!("unknown field {arg:?}")),
             }
         }
-        let argv: Vec<OsString> = args.collect();
+        let argv: Vec<OsString> = std::iter::from_fn(|| next("").ok()).collect();
         if argv.is_empty() {
             return Err("no command after `--`".into());
         }
         let run_as = match (uid, gid) {
             (Some(uid), Some(gid)) => Some(RunAs { uid, gid }),
             (None, None) => None,
-            _ => return Err("--uid and --gid go together".into()),
+            _ => return Err("uid and gid go together".into()),
         };
         Ok(InitArgs {
-            report_fd: report_fd.ok_or("no --report")?,
             run_as,
             files,
+            env,
             argv,
         })
     }
 }
 
-/// What the init reports on its pipe: nothing (end of file) once the
-/// workload runs; otherwise one of these and the reason.
+/// What the init reports on its socket: nothing (end of file) once the
+/// workload runs; otherwise one message, one of these and the reason.
 pub(crate) const REPORT_EXEC_FAILED: u8 = b'E';
 pub(crate) const REPORT_CONFINE_FAILED: u8 = b'C';
 
-/// The init's entry point (main.rs calls it before parsing the command
-/// line when the first argument is [`MARKER`]).
-pub fn main() -> ! {
-    let args = match InitArgs::parse(std::env::args_os().skip(2)) {
-        Ok(args) => args,
-        Err(why) => {
-            eprintln!("sluice: error: {MARKER} is sluice's own workload init, started by `sluice run`: {why}");
-            std::process::exit(2);
-        }
+/// Each message sluice sends its init: this byte, then up to [`CHUNK`]
+/// bytes of [`InitArgs::to_message`]; the last one starts with [`LAST`].
+pub(crate) const MORE: u8 = b'+';
+pub(crate) const LAST: u8 = b'.';
+pub(crate) const CHUNK: usize = 32 * 1024;
+
+/// The forked init's life, from right after the fork (see
+/// [`super::PreparedInit::fork`]); never returns. `socket` is its end of the
+/// socket pair, `sluice` a pidfd of sluice, `others` what else the fork
+/// left it that it closes first.
+pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -> ! {
+    let report = |kind: u8, why: &[u8]| {
+        let mut said = vec![kind];
+        said.extend_from_slice(why);
+        let _ = scm::send(std::os::fd::AsRawFd::as_raw_fd(&socket), &said, None);
     };
-    // Run by hand with a number that names no descriptor: refuse, rather
-    // than adopt (and later close) something that is not there.
-    if std::fs::symlink_metadata(format!("/proc/self/fd/{}", args.report_fd)).is_err() {
-        eprintln!(
-            "sluice: error: {MARKER} is sluice's own workload init, started by `sluice run`: descriptor {} is not open",
-            args.report_fd
-        );
-        std::process::exit(2);
+    let refuse = |why: String| -> ! {
+        report(REPORT_CONFINE_FAILED, why.as_bytes());
+        child::exit_now(3)
+    };
+    drop(others);
+    let name = std::ffi::CString::new(NAME).expect("no NUL in the name");
+    let _ = nix::sys::prctl::set_name(&name);
+    let _ = child::set_cmdline(&name);
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        refuse(format!("cannot {}: {e}", Step::ParentDeath.what()));
     }
-    // Adopted without `unsafe`: the pipe reopened through /proc (a new,
-    // close-on-exec descriptor of the same pipe: the workload must not
-    // inherit it, its close at exec is the "started"), then the inherited
-    // number closed. Nothing else in this freshly executed process uses it.
-    let reopened = std::fs::OpenOptions::new()
-        .write(true)
-        .open(format!("/proc/self/fd/{}", args.report_fd));
-    let _ = nix::unistd::close(args.report_fd);
-    let mut report = match reopened {
-        Ok(report) => report,
-        Err(err) => {
-            eprintln!(
-                "sluice: error: {MARKER}: cannot reopen descriptor {}: {err}",
-                args.report_fd
-            );
-            std::process::exit(2);
-        }
+    // Armed now; a sluice that died before would never send it.
+    let mut alive = [rustix::event::PollFd::new(
+        &sluice,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
+    match rustix::event::poll(&mut alive, Some(&zero)) {
+        Ok(0) => {}
+        // sluice is gone: nothing to start, no one to tell.
+        Ok(_) => child::exit_now(0),
+        Err(e) => refuse(format!("cannot tell whether sluice is alive: {e}")),
+    }
+    drop(sluice);
+    if let Err(e) = child::close_own_descriptors(socket.as_fd()) {
+        refuse(format!("cannot close sluice's descriptors: {e}"));
+    }
+
+    let (message, netns) = match receive(&socket) {
+        Ok(Some(got)) => got,
+        // sluice closed the socket without a word: exit quietly.
+        Ok(None) => child::exit_now(0),
+        Err(why) => refuse(why),
+    };
+    let args = match InitArgs::from_message(&message) {
+        Ok(args) => args,
+        Err(why) => refuse(format!("the init's message is wrong: {why}")),
+    };
+    if let Some(netns) = netns {
+        if let Err(e) = nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET) {
+            refuse(format!("cannot {}: {e}", Step::Netns.what()));
+        }
+    }
     let code = match start(&args) {
         Ok((workload, signals)) => {
-            drop(report);
+            // Its close is the "started": the workload did not inherit it
+            // (close-on-exec), and it has exec'd.
+            drop(socket);
             serve(workload, signals)
         }
         Err(Failure::Confine(why)) => {
-            let _ = write!(report, "{}{why}", REPORT_CONFINE_FAILED as char);
+            report(REPORT_CONFINE_FAILED, why.as_bytes());
             3
         }
         Err(Failure::Exec(err)) => {
-            let _ = write!(
-                report,
-                "{}{}",
-                REPORT_EXEC_FAILED as char,
-                err.raw_os_error().unwrap_or(libc::ENOEXEC)
-            );
+            let errno = err.raw_os_error().unwrap_or(libc::ENOEXEC);
+            report(REPORT_EXEC_FAILED, errno.to_string().as_bytes());
             match err.kind() {
                 std::io::ErrorKind::NotFound => 127,
                 _ => 126,
             }
         }
     };
-    std::process::exit(code)
+    child::exit_now(code)
+}
+
+/// sluice's message, whole, and the network namespace sent with its first
+/// part.
+type Message = (Vec<u8>, Option<OwnedFd>);
+
+/// The [`Message`]; `None` when sluice closed the socket before sending
+/// anything.
+fn receive(socket: &OwnedFd) -> Result<Option<Message>, String> {
+    let mut message = Vec::new();
+    let mut netns = None;
+    let mut buf = vec![0u8; CHUNK + 1];
+    loop {
+        let got = match scm::recv(socket, &mut buf) {
+            Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("cannot read sluice's message: {e}")),
+        };
+        if got.bytes == 0 && message.is_empty() && netns.is_none() {
+            return Ok(None);
+        }
+        if got.truncated || got.fds_truncated || got.fds.len() > 1 {
+            return Err("sluice's message does not fit".into());
+        }
+        if !got.fds.is_empty() {
+            if netns.is_some() {
+                return Err("more than one namespace sent".into());
+            }
+            netns = got.fds.into_iter().next();
+        }
+        match buf[..got.bytes].split_first() {
+            Some((&MORE, part)) => message.extend_from_slice(part),
+            Some((&LAST, part)) => {
+                message.extend_from_slice(part);
+                return Ok(Some((message, netns)));
+            }
+            _ => return Err("sluice's message ended early".into()),
+        }
+    }
 }
 
 enum Failure {
@@ -206,8 +297,7 @@ enum Failure {
 fn start(args: &InitArgs) -> Result<(Pid, SignalFd), Failure> {
     let confine = |e: &dyn std::fmt::Display| Failure::Confine(e.to_string());
     let taken = taken_signals();
-    // Blocked already (sluice did it before exec); again, in case this
-    // init was started some other way.
+    // Blocked already (sluice did it before the fork); again, to be sure.
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&taken), None)
         .map_err(|e| confine(&e))?;
     // Close-on-exec: the workload must not inherit the init's signals.
@@ -223,7 +313,8 @@ fn start(args: &InitArgs) -> Result<(Pid, SignalFd), Failure> {
     let (failure_rx, failure_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| confine(&e))?;
     let mut cmd = std::process::Command::new(&args.argv[0]);
-    cmd.args(&args.argv[1..]);
+    cmd.args(&args.argv[1..])
+        .envs(args.env.iter().map(|(k, v)| (k, v)));
     child::prepare(
         &mut cmd,
         ChildSetup {
@@ -317,10 +408,8 @@ fn wait_for(workload: Pid) -> i32 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn init_arguments_survive_the_round_trip() {
-        let args = InitArgs {
-            report_fd: 7,
+    fn example() -> InitArgs {
+        InitArgs {
             run_as: Some(RunAs {
                 uid: 65534,
                 gid: 65534,
@@ -329,20 +418,54 @@ mod tests {
                 read_only: vec!["/etc/sluice/p.yaml".into(), "/var/log/a b".into()],
                 hidden: vec!["/run/sluice/daemon.sock".into()],
             },
-            argv: vec!["sh".into(), "-c".into(), "--read-only x".into()],
-        };
-        let line = args.to_args();
-        assert_eq!(line[0], MARKER);
-        assert_eq!(InitArgs::parse(line.into_iter().skip(1)).unwrap(), args);
+            env: vec![
+                ("SLUICE_TAP".into(), "tap0".into()),
+                ("EMPTY".into(), "".into()),
+            ],
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "--".into(),
+                "".into(),
+                "uid x".into(),
+            ],
+        }
     }
 
     #[test]
-    fn bad_init_arguments_are_refused() {
-        let parse = |s: &[&str]| InitArgs::parse(s.iter().map(OsString::from));
-        assert!(parse(&["--report", "3"]).is_err());
-        assert!(parse(&["--report", "3", "--"]).is_err());
-        assert!(parse(&["--report", "x", "--", "true"]).is_err());
-        assert!(parse(&["--uid", "1", "--report", "3", "--", "true"]).is_err());
-        assert!(parse(&["--report", "3", "--", "true"]).is_ok());
+    fn init_arguments_survive_the_round_trip() {
+        let args = example();
+        let message = args.to_message().unwrap();
+        assert_eq!(InitArgs::from_message(&message).unwrap(), args);
+        let plain = InitArgs {
+            run_as: None,
+            files: FilePlan::default(),
+            env: vec![],
+            argv: vec!["true".into()],
+        };
+        assert_eq!(
+            InitArgs::from_message(&plain.to_message().unwrap()).unwrap(),
+            plain
+        );
+    }
+
+    #[test]
+    fn a_field_with_a_nul_cannot_be_sent() {
+        let mut args = example();
+        args.argv.push(OsString::from_vec(b"a\0b".to_vec()));
+        assert!(args.to_message().is_err());
+    }
+
+    #[test]
+    fn bad_init_messages_are_refused() {
+        let parse = |s: &[u8]| InitArgs::from_message(s);
+        assert!(parse(b"").is_err());
+        assert!(parse(b"--\0").is_err());
+        assert!(parse(b"--\0true").is_err());
+        assert!(parse(b"uid\0x\0gid\x001\0--\0true\0").is_err());
+        assert!(parse(b"uid\x001\0--\0true\0").is_err());
+        assert!(parse(b"env\0K\0").is_err());
+        assert!(parse(b"what\0--\0true\0").is_err());
+        assert!(parse(b"--\0true\0").is_ok());
     }
 }

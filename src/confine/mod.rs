@@ -3,8 +3,9 @@
 //! limits of both.
 //!
 //! A workload (a command under `sluice run`; the VMM under `sluice vm`)
-//! is started by [`spawn`] as the child of a small init ([`init`], sluice
-//! itself re-executed) that is PID 1 of a fresh PID namespace, so it can
+//! is started by [`spawn`] as the child of a small init ([`init`], forked
+//! from sluice before it starts any thread: [`PreparedInit`]) that is PID 1
+//! of a fresh PID namespace, so it can
 //! neither see, signal, trace nor borrow descriptors from any process
 //! outside, sluice included. The init gives it a mount namespace
 //! ([`mounts`]) where sluice's own files are read-only or absent and the
@@ -26,6 +27,8 @@ pub mod fds;
 #[forbid(unsafe_code)]
 pub mod init;
 pub mod mounts;
+#[forbid(unsafe_code)]
+pub mod scm;
 pub mod seccomp;
 #[forbid(unsafe_code)]
 mod spawn;
@@ -34,7 +37,7 @@ pub mod terminal;
 use std::path::{Path, PathBuf};
 
 pub use mounts::FilePlan;
-pub use spawn::{spawn, spawn_with_env};
+pub use spawn::{spawn, spawn_with_env, PreparedInit, Workload};
 
 /// Who the workload runs as (`--user`); root when absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

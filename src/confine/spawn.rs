@@ -1,147 +1,329 @@
-//! sluice's side of starting a confined workload: the init's command line,
-//! the fork into a fresh PID namespace, and waiting for the init to say
-//! whether the workload started. It must never return a running child
-//! whose workload is not confined: the init reports confinement failures
-//! before the workload's exec, and this turns them into errors.
+//! sluice's side of starting a confined workload: the early fork of its
+//! init into a fresh PID namespace ([`PreparedInit`]), the message that
+//! tells the init what to run, and waiting for the init to say whether the
+//! workload started. It must never return a running child whose workload
+//! is not confined: the init reports confinement failures before the
+//! workload's exec, and this turns them into errors.
 
 use std::ffi::OsString;
-use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::sched::{setns, unshare, CloneFlags};
-use nix::sys::signal::{SigmaskHow, Signal};
-use tokio::process::{Child, Command};
+use nix::sys::signal::SigmaskHow;
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use rustix::process::{pidfd_open, PidfdFlags, WaitId, WaitIdOptions};
+use tokio::io::unix::AsyncFd;
 
-use super::child::{self, ChildSetup, Parent};
-use super::init::{self, InitArgs, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED};
-use super::{ConfineError, RunAs, SluiceFiles};
+use super::child::{self, Forked};
+use super::init::{self, InitArgs, CHUNK, LAST, MORE, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED};
+use super::{scm, ConfineError, RunAs, SluiceFiles};
 
 /// How long the init may take to confine and start the workload.
 const START_LIMIT: Duration = Duration::from_secs(30);
 
-/// Start `argv` confined: as the child of an init that is PID 1 of a fresh
-/// PID namespace, in a mount namespace where `files` are protected, under
-/// the seccomp filter and without the dropped capabilities, as `run_as`.
-/// With `netns`, the init (and so the workload) runs in that network
-/// namespace (entered in the forked child, before the init's exec).
-///
-/// Must be called from a thread that lives as long as sluice (the
-/// runtime's main thread): the init gets SIGKILL when the thread that
-/// forked it dies, and its death takes the whole namespace with it.
+/// The workload's init, forked ahead of time: PID 1 of a fresh PID
+/// namespace, waiting on a socket for what to run. Forked while sluice is
+/// one thread and small, it costs a fork of a small process and no exec.
+/// Dropped unused, it closes the socket, and the init exits at once
+/// (quietly, status 0) and is reaped here.
+pub struct PreparedInit {
+    pid: nix::unistd::Pid,
+    /// sluice's end of the socket pair.
+    socket: Option<OwnedFd>,
+    /// A pidfd of the init.
+    pidfd: Option<OwnedFd>,
+}
+
+impl PreparedInit {
+    /// Fork the init. Call first thing, before anything starts a thread
+    /// (the runtime, the libnftables preload), raises the descriptor limit
+    /// or opens descriptors the workload should not see: the init keeps
+    /// sluice's limits and mask as they are now and is refused (an error)
+    /// if sluice already runs more than one thread. Needs root (a PID
+    /// namespace).
+    ///
+    /// Must be called from the thread that later spawns the workload and
+    /// lives as long as sluice (the main thread): the init gets SIGKILL
+    /// when the thread that forked it dies, and its death takes its whole
+    /// PID namespace with it.
+    pub fn fork() -> Result<PreparedInit, ConfineError> {
+        let setup = |e: nix::Error| ConfineError::Init(e.into());
+        // To tell, after the parent-death signal is armed, whether sluice is
+        // already gone (a pid namespace's init has no parent pid to compare).
+        let sluice = pidfd_open(rustix::process::getpid(), PidfdFlags::empty())
+            .map_err(|e| ConfineError::Init(e.into()))?;
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(setup)?;
+        // PID namespaces for children are per thread: this thread's is
+        // switched for the one fork and set back at once.
+        let pid_ns = std::fs::File::open(Path::new("/proc/thread-self/ns/pid_for_children"))
+            .map_err(ConfineError::Init)?;
+        unshare(CloneFlags::CLONE_NEWPID).map_err(setup)?;
+        // Held until the init reads them from its signalfd: a stop sent
+        // while it starts is not lost. sluice's own mask is back right after.
+        let mut mask = nix::sys::signal::SigSet::empty();
+        let blocked = nix::sys::signal::sigprocmask(
+            SigmaskHow::SIG_BLOCK,
+            Some(&init::taken_signals()),
+            Some(&mut mask),
+        );
+        let forked = match blocked {
+            Ok(()) => child::fork_alone().map_err(ConfineError::Init),
+            Err(e) => Err(setup(e)),
+        };
+        if let Ok(Forked::Child) = forked {
+            init::prepared(theirs, sluice, vec![ours, pid_ns.into()]);
+        }
+        if blocked.is_ok() {
+            let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None);
+        }
+        let back = setns(pid_ns.as_fd(), CloneFlags::CLONE_NEWPID);
+        let pid = match forked? {
+            Forked::Parent(pid) => pid,
+            Forked::Child => unreachable!("the init never returns"),
+        };
+        drop(theirs);
+        // The init is our child and not yet reaped: its pid is its own.
+        let pidfd = pidfd_open(
+            rustix::process::Pid::from_raw(pid.as_raw()).expect("a forked pid is positive"),
+            PidfdFlags::empty(),
+        );
+        let prepared = PreparedInit {
+            pid,
+            socket: Some(ours),
+            pidfd: pidfd.ok(),
+        };
+        back.map_err(|e| {
+            ConfineError::Setup(format!(
+                "cannot return to sluice's own PID namespace after forking the init: {e}"
+            ))
+        })?;
+        if prepared.pidfd.is_none() {
+            return Err(ConfineError::Setup(
+                "cannot open a pidfd of the workload's init".into(),
+            ));
+        }
+        Ok(prepared)
+    }
+
+    /// The init's pid (in sluice's PID namespace).
+    pub fn id(&self) -> u32 {
+        self.pid.as_raw() as u32
+    }
+}
+
+impl Drop for PreparedInit {
+    fn drop(&mut self) {
+        // Unused: the init reads the end of file and exits 0 at once.
+        drop(self.socket.take());
+        if let Some(pidfd) = self.pidfd.take() {
+            let _ = rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED);
+        }
+    }
+}
+
+/// A started workload's init, as sluice holds it: what
+/// `tokio::process::Child` offers for it (wait, kill, pid), through a
+/// pidfd. Dropped before it was reaped, it is killed (SIGKILL).
+pub struct Workload {
+    pid: u32,
+    pidfd: AsyncFd<OwnedFd>,
+    status: Option<ExitStatus>,
+}
+
+impl Workload {
+    /// The init's pid; `None` once it has been reaped.
+    pub fn id(&self) -> Option<u32> {
+        self.status.is_none().then_some(self.pid)
+    }
+
+    /// Wait for the init to exit (and reap it); its status after that.
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            // A pidfd is readable once its process has exited.
+            let mut ready = self.pidfd.readable().await?;
+            ready.clear_ready();
+        }
+    }
+
+    /// Its status if it has exited (reaping it), without waiting.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        if let Some(status) = self.status {
+            return Ok(Some(status));
+        }
+        let Some(info) = rustix::process::waitid(
+            WaitId::PidFd(self.pidfd.get_ref().as_fd()),
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+        )?
+        else {
+            return Ok(None);
+        };
+        let raw = if let Some(code) = info.exit_status() {
+            (code & 0xff) << 8
+        } else if let Some(sig) = info.terminating_signal() {
+            sig | if info.dumped() { 0x80 } else { 0 }
+        } else {
+            return Ok(None);
+        };
+        let status = ExitStatus::from_raw(raw);
+        self.status = Some(status);
+        Ok(Some(status))
+    }
+
+    /// Send SIGKILL (to the init: its namespace goes with it), unless it
+    /// has been reaped already.
+    pub fn start_kill(&mut self) -> std::io::Result<()> {
+        if self.status.is_some() {
+            return Ok(());
+        }
+        match rustix::process::pidfd_send_signal(
+            self.pidfd.get_ref(),
+            rustix::process::Signal::KILL,
+        ) {
+            // Exited already, not reaped yet.
+            Err(rustix::io::Errno::SRCH) | Ok(()) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            let _ = self.start_kill();
+            let _ = self.try_wait();
+        }
+    }
+}
+
+/// Start `argv` confined, by the prepared `init`: as its child in its PID
+/// namespace, in a mount namespace where `files` are protected, under the
+/// seccomp filter and without the dropped capabilities, as `run_as`. With
+/// `netns`, the init (and so the workload) enters that network namespace
+/// first.
 pub async fn spawn(
+    init: PreparedInit,
     argv: &[OsString],
     run_as: Option<RunAs>,
     files: &SluiceFiles,
     netns: Option<OwnedFd>,
-) -> Result<Child, ConfineError> {
-    spawn_with_env(argv, run_as, files, &[], netns).await
+) -> Result<Workload, ConfineError> {
+    spawn_with_env(init, argv, run_as, files, &[], netns).await
 }
 
 /// [`spawn`], with `env` added to the environment the workload inherits
 /// (the VMM under `sluice vm` is told its tap and its guest's addresses).
 pub async fn spawn_with_env(
+    mut init: PreparedInit,
     argv: &[OsString],
     run_as: Option<RunAs>,
     files: &SluiceFiles,
     env: &[(String, String)],
     netns: Option<OwnedFd>,
-) -> Result<Child, ConfineError> {
+) -> Result<Workload, ConfineError> {
     let program = argv[0].to_string_lossy().into_owned();
     let cwd = std::env::current_dir().map_err(ConfineError::Init)?;
     let plan = files.plan(&cwd)?;
-    let (report_rx, report_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| ConfineError::Init(e.into()))?;
-    // To tell, after the parent-death signal is armed, whether sluice is
-    // already gone (a pid namespace's init has no parent pid to compare).
-    let sluice = rustix::process::pidfd_open(
-        rustix::process::getpid(),
-        rustix::process::PidfdFlags::empty(),
-    )
-    .map_err(|e| ConfineError::Init(e.into()))?;
-    let args = InitArgs {
-        report_fd: report_tx.as_raw_fd(),
+    let message = InitArgs {
         run_as,
         files: plan,
+        env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
         argv: argv.to_vec(),
+    }
+    .to_message()
+    .map_err(|why| ConfineError::Setup(format!("cannot tell the init what to run: {why}")))?;
+
+    // From here the init is this Workload's: dropped on an error, killed.
+    let socket = init.socket.take().expect("a prepared init has its socket");
+    let pidfd = init.pidfd.take().expect("a prepared init has its pidfd");
+    let mut workload = Workload {
+        pid: init.id(),
+        pidfd: child::async_pidfd(pidfd).map_err(ConfineError::Init)?,
+        status: None,
     };
+    drop(init);
 
-    let mut std_cmd = std::process::Command::new("/proc/self/exe");
-    std_cmd
-        .arg0("sluice-init")
-        .args(args.to_args())
-        .envs(env.iter().map(|(k, v)| (k, v)));
-    child::prepare(
-        &mut std_cmd,
-        ChildSetup {
-            netns,
-            restore_fd_limit: true,
-            // Held until the init reads them from its signalfd: a stop
-            // sent while it starts is not lost.
-            signal_mask: Some((SigmaskHow::SIG_BLOCK, init::taken_signals())),
-            inherit: Some(report_tx),
-            parent_death: Some(Signal::SIGKILL),
-            parent_alive: Some(Parent::Pidfd(sluice)),
-            ..ChildSetup::default()
-        },
-    );
-    let mut cmd = Command::from(std_cmd);
-    cmd.kill_on_drop(true);
-    let child = spawn_as_namespace_init(&mut cmd)?;
-    // Our copy of the report pipe's write end lives in the closure.
-    drop(cmd);
+    let exchange = tokio::task::spawn_blocking(move || tell(&socket, &message, netns));
+    let said = match tokio::time::timeout(START_LIMIT, exchange).await {
+        Ok(Ok(said)) => said,
+        Ok(Err(_)) => Err(ConfineError::Setup("the init's messenger failed".into())),
+        Err(_) => Err(ConfineError::Setup(format!(
+            "the workload's init did not start it within {START_LIMIT:?}"
+        ))),
+    };
+    let failed = match said {
+        Ok(said) if said.is_empty() => return Ok(workload),
+        Ok(said) => report_error(&program, &said),
+        Err(err) => err,
+    };
+    // Nothing runs: see the init gone before saying so.
+    let _ = workload.start_kill();
+    let _ = workload.wait().await;
+    Err(failed)
+}
 
-    let mut report = std::fs::File::from(report_rx);
-    let read = tokio::task::spawn_blocking(move || {
-        let mut said = Vec::new();
-        report.read_to_end(&mut said).map(|_| said)
-    });
-    let said = match tokio::time::timeout(START_LIMIT, read).await {
-        Ok(Ok(Ok(said))) => said,
-        Ok(Ok(Err(e))) => return Err(ConfineError::Init(e)),
-        Ok(Err(_)) => return Err(ConfineError::Setup("the report reader failed".into())),
-        Err(_) => {
-            return Err(ConfineError::Setup(format!(
-                "the workload's init did not start it within {START_LIMIT:?}"
-            )))
+/// Send the init its message (the network namespace with the first part),
+/// then read its report: empty once the workload runs.
+fn tell(socket: &OwnedFd, message: &[u8], netns: Option<OwnedFd>) -> Result<Vec<u8>, ConfineError> {
+    let mut parts = message.chunks(CHUNK).peekable();
+    let mut fd = netns.as_ref().map(|fd| fd.as_fd());
+    let mut sent = Ok(());
+    while let Some(part) = parts.next() {
+        let mut bytes = vec![if parts.peek().is_some() { MORE } else { LAST }];
+        bytes.extend_from_slice(part);
+        if let Err(e) = scm::send(socket.as_raw_fd(), &bytes, fd.take()) {
+            // The init may have said why it is gone: read that below.
+            sent = Err(e);
+            break;
+        }
+    }
+    drop(netns);
+    let mut buf = vec![0u8; 64 * 1024];
+    let said = loop {
+        match scm::recv(socket, &mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ConfineError::Init(e)),
+            Ok(got) => break buf[..got.bytes].to_vec(),
         }
     };
+    match sent {
+        Err(e) if said.is_empty() => Err(ConfineError::Setup(format!(
+            "the workload's init is gone: cannot send it what to run: {e}"
+        ))),
+        _ => Ok(said),
+    }
+}
+
+/// The error the init's report names.
+fn report_error(program: &str, said: &[u8]) -> ConfineError {
     match said.split_first() {
-        None => Ok(child),
         Some((&REPORT_EXEC_FAILED, errno)) => {
             let errno = String::from_utf8_lossy(errno)
                 .parse()
                 .unwrap_or(libc::ENOEXEC);
-            Err(ConfineError::Exec {
-                program,
+            ConfineError::Exec {
+                program: program.to_string(),
                 source: std::io::Error::from_raw_os_error(errno),
-            })
+            }
         }
-        Some((&REPORT_CONFINE_FAILED, why)) => Err(ConfineError::Setup(
-            String::from_utf8_lossy(why).into_owned(),
-        )),
-        Some(_) => Err(ConfineError::Setup(format!(
+        Some((&REPORT_CONFINE_FAILED, why)) => {
+            ConfineError::Setup(String::from_utf8_lossy(why).into_owned())
+        }
+        _ => ConfineError::Setup(format!(
             "the workload's init said {:?}",
-            String::from_utf8_lossy(&said)
-        ))),
+            String::from_utf8_lossy(said)
+        )),
     }
-}
-
-/// Fork `cmd` as the first process (PID 1) of a new PID namespace. PID
-/// namespaces for children are per thread: this thread's is switched for
-/// the one fork and set back at once, so nothing else sluice starts lands
-/// in the workload's namespace.
-fn spawn_as_namespace_init(cmd: &mut Command) -> Result<Child, ConfineError> {
-    let ours = std::fs::File::open(Path::new("/proc/thread-self/ns/pid_for_children"))
-        .map_err(ConfineError::Init)?;
-    unshare(CloneFlags::CLONE_NEWPID).map_err(|e| ConfineError::Init(e.into()))?;
-    let spawned = cmd.spawn();
-    setns(ours.as_fd(), CloneFlags::CLONE_NEWPID).map_err(|e| {
-        ConfineError::Setup(format!(
-            "cannot return to sluice's own PID namespace after starting the init: {e}"
-        ))
-    })?;
-    spawned.map_err(ConfineError::Init)
 }

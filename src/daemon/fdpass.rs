@@ -1,26 +1,14 @@
 //! The one byte that opens every control connection, and the descriptor it
 //! may carry (SCM_RIGHTS). See `api` for the protocol.
 
-use std::io::{IoSlice, IoSliceMut};
-use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-
-use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 
 use super::api::{WITHOUT_FD, WITH_FD};
 
 /// Send the opening byte, with `fd` attached when given. Blocking socket.
 pub fn send_opening(socket: RawFd, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
-    let raw = fd.map(|fd| [fd.as_raw_fd()]);
-    let byte = [if raw.is_some() { WITH_FD } else { WITHOUT_FD }];
-    let iov = [IoSlice::new(&byte)];
-    let cmsg: Vec<ControlMessage<'_>> = raw
-        .as_ref()
-        .map(|r| ControlMessage::ScmRights(r))
-        .into_iter()
-        .collect();
-    let sent = sendmsg::<()>(socket, &iov, &cmsg, MsgFlags::empty(), None)?;
+    let byte = [if fd.is_some() { WITH_FD } else { WITHOUT_FD }];
+    let sent = crate::confine::scm::send(socket, &byte, fd)?;
     if sent != 1 {
         return Err(std::io::Error::other("short write of the opening byte"));
     }
@@ -41,28 +29,16 @@ pub enum Opening {
 /// socket is readable; returns `WouldBlock` otherwise.
 pub fn recv_opening(socket: impl AsFd) -> std::io::Result<Opening> {
     let mut byte = [0u8; 1];
-    let mut iov = [IoSliceMut::new(&mut byte)];
-    // rustix hands received descriptors over as OwnedFd: nothing here has to
-    // vouch for raw descriptor numbers.
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let msg = rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for cmsg in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(received) = cmsg {
-            fds.extend(received);
-        }
-    }
-    let truncated = msg.flags.contains(ReturnFlags::CTRUNC);
+    let msg = crate::confine::scm::recv(socket, &mut byte)?;
     if msg.bytes == 0 {
         return Ok(Opening::Closed);
     }
-    if truncated {
+    if msg.fds_truncated {
         return Err(std::io::Error::other(
             "too many descriptors sent with the opening byte",
         ));
     }
-    let mut fds = fds.into_iter();
+    let mut fds = msg.fds.into_iter();
     let first = fds.next();
     if fds.next().is_some() {
         return Err(std::io::Error::other(
@@ -82,7 +58,7 @@ pub fn recv_opening(socket: impl AsFd) -> std::io::Result<Opening> {
 mod tests {
     use super::*;
     use std::io::Read;
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, AsRawFd};
 
     #[test]
     fn a_descriptor_rides_with_the_opening_byte_and_nothing_more_is_read() {
