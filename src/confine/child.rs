@@ -340,12 +340,18 @@ pub(crate) fn set_cmdline(name: &std::ffi::CStr) -> std::io::Result<()> {
 
 /// A pidfd in tokio's reactor (readable once its process has exited).
 pub(crate) fn async_pidfd(pidfd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    async_fd(pidfd, tokio::io::Interest::READABLE)
+}
+
+/// `fd` in the runtime's reactor, for `interest` (a non-blocking socket).
+pub(crate) fn async_fd(
+    fd: OwnedFd,
+    interest: tokio::io::Interest,
+) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd's descriptor is open and the same for as long as
     // the AsyncFd owns it.
-    unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
-    }
-    .map_err(std::io::Error::from)
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
+        .map_err(std::io::Error::from)
 }
 
 /// End the forked init at once with `code`: _exit(2), without running the

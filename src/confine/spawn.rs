@@ -255,10 +255,8 @@ pub async fn spawn_with_env(
     };
     drop(init);
 
-    let exchange = tokio::task::spawn_blocking(move || tell(&socket, &message, netns));
-    let said = match tokio::time::timeout(START_LIMIT, exchange).await {
-        Ok(Ok(said)) => said,
-        Ok(Err(_)) => Err(ConfineError::Setup("the init's messenger failed".into())),
+    let said = match tokio::time::timeout(START_LIMIT, tell(socket, &message, netns)).await {
+        Ok(said) => said,
         Err(_) => Err(ConfineError::Setup(format!(
             "the workload's init did not start it within {START_LIMIT:?}"
         ))),
@@ -275,27 +273,58 @@ pub async fn spawn_with_env(
 }
 
 /// Send the init its message (the network namespace with the first part),
-/// then read its report: empty once the workload runs.
-fn tell(socket: &OwnedFd, message: &[u8], netns: Option<OwnedFd>) -> Result<Vec<u8>, ConfineError> {
+/// then read its report: empty once the workload runs. On the runtime's
+/// own thread (the socket non-blocking, in its reactor): a helper thread
+/// would cost a thread start, a wake-up more for the report, and a join
+/// when the runtime shuts down, all on the path of every start.
+async fn tell(
+    socket: OwnedFd,
+    message: &[u8],
+    netns: Option<OwnedFd>,
+) -> Result<Vec<u8>, ConfineError> {
+    rustix::io::ioctl_fionbio(&socket, true).map_err(|e| ConfineError::Init(e.into()))?;
+    let socket = child::async_fd(
+        socket,
+        tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
+    )
+    .map_err(ConfineError::Init)?;
     let mut parts = message.chunks(CHUNK).peekable();
     let mut fd = netns.as_ref().map(|fd| fd.as_fd());
     let mut sent = Ok(());
-    while let Some(part) = parts.next() {
+    'parts: while let Some(part) = parts.next() {
         let mut bytes = vec![if parts.peek().is_some() { MORE } else { LAST }];
         bytes.extend_from_slice(part);
-        if let Err(e) = scm::send(socket.as_raw_fd(), &bytes, fd.take()) {
-            // The init may have said why it is gone: read that below.
-            sent = Err(e);
-            break;
+        loop {
+            let mut ready = match socket.writable().await {
+                Ok(ready) => ready,
+                Err(e) => {
+                    sent = Err(e);
+                    break 'parts;
+                }
+            };
+            match ready.try_io(|s| scm::send(s.get_ref().as_raw_fd(), &bytes, fd)) {
+                Ok(Ok(_)) => {
+                    fd = None;
+                    break;
+                }
+                // The init may have said why it is gone: read that below.
+                Ok(Err(e)) => {
+                    sent = Err(e);
+                    break 'parts;
+                }
+                Err(_would_block) => continue,
+            }
         }
     }
     drop(netns);
     let mut buf = vec![0u8; 64 * 1024];
     let said = loop {
-        match scm::recv(socket, &mut buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(ConfineError::Init(e)),
-            Ok(got) => break buf[..got.bytes].to_vec(),
+        let mut ready = socket.readable().await.map_err(ConfineError::Init)?;
+        match ready.try_io(|s| scm::recv(s.get_ref(), &mut buf)) {
+            Ok(Ok(got)) => break buf[..got.bytes].to_vec(),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Ok(Err(e)) => return Err(ConfineError::Init(e)),
+            Err(_would_block) => continue,
         }
     };
     match sent {
