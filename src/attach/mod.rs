@@ -188,8 +188,7 @@ pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
 /// Runs on a thread inside the sandbox namespace: install and read back
 /// the table, then bind.
 fn enforce_inside(attachment: &Attachment) -> Result<SandboxSockets, AttachError> {
-    enforce::apply(&attachment.spec)?;
-    enforce::verify(&attachment.spec)?;
+    enforce::apply_and_verify(&attachment.spec)?;
     bind_sockets(attachment)
 }
 

@@ -24,7 +24,7 @@ mod readback;
 #[forbid(unsafe_code)]
 mod ruleset;
 
-pub use nft::{apply, drop_counts, dropped_packets, remove, verify};
+pub use nft::{apply, apply_and_verify, drop_counts, dropped_packets, remove, verify};
 
 /// Starts loading libnftables on a thread of its own and returns at once,
 /// so that the first [`apply`] finds it loaded (about 1 ms of dynamic
