@@ -61,10 +61,16 @@ pub fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
 
 /// [`apply`], then [`verify`], in ONE libnftables session (one thread, one
 /// context): what a sandbox's start does before its workload runs.
+///
+/// The first batch is built once, as JSON, and serves both: its text is
+/// what is applied, and its `add` objects (the same as [`ruleset`]'s, as
+/// `ruleset`'s unit tests pin) are what the listing is compared with.
 pub fn apply_and_verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
-    let first = command(&first_ruleset(spec))?;
-    let want = wanted(spec)?;
+    let batch = serde_json::to_value(first_ruleset(spec)).map_err(parse_err)?;
+    let first = CString::new(batch.to_string()).map_err(parse_err)?;
+    let want = Table::from_batch(&batch)?;
+    drop(batch);
     libnft::session(|nft| {
         apply_in(nft, spec, &first)?;
         verify_in(nft, spec, &want)
