@@ -139,13 +139,20 @@ pub(super) fn load_now() -> Result<(), EnforceError> {
     api().map(|_| ())
 }
 
+/// Whether the library is loaded already (or failed to load: tried once).
+pub(super) fn loaded() -> bool {
+    API.get().is_some()
+}
+
+/// The library, loaded once: `Err` says why it could not be.
+static API: OnceLock<Result<Api, String>> = OnceLock::new();
+
 fn api() -> Result<&'static Api, EnforceError> {
     // A static-pie binary that dlopens libnftables gets a second, dynamic
     // libc beside its own, and crashes in it: refuse instead of loading.
     if cfg!(target_feature = "crt-static") {
         return Err(EnforceError::StaticBuild);
     }
-    static API: OnceLock<Result<Api, String>> = OnceLock::new();
     API.get_or_init(|| match ffi(Call::Load) {
         Done::Loaded(api) => api,
         _ => unreachable!("a load answers with the library"),
