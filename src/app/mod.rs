@@ -450,8 +450,6 @@ pub(crate) enum Leftovers {
 /// Run the workload under enforcement; returns its exit status (128 + N when
 /// a signal N ended it).
 pub async fn run(opts: RunOptions) -> Result<i32> {
-    // Load libnftables while the namespace is made (the apply waits for it).
-    crate::enforce::preload();
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let session = Session::start(opts.services, opts.policy).await?;
     let sandbox = match session.fresh_sandbox(&host::attachment()) {

@@ -171,7 +171,11 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 /// bound on one thread.
 pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
     let inside = attachment.clone();
-    let (netns, sockets) = SandboxNetns::create_and_run(move || enforce_inside(&inside))?;
+    // libnftables loads while the namespace is made and plumbed (the apply
+    // waits for it); started from the namespace's thread, which would
+    // otherwise wait for the load to finish before it could start.
+    let (netns, sockets) =
+        SandboxNetns::started_create_and_run(enforce::preload, move || enforce_inside(&inside))?;
     let sockets = sockets?;
     tracing::info!(
         network_non_bypassable = true,
@@ -188,8 +192,7 @@ pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
 /// Runs on a thread inside the sandbox namespace: install and read back
 /// the table, then bind.
 fn enforce_inside(attachment: &Attachment) -> Result<SandboxSockets, AttachError> {
-    enforce::apply(&attachment.spec)?;
-    enforce::verify(&attachment.spec)?;
+    enforce::apply_and_verify(&attachment.spec)?;
     bind_sockets(attachment)
 }
 

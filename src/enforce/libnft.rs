@@ -59,30 +59,25 @@ pub(super) struct Reply {
     pub error: String,
 }
 
-/// One command runner: takes a JSON document, returns its [`Reply`].
-pub(super) type Run<'a> = dyn FnMut(&CStr) -> Reply + 'a;
+/// How a command's listing is printed: nft's JSON, or its text (for what
+/// nft 1.0.6's JSON leaves out: the device a netdev chain is bound to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Output {
+    Json,
+    Text,
+}
+
+/// One command runner: takes a command (a JSON document, or nft's text
+/// syntax) and how to print what it lists, returns its [`Reply`].
+pub(super) type Run<'a> = dyn FnMut(Output, &CStr) -> Reply + 'a;
 
 /// Opens a libnftables context in the CALLING THREAD's network namespace,
-/// hands `work` a runner for JSON commands on it (run in order, on one
-/// context, so later commands see what earlier ones did), and frees the
-/// context when `work` returns. `work` runs on a thread of its own that
-/// sees no descriptor but 0-2, so it must not use (or own) any.
+/// hands `work` a runner for commands on it (run in order, on one context,
+/// so later commands see what earlier ones did: an apply and its read-back
+/// share one session), and frees the context when `work` returns. `work`
+/// runs on a thread of its own that sees no descriptor but 0-2, so it must
+/// not use (or own) any.
 pub(super) fn session<T: Send>(
-    work: impl FnOnce(&mut Run<'_>) -> T + Send,
-) -> Result<T, EnforceError> {
-    session_with(NFT_CTX_OUTPUT_JSON, work)
-}
-
-/// [`session`] with nft's text listings instead of JSON: for what nft
-/// 1.0.6's JSON leaves out (the device a netdev chain is bound to).
-pub(super) fn text_session<T: Send>(
-    work: impl FnOnce(&mut Run<'_>) -> T + Send,
-) -> Result<T, EnforceError> {
-    session_with(0, work)
-}
-
-fn session_with<T: Send>(
-    output_flags: c_uint,
     work: impl FnOnce(&mut Run<'_>) -> T + Send,
 ) -> Result<T, EnforceError> {
     // libnftables waits for netlink replies with select(2), which glibc
@@ -98,7 +93,7 @@ fn session_with<T: Send>(
                 if !matches!(ffi(Call::PrivateDescriptors), Done::Unshared(true)) {
                     return Err(EnforceError::Descriptors(std::io::Error::last_os_error()));
                 }
-                session_here(output_flags, work)
+                session_here(work)
             })
             .join()
         {
@@ -108,11 +103,8 @@ fn session_with<T: Send>(
     })
 }
 
-/// [`session_with`]'s work, on the thread made for it.
-fn session_here<T>(
-    output_flags: c_uint,
-    work: impl FnOnce(&mut Run<'_>) -> T,
-) -> Result<T, EnforceError> {
+/// [`session`]'s work, on the thread made for it.
+fn session_here<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let api = api()?;
     let _held = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
@@ -120,13 +112,24 @@ fn session_here<T>(
     // out first, and fail with an error instead.
     netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)
         .map_err(EnforceError::Netlink)?;
-    let ctx = match ffi(Call::Open(api, output_flags)) {
+    let ctx = match ffi(Call::Open(api, NFT_CTX_OUTPUT_JSON)) {
         Done::Opened(Some(ctx)) => ctx,
         _ => return Err(EnforceError::Context),
     };
-    let mut run = |command: &CStr| match ffi(Call::Run(&ctx, command)) {
-        Done::Ran(reply) => reply,
-        _ => unreachable!("a run answers with its reply"),
+    let mut now = Output::Json;
+    let mut run = |output: Output, command: &CStr| {
+        if output != now {
+            let flags = match output {
+                Output::Json => NFT_CTX_OUTPUT_JSON,
+                Output::Text => 0,
+            };
+            ffi(Call::SetOutput(&ctx, flags));
+            now = output;
+        }
+        match ffi(Call::Run(&ctx, command)) {
+            Done::Ran(reply) => reply,
+            _ => unreachable!("a run answers with its reply"),
+        }
     };
     Ok(work(&mut run))
 }
@@ -136,13 +139,20 @@ pub(super) fn load_now() -> Result<(), EnforceError> {
     api().map(|_| ())
 }
 
+/// Whether the library is loaded already (or failed to load: tried once).
+pub(super) fn loaded() -> bool {
+    API.get().is_some()
+}
+
+/// The library, loaded once: `Err` says why it could not be.
+static API: OnceLock<Result<Api, String>> = OnceLock::new();
+
 fn api() -> Result<&'static Api, EnforceError> {
     // A static-pie binary that dlopens libnftables gets a second, dynamic
     // libc beside its own, and crashes in it: refuse instead of loading.
     if cfg!(target_feature = "crt-static") {
         return Err(EnforceError::StaticBuild);
     }
-    static API: OnceLock<Result<Api, String>> = OnceLock::new();
     API.get_or_init(|| match ffi(Call::Load) {
         Done::Loaded(api) => api,
         _ => unreachable!("a load answers with the library"),
@@ -175,6 +185,8 @@ enum Call<'a> {
     /// A new context with these output flags (JSON or text) and buffered
     /// output and errors.
     Open(&'static Api, c_uint),
+    /// Print a context's listings with these output flags (JSON or text).
+    SetOutput(&'a Context, c_uint),
     /// One command on a context, and what it printed.
     Run(&'a Context, &'a CStr),
     /// Free a context (only from its `Drop`: nothing uses it afterwards).
@@ -187,6 +199,7 @@ enum Done {
     Loaded(Result<Api, String>),
     Opened(Option<Context>),
     Ran(Reply),
+    Set,
     Closed,
 }
 
@@ -249,6 +262,10 @@ fn ffi(call: Call<'_>) -> Done {
                     (api.buffer_output)(raw.as_ptr()) == 0 && (api.buffer_error)(raw.as_ptr()) == 0;
                 // Not buffered: dropped, so freed.
                 Done::Opened(buffered.then_some(ctx))
+            }
+            Call::SetOutput(ctx, output_flags) => {
+                (ctx.api.output_set_flags)(ctx.raw.as_ptr(), output_flags);
+                Done::Set
             }
             Call::Run(ctx, command) => {
                 let (api, raw) = (ctx.api, ctx.raw.as_ptr());

@@ -24,15 +24,24 @@ mod readback;
 #[forbid(unsafe_code)]
 mod ruleset;
 
-pub use nft::{apply, drop_counts, dropped_packets, remove, verify};
+pub use nft::{apply, apply_and_verify, drop_counts, dropped_packets, remove, verify};
 
 /// Starts loading libnftables on a thread of its own and returns at once,
 /// so that the first [`apply`] finds it loaded (about 1 ms of dynamic
 /// loading here, which a caller can overlap with creating the namespace).
 /// Optional: every function loads it when first needed, and reports a
 /// missing library then; this thread only ever loads, so nothing is lost if
-/// it fails or the process exits first.
+/// it fails or the process exits first. Once loaded, it starts no thread.
+///
+/// Call it from a thread that has already started, not just before
+/// starting one: dlopen holds ld.so's lock while it loads, and every new
+/// thread takes that lock as it starts (std registers the thread's
+/// thread-local destructors with glibc's __cxa_thread_atexit_impl, which
+/// takes it), so a thread started meanwhile waits for the whole load.
 pub fn preload() {
+    if libnft::loaded() {
+        return;
+    }
     let _ = std::thread::Builder::new()
         .name("sluice-nft-load".into())
         .spawn(|| {

@@ -9,7 +9,7 @@ use std::ffi::{CStr, CString};
 use serde_json::Value;
 
 use super::fence::DropReason;
-use super::libnft::{self, Reply};
+use super::libnft::{self, Output, Reply, Run};
 use super::readback::{self, Listing, Table};
 use super::ruleset::{first_ruleset, removal, ruleset, DROP_COUNTER, TABLE};
 use super::{EnforceError, SandboxSpec};
@@ -23,28 +23,11 @@ const LIST_RULESET: &CStr = cr#"{"nftables":[{"list":{"ruleset":null}}]}"#;
 ///
 /// A namespace without them (every fresh sandbox) gets [`first_ruleset`],
 /// which creates them; only if one exists already is the full replacing
-/// batch sent. Either batch is one transaction.
+/// batch built and sent. Either batch is one transaction.
 pub fn apply(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
     let first = command(&first_ruleset(spec))?;
-    let replace = command(&ruleset(spec))?;
-    libnft::session(|nft| {
-        let reply = nft(&first);
-        if reply.ok {
-            return Ok(());
-        }
-        // EEXIST from `create table`: the batch was refused whole, and the
-        // tables there are replaced whole instead.
-        if !reply.error.contains("File exists") {
-            return Err(apply_error(reply));
-        }
-        let reply = nft(&replace);
-        if reply.ok {
-            Ok(())
-        } else {
-            Err(apply_error(reply))
-        }
-    })?
+    libnft::session(|nft| apply_in(nft, spec, &first))?
 }
 
 /// Removes the spec's tables from this thread's namespace, in one
@@ -52,7 +35,7 @@ pub fn apply(spec: &SandboxSpec) -> Result<(), EnforceError> {
 pub fn remove(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
     let batch = command(&removal(spec))?;
-    let reply = libnft::session(|nft| nft(&batch))?;
+    let reply = libnft::session(|nft| nft(Output::Json, &batch))?;
     if reply.ok {
         Ok(())
     } else {
@@ -72,19 +55,70 @@ pub fn remove(spec: &SandboxSpec) -> Result<(), EnforceError> {
 /// firewall, so there only sluice's own tables are checked.)
 pub fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
-    let want = Table::from_batch(&serde_json::to_value(ruleset(spec)).map_err(parse_err)?)?;
+    let want = wanted(spec)?;
+    libnft::session(|nft| verify_in(nft, spec, &want))?
+}
+
+/// [`apply`], then [`verify`], in ONE libnftables session (one thread, one
+/// context): what a sandbox's start does before its workload runs.
+///
+/// The first batch is built once, as JSON, and serves both: its text is
+/// what is applied, and its `add` objects (the same as [`ruleset`]'s, as
+/// `ruleset`'s unit tests pin) are what the listing is compared with.
+pub fn apply_and_verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
+    validate(spec)?;
+    let batch = serde_json::to_value(first_ruleset(spec)).map_err(parse_err)?;
+    let first = CString::new(batch.to_string()).map_err(parse_err)?;
+    let want = Table::from_batch(&batch)?;
+    drop(batch);
+    libnft::session(|nft| {
+        apply_in(nft, spec, &first)?;
+        verify_in(nft, spec, &want)
+    })?
+}
+
+/// [`apply`]'s work on an open session.
+fn apply_in(nft: &mut Run<'_>, spec: &SandboxSpec, first: &CStr) -> Result<(), EnforceError> {
+    let reply = nft(Output::Json, first);
+    if reply.ok {
+        return Ok(());
+    }
+    // EEXIST from `create table`: the batch was refused whole, and the
+    // tables there are replaced whole instead.
+    if !reply.error.contains("File exists") {
+        return Err(apply_error(reply));
+    }
+    let reply = nft(Output::Json, &command(&ruleset(spec))?);
+    if reply.ok {
+        Ok(())
+    } else {
+        Err(apply_error(reply))
+    }
+}
+
+/// What [`verify`] compares the listing with: [`ruleset`]'s tables.
+fn wanted(spec: &SandboxSpec) -> Result<BTreeMap<String, Table>, EnforceError> {
+    Table::from_batch(&serde_json::to_value(ruleset(spec)).map_err(parse_err)?)
+}
+
+/// [`verify`]'s work on an open session.
+fn verify_in(
+    nft: &mut Run<'_>,
+    spec: &SandboxSpec,
+    want: &BTreeMap<String, Table>,
+) -> Result<(), EnforceError> {
     let ours: Vec<String> = want.keys().cloned().collect();
     let listing = if spec.owns_namespace() {
-        Listing::parse(&list(LIST_RULESET, "the ruleset")?, &ours)?
+        Listing::parse(&list(nft, LIST_RULESET, "the ruleset")?, &ours)?
     } else {
         let mut listing = Listing::default();
         for key in &ours {
-            let one = Listing::parse(&list(&list_table(key)?, key)?, &ours)?;
+            let one = Listing::parse(&list(nft, &list_table(key)?, key)?, &ours)?;
             listing.tables.extend(one.tables);
         }
         listing
     };
-    readback::compare_all(&want, &listing)?;
+    readback::compare_all(want, &listing)?;
     if spec.owns_namespace() {
         if let Some(other) = listing.foreign.first() {
             return Err(EnforceError::Mismatch(format!(
@@ -92,13 +126,17 @@ pub fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
             )));
         }
     }
-    verify_devices(&want, &listing)
+    verify_devices(nft, want, &listing)
 }
 
 /// The devices of netdev chains, where the JSON listing did not say: from
 /// nft's text listing of each such chain (`type filter hook ingress device
 /// "TAP" priority ...`).
-fn verify_devices(want: &BTreeMap<String, Table>, listed: &Listing) -> Result<(), EnforceError> {
+fn verify_devices(
+    nft: &mut Run<'_>,
+    want: &BTreeMap<String, Table>,
+    listed: &Listing,
+) -> Result<(), EnforceError> {
     for (key, table) in want {
         let said = listed.tables.get(key).map(|t| &t.devices);
         for (chain, device) in &table.devices {
@@ -108,7 +146,7 @@ fn verify_devices(want: &BTreeMap<String, Table>, listed: &Listing) -> Result<()
             let (family, name) = key.split_once(' ').unwrap_or_default();
             let command = CString::new(format!("list chain {family} {name} {chain}"))
                 .map_err(|e| EnforceError::Parse(e.to_string()))?;
-            let reply = libnft::text_session(|nft| nft(&command))?;
+            let reply = nft(Output::Text, &command);
             if !reply.ok {
                 return Err(EnforceError::List {
                     table: key.clone(),
@@ -152,7 +190,8 @@ pub fn drop_counts(spec: &SandboxSpec) -> Result<Vec<(DropReason, u64)>, Enforce
             r#"{{"nftables":[{{"list":{{"counters":{{"family":"{family}","table":"{name}"}}}}}}]}}"#
         ))
         .map_err(|e| EnforceError::Parse(e.to_string()))?;
-        for (table, counter, packets) in readback::counters(&list(&command, &key)?)? {
+        let listed = libnft::session(|nft| list(nft, &command, &key))??;
+        for (table, counter, packets) in readback::counters(&listed)? {
             if table != key {
                 continue;
             }
@@ -215,8 +254,8 @@ fn command(batch: &nftables::schema::Nftables<'_>) -> Result<CString, EnforceErr
 }
 
 /// Runs one listing command (of `what`) and parses its JSON output.
-fn list(command: &CStr, what: &str) -> Result<Value, EnforceError> {
-    let reply = libnft::session(|nft| nft(command))?;
+fn list(nft: &mut Run<'_>, command: &CStr, what: &str) -> Result<Value, EnforceError> {
+    let reply = nft(Output::Json, command);
     if !reply.ok {
         return Err(if reply.error.contains("No such file or directory") {
             EnforceError::TableMissing(what.to_string())

@@ -137,9 +137,21 @@ impl SandboxNetns {
     pub fn create_and_run<T: Send + 'static>(
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<(SandboxNetns, T), NetnsError> {
+        SandboxNetns::started_create_and_run(|| (), f)
+    }
+
+    /// [`SandboxNetns::create_and_run`], with `started` run first on the
+    /// new thread, still in the caller's namespace: to start work that
+    /// overlaps with creating the namespace and that must not begin before
+    /// this thread has started (see `enforce::preload`).
+    pub fn started_create_and_run<T: Send + 'static>(
+        started: impl FnOnce() + Send + 'static,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<(SandboxNetns, T), NetnsError> {
         let handle = std::thread::Builder::new()
             .name("sluice-netns-create".into())
             .spawn(|| -> Result<(OwnedFd, T), NetnsError> {
+                started();
                 unshare(CloneFlags::CLONE_NEWNET).map_err(|e| match e {
                     Errno::EPERM => NetnsError::CreatePermission,
                     e => NetnsError::Create(e),
