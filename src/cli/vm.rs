@@ -335,7 +335,9 @@ fn detach_through_daemon(args: &DetachArgs) -> anyhow::Result<i32> {
     }
     match crate::daemon::Client::new(socket.clone()).detach_removing_fence(id) {
         Ok(Some(info)) => {
-            println!("{}", serde_json::to_string(&info).expect("serializable"));
+            let line = serde_json::to_string(&info)
+                .context("cannot print the daemon's view of the VM")?;
+            println!("{line}");
             let tap = info.vm.as_ref().map_or("?", |vm| vm.tap.as_str());
             eprintln!("sluice: released VM {id} and removed the fence of tap {tap}");
             Ok(0)

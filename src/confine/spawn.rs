@@ -32,10 +32,16 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 /// (quietly, status 0) and is reaped here.
 pub struct PreparedInit {
     pid: nix::unistd::Pid,
+    /// Until the init is handed a workload (or dropped unused).
+    held: Option<Held>,
+}
+
+/// What sluice holds of a prepared init.
+struct Held {
     /// sluice's end of the socket pair.
-    socket: Option<OwnedFd>,
+    socket: OwnedFd,
     /// A pidfd of the init.
-    pidfd: Option<OwnedFd>,
+    pidfd: OwnedFd,
 }
 
 impl PreparedInit {
@@ -93,25 +99,32 @@ impl PreparedInit {
         };
         drop(theirs);
         // The init is our child and not yet reaped: its pid is its own.
-        let pidfd = pidfd_open(
-            rustix::process::Pid::from_raw(pid.as_raw()).expect("a forked pid is positive"),
-            PidfdFlags::empty(),
-        );
+        let pidfd = rustix::process::Pid::from_raw(pid.as_raw())
+            .ok_or(rustix::io::Errno::SRCH)
+            .and_then(|raw| pidfd_open(raw, PidfdFlags::empty()));
+        let pidfd = match pidfd {
+            Ok(pidfd) => pidfd,
+            Err(e) => {
+                // Told nothing, the init exits at once: reap it.
+                drop(ours);
+                let _ = nix::sys::wait::waitpid(pid, None);
+                return Err(ConfineError::Setup(format!(
+                    "cannot open a pidfd of the workload's init: {e}"
+                )));
+            }
+        };
         let prepared = PreparedInit {
             pid,
-            socket: Some(ours),
-            pidfd: pidfd.ok(),
+            held: Some(Held {
+                socket: ours,
+                pidfd,
+            }),
         };
         back.map_err(|e| {
             ConfineError::Setup(format!(
                 "cannot return to sluice's own PID namespace after forking the init: {e}"
             ))
         })?;
-        if prepared.pidfd.is_none() {
-            return Err(ConfineError::Setup(
-                "cannot open a pidfd of the workload's init".into(),
-            ));
-        }
         Ok(prepared)
     }
 
@@ -124,8 +137,8 @@ impl PreparedInit {
 impl Drop for PreparedInit {
     fn drop(&mut self) {
         // Unused: the init reads the end of file and exits 0 at once.
-        drop(self.socket.take());
-        if let Some(pidfd) = self.pidfd.take() {
+        if let Some(Held { socket, pidfd }) = self.held.take() {
+            drop(socket);
             let _ = rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED);
         }
     }
@@ -246,8 +259,11 @@ pub async fn spawn_with_env(
     .map_err(|why| ConfineError::Setup(format!("cannot tell the init what to run: {why}")))?;
 
     // From here the init is this Workload's: dropped on an error, killed.
-    let socket = init.socket.take().expect("a prepared init has its socket");
-    let pidfd = init.pidfd.take().expect("a prepared init has its pidfd");
+    let Some(Held { socket, pidfd }) = init.held.take() else {
+        return Err(ConfineError::Setup(
+            "the workload's init was handed a workload already".into(),
+        ));
+    };
     let mut workload = Workload {
         pid: init.id(),
         pidfd: child::async_pidfd(pidfd).map_err(ConfineError::Init)?,
