@@ -242,6 +242,49 @@ fn a_root_workload_cannot_signal_sluice() {
     );
 }
 
+/// pidfd_getfd(2) (438; Python 3.11's os has none) of the init's
+/// descriptor 0, quoted for sh: exits 0 only if it handed one over.
+const PIDFD_GETFD_OF_INIT: &str = "'import ctypes, os, sys; \
+    libc = ctypes.CDLL(None, use_errno=True); \
+    sys.exit(0 if libc.syscall(438, os.pidfd_open(1), 0, 0) >= 0 else 1)'";
+
+/// The init is a fork of sluice (its memory holds sluice's early state):
+/// a root workload reads neither its memory nor its environment, nor
+/// follows its descriptors, nor borrows one.
+#[test]
+fn a_root_workload_cannot_read_the_inits_memory_environment_or_descriptors() {
+    let Some(w) = World::new() else { return };
+    w.http_origin("198.18.0.1:8080");
+    let script = format!(
+        "{py} -c 'open(\"/proc/1/mem\", \"rb\")' 2>/dev/null && echo OPENED-MEM; \
+         cat /proc/1/environ >/dev/null 2>&1 && echo READ-ENV; \
+         for fd in /proc/1/fd/*; do readlink \"$fd\" >/dev/null 2>&1 && echo FOLLOWED-FD; \
+           cat \"$fd\" </dev/null >/dev/null 2>&1 && echo OPENED-FD; done; \
+         {py} -c {getfd} 2>/dev/null && echo BORROWED-FD; \
+         {bin} probe http http://198.18.0.1:8080/ && echo canary-ok",
+        py = python().display(),
+        getfd = PIDFD_GETFD_OF_INIT,
+        bin = sluice_bin(),
+    );
+    let out = finish(sluice_run(
+        &w,
+        &w.policy(STRICT),
+        &[],
+        &["sh", "-c", &script],
+    ));
+    let text = stdout(&out);
+    assert!(text.contains("canary-ok"), "{text}\n{}", stderr(&out));
+    for what in [
+        "OPENED-MEM",
+        "READ-ENV",
+        "FOLLOWED-FD",
+        "OPENED-FD",
+        "BORROWED-FD",
+    ] {
+        assert!(!text.contains(what), "{what}: {text}");
+    }
+}
+
 #[test]
 fn a_root_workload_cannot_rewrite_the_policy_file() {
     let Some(w) = World::new() else { return };
