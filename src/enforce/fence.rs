@@ -27,9 +27,9 @@ use nftables::stmt::{Counter, Operator, Statement, NAT};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 use super::ruleset::{
-    accept, add, base_chain, ct_status_dnat, dport, drop, matches, meta_eq, payload, redirect,
-    rule_in, FILTER_PRIORITY, FORWARD_FILTER, INPUT_FILTER, NAT_PRIORITY, OUTPUT_FILTER,
-    OUTPUT_NAT, PREROUTING_NAT,
+    accept, add, base_chain, ct_status_dnat, dport, drop, matches, meta_eq, meta_l4proto, payload,
+    redirect, rule_in, FILTER_PRIORITY, FORWARD_FILTER, INPUT_FILTER, NAT_PRIORITY, OUTPUT_FILTER,
+    OUTPUT_NAT, PREROUTING_NAT, TCP,
 };
 use crate::dhcp::{CLIENT_PORT, SERVER_PORT};
 use crate::mac::MacAddr;
@@ -482,12 +482,7 @@ impl TapFence {
             for stmts in [
                 vec![from_tap(), v(), dport("udp", 53), to(dns_port)],
                 vec![from_tap(), v(), dport("tcp", 53), to(dns_port)],
-                vec![
-                    from_tap(),
-                    v(),
-                    meta_eq(MetaKey::L4proto, "tcp"),
-                    to(proxy_port),
-                ],
+                vec![from_tap(), v(), meta_l4proto(TCP), to(proxy_port)],
             ] {
                 out.push(rule(PREROUTING_NAT, stmts));
             }
@@ -535,7 +530,7 @@ impl TapFence {
             vec![dport("udp", 53), redirect(dns_port)],
             vec![dport("tcp", 53), redirect(dns_port)],
             vec![meta_eq(MetaKey::Oif, "lo"), accept()],
-            vec![meta_eq(MetaKey::L4proto, "tcp"), redirect(proxy_port)],
+            vec![meta_l4proto(TCP), redirect(proxy_port)],
         ] {
             out.push(rule(OUTPUT_NAT, stmts));
         }

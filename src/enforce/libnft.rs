@@ -34,6 +34,11 @@ const LIBRARY: &str = "libnftables.so.1";
 const NFT_CTX_DEFAULT: u32 = 0;
 /// `NFT_CTX_OUTPUT_JSON`: JSON listings, and JSON input tried first.
 const NFT_CTX_OUTPUT_JSON: c_uint = 1 << 4;
+/// `NFT_CTX_OUTPUT_NUMERIC_PROTO`: layer 4 protocols listed as numbers. By
+/// name, each listing asks glibc's NSS (nsswitch.conf, a search for
+/// libnss_db, /etc/protocols) on the path of every start; the ruleset says
+/// them as numbers too (see `ruleset::meta_l4proto`).
+const NFT_CTX_OUTPUT_NUMERIC_PROTO: c_uint = 1 << 7;
 
 type Ctx = *mut c_void;
 
@@ -112,7 +117,10 @@ fn session_here<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceErr
     // out first, and fail with an error instead.
     netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_NETFILTER)
         .map_err(EnforceError::Netlink)?;
-    let ctx = match ffi(Call::Open(api, NFT_CTX_OUTPUT_JSON)) {
+    let ctx = match ffi(Call::Open(
+        api,
+        NFT_CTX_OUTPUT_JSON | NFT_CTX_OUTPUT_NUMERIC_PROTO,
+    )) {
         Done::Opened(Some(ctx)) => ctx,
         _ => return Err(EnforceError::Context),
     };
@@ -120,8 +128,8 @@ fn session_here<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceErr
     let mut run = |output: Output, command: &CStr| {
         if output != now {
             let flags = match output {
-                Output::Json => NFT_CTX_OUTPUT_JSON,
-                Output::Text => 0,
+                Output::Json => NFT_CTX_OUTPUT_JSON | NFT_CTX_OUTPUT_NUMERIC_PROTO,
+                Output::Text => NFT_CTX_OUTPUT_NUMERIC_PROTO,
             };
             ffi(Call::SetOutput(&ctx, flags));
             now = output;

@@ -147,7 +147,7 @@ fn host_chains(spec: &SandboxSpec, out: &mut Vec<NfObject<'static>>) {
         vec![dport("udp", 53), redirect(spec.dns_port)],
         vec![dport("tcp", 53), redirect(spec.dns_port)],
         vec![meta_eq(MetaKey::Oif, "lo"), accept()],
-        vec![meta_eq(MetaKey::L4proto, "tcp"), redirect(spec.proxy_port)],
+        vec![meta_l4proto(TCP), redirect(spec.proxy_port)],
     ] {
         out.push(rule(OUTPUT_NAT, stmts));
     }
@@ -236,6 +236,22 @@ pub(super) fn dport(protocol: &'static str, port: u16) -> Statement<'static> {
         Expression::Number(u32::from(port)),
     )
 }
+
+/// `meta l4proto N`, with the protocol's number: libnftables lists it so
+/// (see `libnft::NFT_CTX_OUTPUT_NUMERIC_PROTO`), and the read-back compares
+/// what it lists with what was added.
+pub(super) fn meta_l4proto(number: u8) -> Statement<'static> {
+    matches(
+        Expression::Named(NamedExpression::Meta(Meta {
+            key: MetaKey::L4proto,
+        })),
+        Operator::EQ,
+        Expression::Number(u32::from(number)),
+    )
+}
+
+/// IANA's number for TCP.
+pub(super) const TCP: u8 = 6;
 
 pub(super) fn meta_eq(key: MetaKey, value: &str) -> Statement<'static> {
     matches(
