@@ -452,6 +452,13 @@ pub(crate) enum Leftovers {
 pub async fn run(opts: RunOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let session = Session::start(opts.services, opts.policy).await?;
+    // Now that sluice's files exist (the session made its records): the
+    // init protects them and confines itself while the namespace is made.
+    let mut init = opts.init;
+    if let Err(err) = init.plan(&opts.command, run_as, &opts.files, &[]) {
+        session.finish(None, Leftovers::Unknown).await;
+        return Err(attach::AttachError::Confine(err).into());
+    }
     let sandbox = match session.fresh_sandbox(&host::attachment()) {
         Ok(sandbox) => sandbox,
         Err(err) => {
@@ -463,14 +470,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
 
     let terminal = crate::confine::terminal::Foreground::now();
     // Spawned from this (the runtime's main) thread: see host::spawn.
-    let spawned = host::spawn(
-        opts.init,
-        &served.sandbox,
-        &opts.command,
-        run_as,
-        &opts.files,
-    );
-    let mut child = match spawned.await {
+    let mut child = match host::spawn(init, &served.sandbox).await {
         Ok(child) => child,
         Err(err) => {
             session.finish(Some(served), Leftovers::Unknown).await;

@@ -43,6 +43,13 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
         gid,
     });
     let session = Session::start(opts.services, opts.policy).await?;
+    // Now that sluice's files exist (the session made its records): the
+    // init protects them and confines itself while the namespace is made.
+    let mut init = opts.init;
+    if let Err(err) = init.plan(&opts.command, run_as, &opts.files, &opts.net.environment()) {
+        session.finish(None, super::Leftovers::Unknown).await;
+        return Err(attach::AttachError::Confine(err).into());
+    }
     let sandbox = match own_namespace(&opts.net, owner) {
         Ok(sandbox) => sandbox,
         Err(err) => {
@@ -52,20 +59,9 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
     };
     let served = session.serve(sandbox, opts.id)?;
     let terminal = crate::confine::terminal::Foreground::now();
-    let env = opts.net.environment();
-    // Spawned from this (the runtime's main) thread: see host::spawn.
+    // Started from this (the runtime's main) thread: see host::spawn.
     let spawned = match served.sandbox.netns.entry() {
-        Ok(netns) => {
-            crate::confine::spawn_with_env(
-                opts.init,
-                &opts.command,
-                run_as,
-                &opts.files,
-                &env,
-                Some(netns),
-            )
-            .await
-        }
+        Ok(netns) => crate::confine::start(init, Some(netns)).await,
         Err(err) => Err(crate::confine::ConfineError::Init(err)),
     };
     let mut child = match spawned {

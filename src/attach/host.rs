@@ -6,12 +6,10 @@
 //! the last process in it and sluice's own references are gone: nothing is
 //! left behind even if sluice is killed with SIGKILL.
 
-use std::ffi::OsString;
-
 use nix::unistd::{Uid, User};
 
 pub use crate::confine::RunAs;
-use crate::confine::{PreparedInit, SluiceFiles, Workload};
+use crate::confine::{PreparedInit, Workload};
 
 use super::{AttachError, Attachment, Sandbox};
 use crate::workload::WorkloadPath;
@@ -34,25 +32,20 @@ pub fn resolve_user(user: &str) -> Result<RunAs, AttachError> {
     })
 }
 
-/// Start `argv` inside the sandbox namespace by `init`, confined (`crate::confine`):
-/// its own PID and mount namespaces, where `files` are read-only or absent,
-/// the seccomp filter, the reduced capabilities, and `user`.
+/// Start the workload `init` was told of ([`PreparedInit::plan`]) inside
+/// the sandbox namespace, confined (`crate::confine`): its own PID and
+/// mount namespaces, where the planned files are read-only or absent, the
+/// seccomp filter, the reduced capabilities, and the planned user.
 ///
 /// The init was forked by the thread that lives as long as sluice (the main
 /// thread): it gets SIGKILL when that thread dies, so a killed sluice takes
 /// its workload with it.
-pub async fn spawn(
-    init: PreparedInit,
-    sandbox: &Sandbox,
-    argv: &[OsString],
-    user: Option<RunAs>,
-    files: &SluiceFiles,
-) -> Result<Workload, AttachError> {
+pub async fn spawn(init: PreparedInit, sandbox: &Sandbox) -> Result<Workload, AttachError> {
     let netns = sandbox
         .netns
         .entry()
         .map_err(|e| AttachError::Confine(crate::confine::ConfineError::Init(e)))?;
-    crate::confine::spawn(init, argv, user, files, Some(netns))
+    crate::confine::start(init, Some(netns))
         .await
         .map_err(|err| match err {
             crate::confine::ConfineError::Exec { program, source } => {

@@ -1,9 +1,10 @@
 //! The workload's init: PID 1 of its PID namespace. sluice forks it early
 //! ([`super::PreparedInit`]: while sluice still runs one thread, as the
-//! first process of a fresh PID namespace); it waits for one message on a
-//! socket saying what to run ([`InitArgs`], with the sandbox's network
-//! namespace attached), enters that network namespace, sets up the mount
-//! namespace, starts the workload confined (seccomp, capabilities, user),
+//! first process of a fresh PID namespace); it waits on a socket for the
+//! plan saying what to run ([`InitArgs`]), sets up the mount namespace and
+//! builds the seccomp filter while sluice makes the network namespace,
+//! waits for the go that hands it that namespace, enters it, starts the
+//! workload confined (seccomp, capabilities, user),
 //! reaps orphans, passes on the signals sluice sends, and exits with the
 //! workload's status (128+N when signal N ended it). Its exit takes every
 //! process left in the namespace with it: the kernel kills them when a PID
@@ -164,10 +165,13 @@ impl InitArgs {
 pub(crate) const REPORT_EXEC_FAILED: u8 = b'E';
 pub(crate) const REPORT_CONFINE_FAILED: u8 = b'C';
 
-/// Each message sluice sends its init: this byte, then up to [`CHUNK`]
-/// bytes of [`InitArgs::to_message`]; the last one starts with [`LAST`].
+/// Each message of the plan sluice sends its init: this byte, then up to
+/// [`CHUNK`] bytes of [`InitArgs::to_message`]; the last one starts with
+/// [`LAST`]. Then one message [`GO`], alone, with the sandbox's network
+/// namespace attached (or nothing attached: stay in sluice's).
 pub(crate) const MORE: u8 = b'+';
 pub(crate) const LAST: u8 = b'.';
+pub(crate) const GO: u8 = b'!';
 pub(crate) const CHUNK: usize = 32 * 1024;
 
 /// The forked init's life, from right after the fork (see
@@ -211,8 +215,8 @@ pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -
         refuse(format!("cannot close sluice's descriptors: {e}"));
     }
 
-    let (message, netns) = match receive(&socket) {
-        Ok(Some(got)) => got,
+    let message = match receive_plan(&socket) {
+        Ok(Some(message)) => message,
         // sluice closed the socket without a word: exit quietly.
         Ok(None) => child::exit_now(0),
         Err(why) => refuse(why),
@@ -221,12 +225,24 @@ pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -
         Ok(args) => args,
         Err(why) => refuse(format!("the init's message is wrong: {why}")),
     };
+    // While sluice sets up the network namespace.
+    let ready = match confine(&args) {
+        Ok(ready) => ready,
+        Err(why) => refuse(why),
+    };
+    let netns = match receive_go(&socket) {
+        Ok(Some(netns)) => netns,
+        // sluice gave up before the go (it failed, or was stopped): nothing
+        // runs.
+        Ok(None) => child::exit_now(0),
+        Err(why) => refuse(why),
+    };
     if let Some(netns) = netns {
         if let Err(e) = nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET) {
             refuse(format!("cannot {}: {e}", Step::Netns.what()));
         }
     }
-    let code = match start(&args) {
+    let code = match launch(ready, args.run_as) {
         Ok((workload, signals)) => {
             // Its close is the "started": the workload did not inherit it
             // (close-on-exec), and it has exec'd.
@@ -249,15 +265,10 @@ pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -
     child::exit_now(code)
 }
 
-/// sluice's message, whole, and the network namespace sent with its first
-/// part.
-type Message = (Vec<u8>, Option<OwnedFd>);
-
-/// The [`Message`]; `None` when sluice closed the socket before sending
-/// anything.
-fn receive(socket: &OwnedFd) -> Result<Option<Message>, String> {
+/// sluice's plan, whole; `None` when sluice closed the socket before
+/// sending anything.
+fn receive_plan(socket: &OwnedFd) -> Result<Option<Vec<u8>>, String> {
     let mut message = Vec::new();
-    let mut netns = None;
     let mut buf = vec![0u8; CHUNK + 1];
     loop {
         let got = match scm::recv(socket, &mut buf) {
@@ -265,26 +276,40 @@ fn receive(socket: &OwnedFd) -> Result<Option<Message>, String> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("cannot read sluice's message: {e}")),
         };
-        if got.bytes == 0 && message.is_empty() && netns.is_none() {
+        if got.bytes == 0 && message.is_empty() && got.fds.is_empty() {
             return Ok(None);
         }
-        if got.truncated || got.fds_truncated || got.fds.len() > 1 {
+        if got.truncated || got.fds_truncated || !got.fds.is_empty() {
             return Err("sluice's message does not fit".into());
-        }
-        if !got.fds.is_empty() {
-            if netns.is_some() {
-                return Err("more than one namespace sent".into());
-            }
-            netns = got.fds.into_iter().next();
         }
         match buf[..got.bytes].split_first() {
             Some((&MORE, part)) => message.extend_from_slice(part),
             Some((&LAST, part)) => {
                 message.extend_from_slice(part);
-                return Ok(Some((message, netns)));
+                return Ok(Some(message));
             }
             _ => return Err("sluice's message ended early".into()),
         }
+    }
+}
+
+/// sluice's go, with the network namespace to enter if it sent one;
+/// `None` when sluice closed the socket instead.
+fn receive_go(socket: &OwnedFd) -> Result<Option<Option<OwnedFd>>, String> {
+    let mut buf = [0u8; 2];
+    loop {
+        let got = match scm::recv(socket, &mut buf) {
+            Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("cannot read sluice's go: {e}")),
+        };
+        if got.bytes == 0 && got.fds.is_empty() {
+            return Ok(None);
+        }
+        if got.truncated || got.fds_truncated || got.fds.len() > 1 || buf[..got.bytes] != [GO] {
+            return Err("sluice's go is not one".into());
+        }
+        return Ok(Some(got.fds.into_iter().next()));
     }
 }
 
@@ -293,25 +318,33 @@ enum Failure {
     Exec(std::io::Error),
 }
 
-/// Confine, then start the workload; returns its pid and the signal fd.
-fn start(args: &InitArgs) -> Result<(Pid, SignalFd), Failure> {
-    let confine = |e: &dyn std::fmt::Display| Failure::Confine(e.to_string());
+/// What the init has ready before the go: the workload's command, set up
+/// to confine itself as it starts, and the signals the init takes.
+struct Ready {
+    cmd: std::process::Command,
+    signals: SignalFd,
+    /// Where the forked child says which step failed before exec.
+    failure_rx: OwnedFd,
+}
+
+/// Everything that need not wait for the network namespace: the signals
+/// taken, the mount namespace, the seccomp filter built, the command set up.
+fn confine(args: &InitArgs) -> Result<Ready, String> {
     let taken = taken_signals();
     // Blocked already (sluice did it before the fork); again, to be sure.
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&taken), None)
-        .map_err(|e| confine(&e))?;
+        .map_err(|e| e.to_string())?;
     // Close-on-exec: the workload must not inherit the init's signals.
     let signals = SignalFd::with_flags(&taken, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
-        .map_err(|e| confine(&e))?;
-    mounts::confine(&args.files).map_err(|e| confine(&e))?;
-    let filters = seccomp::build().map_err(|e| confine(&e))?;
-    let run_as = args.run_as;
+        .map_err(|e| e.to_string())?;
+    mounts::confine(&args.files).map_err(|e| e.to_string())?;
+    let filters = seccomp::build().map_err(|e| e.to_string())?;
 
-    // Where the forked child says which step failed before exec: std's
-    // spawn carries only an errno back, which cannot tell a confinement
-    // failure (exit 3, nothing ran) from a missing program (127).
+    // std's spawn carries only an errno back, which cannot tell a
+    // confinement failure (exit 3, nothing ran) from a missing program
+    // (127): the child says which step failed on this pipe.
     let (failure_rx, failure_tx) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| confine(&e))?;
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
     let mut cmd = std::process::Command::new(&args.argv[0]);
     cmd.args(&args.argv[1..])
         .envs(args.env.iter().map(|(k, v)| (k, v)));
@@ -322,12 +355,26 @@ fn start(args: &InitArgs) -> Result<(Pid, SignalFd), Failure> {
             workload: Some(WorkloadConfinement {
                 filters,
                 drop_bounding: super::caps::bounding_to_drop(),
-                run_as,
+                run_as: args.run_as,
             }),
             report: Some(failure_tx),
             ..ChildSetup::default()
         },
     );
+    Ok(Ready {
+        cmd,
+        signals,
+        failure_rx,
+    })
+}
+
+/// Start the workload; returns its pid and the signal fd.
+fn launch(ready: Ready, run_as: Option<RunAs>) -> Result<(Pid, SignalFd), Failure> {
+    let Ready {
+        mut cmd,
+        signals,
+        failure_rx,
+    } = ready;
     let spawned = cmd.spawn();
     // The child's copy is closed at its exec or exit; close ours so that
     // reading sees the end.

@@ -37,7 +37,7 @@ pub mod terminal;
 use std::path::{Path, PathBuf};
 
 pub use mounts::FilePlan;
-pub use spawn::{spawn, spawn_with_env, PreparedInit, Workload};
+pub use spawn::{start, PreparedInit, Workload};
 
 /// Who the workload runs as (`--user`); root when absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,8 @@
 //! sluice's side of starting a confined workload: the early fork of its
-//! init into a fresh PID namespace ([`PreparedInit`]), the message that
-//! tells the init what to run, and waiting for the init to say whether the
+//! init into a fresh PID namespace ([`PreparedInit`]), the plan that tells
+//! the init what to run (sent early, so that the init confines itself while
+//! sluice sets up the network namespace), the go that hands it that
+//! namespace ([`start`]), and waiting for the init to say whether the
 //! workload started. It must never return a running child whose workload
 //! is not confined: the init reports confinement failures before the
 //! workload's exec, and this turns them into errors.
@@ -19,7 +21,9 @@ use rustix::process::{pidfd_open, PidfdFlags, WaitId, WaitIdOptions};
 use tokio::io::unix::AsyncFd;
 
 use super::child::{self, Forked};
-use super::init::{self, InitArgs, CHUNK, LAST, MORE, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED};
+use super::init::{
+    self, InitArgs, CHUNK, GO, LAST, MORE, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED,
+};
 use super::{scm, ConfineError, RunAs, SluiceFiles};
 
 /// How long the init may take to confine and start the workload.
@@ -34,6 +38,8 @@ pub struct PreparedInit {
     pid: nix::unistd::Pid,
     /// Until the init is handed a workload (or dropped unused).
     held: Option<Held>,
+    /// Once it was sent its plan ([`PreparedInit::plan`]).
+    planned: Option<Planned>,
 }
 
 /// What sluice holds of a prepared init.
@@ -42,6 +48,15 @@ struct Held {
     socket: OwnedFd,
     /// A pidfd of the init.
     pidfd: OwnedFd,
+}
+
+/// What sluice keeps of the plan it sent.
+struct Planned {
+    /// The program, to name in errors.
+    program: String,
+    /// Why the plan could not be sent whole (the init is gone; it may have
+    /// said why, which [`start`] reads).
+    unsent: Option<std::io::Error>,
 }
 
 impl PreparedInit {
@@ -119,6 +134,7 @@ impl PreparedInit {
                 socket: ours,
                 pidfd,
             }),
+            planned: None,
         };
         back.map_err(|e| {
             ConfineError::Setup(format!(
@@ -131,6 +147,54 @@ impl PreparedInit {
     /// The init's pid (in sluice's PID namespace).
     pub fn id(&self) -> u32 {
         self.pid.as_raw() as u32
+    }
+
+    /// Tell the init what it will run: `argv` as `run_as` (root when
+    /// `None`) with `env` added to the environment, in a mount namespace
+    /// where `files` are protected: only those that exist now, so call it
+    /// once every file sluice writes has been created (its records), and
+    /// before the network namespace is made: the init sets up the mounts and
+    /// builds the seccomp filter at once, meanwhile; it runs nothing before
+    /// [`start`]. Sent on the socket as it is (blocking: the init reads
+    /// right away).
+    pub fn plan(
+        &mut self,
+        argv: &[OsString],
+        run_as: Option<RunAs>,
+        files: &SluiceFiles,
+        env: &[(String, String)],
+    ) -> Result<(), ConfineError> {
+        let (Some(held), None) = (&self.held, &self.planned) else {
+            return Err(ConfineError::Setup(
+                "the workload's init was told what to run already".into(),
+            ));
+        };
+        let program = argv
+            .first()
+            .ok_or_else(|| ConfineError::Setup("no command to run".into()))?
+            .to_string_lossy()
+            .into_owned();
+        let cwd = std::env::current_dir().map_err(ConfineError::Init)?;
+        let message = InitArgs {
+            run_as,
+            files: files.plan(&cwd)?,
+            env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            argv: argv.to_vec(),
+        }
+        .to_message()
+        .map_err(|why| ConfineError::Setup(format!("cannot tell the init what to run: {why}")))?;
+        let mut unsent = None;
+        let mut parts = message.chunks(CHUNK).peekable();
+        while let Some(part) = parts.next() {
+            let mut bytes = vec![if parts.peek().is_some() { MORE } else { LAST }];
+            bytes.extend_from_slice(part);
+            if let Err(e) = scm::send(held.socket.as_raw_fd(), &bytes, None) {
+                unsent = Some(e);
+                break;
+            }
+        }
+        self.planned = Some(Planned { program, unsent });
+        Ok(())
     }
 }
 
@@ -221,43 +285,21 @@ impl Drop for Workload {
     }
 }
 
-/// Start `argv` confined, by the prepared `init`: as its child in its PID
-/// namespace, in a mount namespace where `files` are protected, under the
-/// seccomp filter and without the dropped capabilities, as `run_as`. With
-/// `netns`, the init (and so the workload) enters that network namespace
-/// first.
-pub async fn spawn(
-    init: PreparedInit,
-    argv: &[OsString],
-    run_as: Option<RunAs>,
-    files: &SluiceFiles,
-    netns: Option<OwnedFd>,
-) -> Result<Workload, ConfineError> {
-    spawn_with_env(init, argv, run_as, files, &[], netns).await
-}
-
-/// [`spawn`], with `env` added to the environment the workload inherits
-/// (the VMM under `sluice vm` is told its tap and its guest's addresses).
-pub async fn spawn_with_env(
+/// Start the workload that `init` was told of ([`PreparedInit::plan`]):
+/// hand the init `netns` (it enters it; without one it stays in sluice's)
+/// and wait for its report. Ok once the workload runs confined, as the
+/// init's child in its PID namespace; a confinement failure, a missing
+/// program or an init that does not answer within [`START_LIMIT`] is an
+/// error, with the init gone.
+pub async fn start(
     mut init: PreparedInit,
-    argv: &[OsString],
-    run_as: Option<RunAs>,
-    files: &SluiceFiles,
-    env: &[(String, String)],
     netns: Option<OwnedFd>,
 ) -> Result<Workload, ConfineError> {
-    let program = argv[0].to_string_lossy().into_owned();
-    let cwd = std::env::current_dir().map_err(ConfineError::Init)?;
-    let plan = files.plan(&cwd)?;
-    let message = InitArgs {
-        run_as,
-        files: plan,
-        env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
-        argv: argv.to_vec(),
-    }
-    .to_message()
-    .map_err(|why| ConfineError::Setup(format!("cannot tell the init what to run: {why}")))?;
-
+    let Some(Planned { program, unsent }) = init.planned.take() else {
+        return Err(ConfineError::Setup(
+            "the workload's init was not told what to run".into(),
+        ));
+    };
     // From here the init is this Workload's: dropped on an error, killed.
     let Some(Held { socket, pidfd }) = init.held.take() else {
         return Err(ConfineError::Setup(
@@ -271,7 +313,7 @@ pub async fn spawn_with_env(
     };
     drop(init);
 
-    let said = match tokio::time::timeout(START_LIMIT, tell(socket, &message, netns)).await {
+    let said = match tokio::time::timeout(START_LIMIT, tell(socket, unsent, netns)).await {
         Ok(said) => said,
         Err(_) => Err(ConfineError::Setup(format!(
             "the workload's init did not start it within {START_LIMIT:?}"
@@ -288,14 +330,15 @@ pub async fn spawn_with_env(
     Err(failed)
 }
 
-/// Send the init its message (the network namespace with the first part),
-/// then read its report: empty once the workload runs. On the runtime's
-/// own thread (the socket non-blocking, in its reactor): a helper thread
-/// would cost a thread start, a wake-up more for the report, and a join
-/// when the runtime shuts down, all on the path of every start.
+/// Send the init its go (with the network namespace), unless sending the
+/// plan failed already, then read its report: empty once the workload
+/// runs. On the runtime's own thread (the socket non-blocking, in its
+/// reactor): a helper thread would cost a thread start, a wake-up more for
+/// the report, and a join when the runtime shuts down, all on the path of
+/// every start.
 async fn tell(
     socket: OwnedFd,
-    message: &[u8],
+    unsent: Option<std::io::Error>,
     netns: Option<OwnedFd>,
 ) -> Result<Vec<u8>, ConfineError> {
     rustix::io::ioctl_fionbio(&socket, true).map_err(|e| ConfineError::Init(e.into()))?;
@@ -304,35 +347,23 @@ async fn tell(
         tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
     )
     .map_err(ConfineError::Init)?;
-    let mut parts = message.chunks(CHUNK).peekable();
-    let mut fd = netns.as_ref().map(|fd| fd.as_fd());
-    let mut sent = Ok(());
-    'parts: while let Some(part) = parts.next() {
-        let mut bytes = vec![if parts.peek().is_some() { MORE } else { LAST }];
-        bytes.extend_from_slice(part);
-        loop {
+    let sent = match unsent {
+        Some(e) => Err(e),
+        None => loop {
             let mut ready = match socket.writable().await {
                 Ok(ready) => ready,
-                Err(e) => {
-                    sent = Err(e);
-                    break 'parts;
-                }
+                Err(e) => break Err(e),
             };
-            match ready.try_io(|s| scm::send(s.get_ref().as_raw_fd(), &bytes, fd)) {
-                Ok(Ok(_)) => {
-                    fd = None;
-                    break;
-                }
-                // The init may have said why it is gone: read that below.
-                Ok(Err(e)) => {
-                    sent = Err(e);
-                    break 'parts;
-                }
+            let fd = netns.as_ref().map(|fd| fd.as_fd());
+            match ready.try_io(|s| scm::send(s.get_ref().as_raw_fd(), &[GO], fd)) {
+                Ok(sent) => break sent.map(|_| ()),
                 Err(_would_block) => continue,
             }
-        }
-    }
+        },
+    };
     drop(netns);
+    // The init may have said why it is gone: read that whether or not the
+    // go was sent.
     let mut buf = vec![0u8; 64 * 1024];
     let said = loop {
         let mut ready = socket.readable().await.map_err(ConfineError::Init)?;
