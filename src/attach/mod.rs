@@ -171,11 +171,20 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 /// bound on one thread.
 pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
     let inside = attachment.clone();
-    // libnftables loads while the namespace is made and plumbed (the apply
-    // waits for it); started from the namespace's thread, which would
-    // otherwise wait for the load to finish before it could start.
-    let (netns, sockets) =
-        SandboxNetns::started_create_and_run(enforce::preload, move || enforce_inside(&inside))?;
+    let spec = attachment.spec.clone();
+    // libnftables loads while the namespace is made (started from the
+    // namespace's thread, which would otherwise wait for the load to finish
+    // before it could start), and the table is applied and read back on a
+    // thread of its own while the links are set up: the table names no
+    // link but `lo`. The listeners bind to addresses on the links, after.
+    let (netns, sockets) = SandboxNetns::started_create_and_run(
+        enforce::preload,
+        move || enforce::start_apply_and_verify(&spec),
+        move |applying| {
+            applying?.wait()?;
+            bind_sockets(&inside)
+        },
+    )?;
     let sockets = sockets?;
     tracing::info!(
         network_non_bypassable = true,

@@ -24,7 +24,10 @@ mod readback;
 #[forbid(unsafe_code)]
 mod ruleset;
 
-pub use nft::{apply, apply_and_verify, drop_counts, dropped_packets, remove, verify};
+pub use nft::{
+    apply, apply_and_verify, drop_counts, dropped_packets, remove, start_apply_and_verify, verify,
+    Applying,
+};
 
 /// Starts loading libnftables on a thread of its own and returns at once,
 /// so that the first [`apply`] finds it loaded (about 1 ms of dynamic
@@ -134,6 +137,8 @@ pub enum EnforceError {
     Descriptors(#[source] std::io::Error),
     #[error("cannot open a netfilter netlink socket in the sandbox namespace: {0} (does this kernel have nf_tables?)")]
     Netlink(#[source] std::io::Error),
+    #[error("cannot start the thread that applies the nftables table: {0}")]
+    Thread(#[source] std::io::Error),
     #[error("libnftables could not set up a context (out of memory?); nothing was applied")]
     Context,
     #[error("invalid sandbox spec: {0}")]

@@ -67,14 +67,69 @@ pub fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
 /// `ruleset`'s unit tests pin) are what the listing is compared with.
 pub fn apply_and_verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
-    let batch = serde_json::to_value(first_ruleset(spec)).map_err(parse_err)?;
-    let first = CString::new(batch.to_string()).map_err(parse_err)?;
-    let want = Table::from_batch(&batch)?;
-    drop(batch);
+    let (first, want) = first_batch(spec)?;
     libnft::session(|nft| {
         apply_in(nft, spec, &first)?;
         verify_in(nft, spec, &want)
     })?
+}
+
+/// [`apply_and_verify`], started on a thread of its own in the CALLING
+/// THREAD's network namespace; returns at once, so that the caller can set
+/// up the namespace's links meanwhile. Only for a table that names no link
+/// but `lo` (which every namespace has from its start): a spec with a tap
+/// is refused, as its netdev chain needs the tap to exist.
+pub fn start_apply_and_verify(spec: &SandboxSpec) -> Result<Applying, EnforceError> {
+    validate(spec)?;
+    if spec.tap.is_some() {
+        return Err(EnforceError::InvalidSpec(
+            "a tap's table cannot be applied before its links exist".into(),
+        ));
+    }
+    let spec = spec.clone();
+    libnft::session_started(
+        move || first_batch(&spec).map(|batch| (spec, batch)),
+        |prepared, nft| {
+            let (spec, (first, want)) = prepared?;
+            apply_in(nft, &spec, &first)?;
+            verify_in(nft, &spec, &want)
+        },
+    )
+    .map(|handle| Applying(Some(handle)))
+    .map_err(EnforceError::Thread)
+}
+
+/// An [`apply_and_verify`] under way ([`start_apply_and_verify`]). Dropped
+/// without [`Applying::wait`], it still waits for it to end.
+pub struct Applying(
+    Option<std::thread::JoinHandle<Result<Result<(), EnforceError>, EnforceError>>>,
+);
+
+impl Applying {
+    /// Wait for the table to be applied and read back.
+    pub fn wait(mut self) -> Result<(), EnforceError> {
+        match self.0.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(result)) => result.and_then(|applied| applied),
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Applying {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The first batch, as the text to apply and the tables its `add` objects
+/// make (what the read-back is compared with).
+fn first_batch(spec: &SandboxSpec) -> Result<(CString, BTreeMap<String, Table>), EnforceError> {
+    let batch = serde_json::to_value(first_ruleset(spec)).map_err(parse_err)?;
+    let first = CString::new(batch.to_string()).map_err(parse_err)?;
+    Ok((first, Table::from_batch(&batch)?))
 }
 
 /// [`apply`]'s work on an open session.

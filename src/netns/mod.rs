@@ -137,16 +137,21 @@ impl SandboxNetns {
     pub fn create_and_run<T: Send + 'static>(
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<(SandboxNetns, T), NetnsError> {
-        SandboxNetns::started_create_and_run(|| (), f)
+        SandboxNetns::started_create_and_run(|| (), || (), |()| f())
     }
 
     /// [`SandboxNetns::create_and_run`], with `started` run first on the
-    /// new thread, still in the caller's namespace: to start work that
+    /// new thread, still in the caller's namespace (to start work that
     /// overlaps with creating the namespace and that must not begin before
-    /// this thread has started (see `enforce::preload`).
-    pub fn started_create_and_run<T: Send + 'static>(
+    /// this thread has started: see `enforce::preload`), and `entered` run
+    /// in the new namespace before its links are set up (to start work
+    /// there that overlaps with that: see `enforce::start_apply_and_verify`),
+    /// what it returns handed to `f`. Whatever `entered` starts must not
+    /// need the links (anything but `lo`).
+    pub fn started_create_and_run<E: Send + 'static, T: Send + 'static>(
         started: impl FnOnce() + Send + 'static,
-        f: impl FnOnce() -> T + Send + 'static,
+        entered: impl FnOnce() -> E + Send + 'static,
+        f: impl FnOnce(E) -> T + Send + 'static,
     ) -> Result<(SandboxNetns, T), NetnsError> {
         let handle = std::thread::Builder::new()
             .name("sluice-netns-create".into())
@@ -165,9 +170,10 @@ impl SandboxNetns {
                         source,
                     })?
                     .into();
+                let under_way = entered();
                 // Netlink sockets opened on this thread talk to the new namespace.
                 links::configure()?;
-                Ok((fd, f()))
+                Ok((fd, f(under_way)))
             })
             .map_err(NetnsError::Thread)?;
         let (fd, done) = handle.join().map_err(|_| NetnsError::ThreadPanicked)??;
