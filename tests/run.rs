@@ -709,6 +709,46 @@ fn a_run_that_fails_before_its_command_starts_leaves_no_process_behind() {
     assert_eq!(tagged_processes(&tag), Vec::<i32>::new());
 }
 
+#[test]
+fn a_run_whose_table_cannot_be_applied_never_starts_its_command() {
+    let Some(w) = World::new() else { return };
+    // A libnftables that cannot be loaded: the table fails after the init
+    // was told what to run (and set up its mounts), before its go.
+    let libs = w.dir.path().join("broken-libs");
+    std::fs::create_dir(&libs).unwrap();
+    std::fs::write(libs.join("libnftables.so.1"), b"not a library").unwrap();
+    let ran = w.dir.path().join("ran");
+    let tag = format!("SLUICE_TEST_TAG=never-started-{}", std::process::id());
+    let mut cmd = w.outer.command(sluice_bin());
+    cmd.env("LD_LIBRARY_PATH", &libs)
+        .env("SLUICE_TEST_TAG", tag.split_once('=').unwrap().1)
+        .arg("run")
+        .arg("--policy")
+        .arg(w.policy(POLICY))
+        .args(["--", "touch"])
+        .arg(&ran)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = wait_bounded(cmd.spawn().unwrap(), Duration::from_secs(60));
+    assert!(!out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("libnftables"), "{}", stderr(&out));
+    assert!(!ran.exists(), "the command ran: {}", stderr(&out));
+    assert_eq!(tagged_processes(&tag), Vec::<i32>::new());
+    // The same run with the real library starts it (the probe is sound).
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .arg("run")
+        .arg("--policy")
+        .arg(w.policy(POLICY))
+        .args(["--", "touch"])
+        .arg(&ran)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(ran.exists());
+}
+
 /// The value of a `Name:\tvalue` line.
 fn field<'a>(text: &'a str, name: &str) -> &'a str {
     text.lines()
