@@ -477,6 +477,35 @@ fn assert_sandbox_gone(inode: u64) {
 }
 
 #[test]
+fn no_process_of_the_workload_is_alive_once_sluice_has_exited() {
+    let Some(w) = World::new() else { return };
+    // The init reports the command's end before its own exit: by then it
+    // must have killed and reaped what the command left behind, and
+    // sluice must still see the init itself gone before it exits.
+    let tag = format!("SLUICE_TEST_TAG=outlives-{}", std::process::id());
+    let out = w
+        .run_command(
+            &w.policy(POLICY),
+            &[
+                "sh",
+                "-c",
+                "setsid sleep 300 & sleep 300 & trap '' TERM; exit 4",
+            ],
+        )
+        .env("SLUICE_TEST_TAG", tag.split_once('=').unwrap().1)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(out, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    // At once, not eventually: sluice has exited.
+    assert_eq!(tagged_processes(&tag), Vec::<i32>::new());
+    let inode = logged_netns_inode(&stderr(&out)).expect("sluice logs the sandbox inode");
+    assert_eq!(processes_in_netns(inode), Vec::<i32>::new());
+}
+
+#[test]
 fn nothing_is_left_of_a_background_process_once_the_command_exits() {
     let Some(w) = World::new() else { return };
     // The shell exits at once; the sleep it leaves behind dies with the
@@ -652,11 +681,34 @@ fn the_init_holds_no_descriptor_of_sluice() {
         nspid.ends_with("\t1"),
         "not PID 1 of its namespace: {nspid}"
     );
-    // Beyond 0-2: its own signalfd, and only what sluice's caller passed
-    // on to sluice (open in sluice at the same number, not close-on-exec:
-    // the test harness may leak some), never what sluice opened itself.
+    // Beyond 0-2: its own signalfd, its own end of the socket pair to
+    // sluice (a socket sluice does not hold: sluice holds the other end),
+    // and only what sluice's caller passed on to sluice (open in sluice at
+    // the same number, not close-on-exec: the test harness may leak some),
+    // never what sluice opened itself.
+    // The workload runs before its init has closed what it used to start
+    // it (the exec-status pipes): look once the init waits on its signals.
+    let signalfd = |fd: &str| {
+        std::fs::read_link(format!("/proc/{init}/fd/{fd}"))
+            .is_ok_and(|t| t.to_str() == Some("anon_inode:[signalfd]"))
+    };
+    let waiting = eventually(Duration::from_secs(30), || {
+        let syscall = std::fs::read_to_string(format!("/proc/{init}/syscall")).unwrap_or_default();
+        let mut fields = syscall.split_whitespace();
+        // read(2) on its signalfd.
+        fields.next() == Some("0")
+            && fields
+                .next()
+                .and_then(|fd| i64::from_str_radix(fd.trim_start_matches("0x"), 16).ok())
+                .is_some_and(|fd| signalfd(&fd.to_string()))
+    });
+    assert!(waiting, "the init never waited on its signals");
     let sluice: i32 = field(&status, "PPid:").parse().unwrap();
-    let mut signalfds = 0;
+    let sluice_holds: Vec<std::path::PathBuf> = std::fs::read_dir(format!("/proc/{sluice}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .collect();
+    let (mut signalfds, mut own_sockets) = (0, 0);
     for entry in std::fs::read_dir(format!("/proc/{init}/fd")).unwrap() {
         let entry = entry.unwrap();
         let fd: i32 = entry.file_name().to_str().unwrap().parse().unwrap();
@@ -666,6 +718,11 @@ fn the_init_holds_no_descriptor_of_sluice() {
         }
         if target.to_str() == Some("anon_inode:[signalfd]") {
             signalfds += 1;
+            continue;
+        }
+        let socket = target.to_str().is_some_and(|t| t.starts_with("socket:["));
+        if socket && !sluice_holds.contains(&target) {
+            own_sockets += 1;
             continue;
         }
         let info = std::fs::read_to_string(format!("/proc/{sluice}/fdinfo/{fd}"))
@@ -678,6 +735,7 @@ fn the_init_holds_no_descriptor_of_sluice() {
         );
     }
     assert_eq!(signalfds, 1);
+    assert_eq!(own_sockets, 1);
     child.kill().unwrap();
     child.wait().unwrap();
     assert_sandbox_gone(inode);

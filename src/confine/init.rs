@@ -6,9 +6,10 @@
 //! waits for the go that hands it that namespace, enters it, starts the
 //! workload confined (seccomp, capabilities, user),
 //! reaps orphans, passes on the signals sluice sends, and exits with the
-//! workload's status (128+N when signal N ended it). Its exit takes every
-//! process left in the namespace with it: the kernel kills them when a PID
-//! namespace's init dies. If sluice closes the socket without a message
+//! workload's status (128+N when signal N ended it). Before that it kills
+//! and reaps every process left in the namespace (what the kernel would do
+//! at its exit) and reports the status on the socket, so that sluice need
+//! not wait for the exit itself. If sluice closes the socket without a message
 //! (it failed, or exits, before starting a workload), the init exits 0 at
 //! once and writes nothing.
 //!
@@ -160,10 +161,22 @@ impl InitArgs {
     }
 }
 
-/// What the init reports on its socket: nothing (end of file) once the
-/// workload runs; otherwise one message, one of these and the reason.
+/// What the init reports on its socket: [`STARTED`] once the workload
+/// runs; otherwise one message, one of these and the reason.
 pub(crate) const REPORT_EXEC_FAILED: u8 = b'E';
 pub(crate) const REPORT_CONFINE_FAILED: u8 = b'C';
+pub(crate) const STARTED: u8 = b'S';
+/// Then, once the workload has ended and nothing is left in the
+/// namespace: this byte and the status the init exits with, in decimal.
+pub(crate) const EXITED: u8 = b'X';
+
+/// The status an [`EXITED`] report names, as the init's exit status.
+pub(crate) fn exit_report(said: &[u8]) -> Option<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    let code = said.strip_prefix(&[EXITED])?;
+    let code: u8 = std::str::from_utf8(code).ok()?.parse().ok()?;
+    Some(std::process::ExitStatus::from_raw(i32::from(code) << 8))
+}
 
 /// Each message of the plan sluice sends its init: this byte, then up to
 /// [`CHUNK`] bytes of [`InitArgs::to_message`]; the last one starts with
@@ -244,10 +257,18 @@ pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -
     }
     let code = match launch(ready, args.run_as) {
         Ok((workload, signals)) => {
-            // Its close is the "started": the workload did not inherit it
-            // (close-on-exec), and it has exec'd.
-            drop(socket);
-            serve(workload, signals)
+            // It has exec'd (and did not inherit the socket: close-on-exec).
+            // If sluice is gone, the parent-death signal ends this init.
+            let _ = scm::send(std::os::fd::AsRawFd::as_raw_fd(&socket), &[STARTED], None);
+            let code = serve(workload, signals);
+            // What the kernel would do at this init's exit, done first, so
+            // that sluice can go on while the exit itself (the mount
+            // namespace's teardown) runs.
+            end_namespace();
+            let mut said = vec![EXITED];
+            said.extend_from_slice((code & 0xff).to_string().as_bytes());
+            let _ = scm::send(std::os::fd::AsRawFd::as_raw_fd(&socket), &said, None);
+            code
         }
         Err(Failure::Confine(why)) => {
             report(REPORT_CONFINE_FAILED, why.as_bytes());
@@ -436,6 +457,19 @@ fn reap(workload: Pid) -> Option<i32> {
             }
             Ok(WaitStatus::StillAlive) | Err(_) => return ended,
             Ok(_) => {}
+        }
+    }
+}
+
+/// Kill every process left in the namespace (kill(-1) from its init) and
+/// reap each, until none is left.
+fn end_namespace() {
+    let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+    loop {
+        match waitpid(None, None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            // ECHILD: nothing left.
+            Err(_) => return,
         }
     }
 }

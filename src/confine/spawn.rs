@@ -22,7 +22,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::child::{self, Forked};
 use super::init::{
-    self, InitArgs, CHUNK, GO, LAST, MORE, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED,
+    self, InitArgs, CHUNK, GO, LAST, MORE, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED, STARTED,
 };
 use super::{scm, ConfineError, RunAs, SluiceFiles};
 
@@ -210,11 +210,26 @@ impl Drop for PreparedInit {
 
 /// A started workload's init, as sluice holds it: what
 /// `tokio::process::Child` offers for it (wait, kill, pid), through a
-/// pidfd. Dropped before it was reaped, it is killed (SIGKILL).
+/// pidfd, and the socket on which the init reports the workload's end.
+/// Dropped before it was reaped, it is killed (SIGKILL), unless it
+/// reported the end already: then it is on its way out, and the drop
+/// waits for it.
 pub struct Workload {
     pid: u32,
     pidfd: AsyncFd<OwnedFd>,
+    /// Until the init has reported the workload's end, or closed it.
+    socket: Option<AsyncFd<OwnedFd>>,
+    /// What the init reported: its own exit status to come.
+    reported: Option<ExitStatus>,
+    /// Once it has been reaped.
     status: Option<ExitStatus>,
+}
+
+/// What woke a [`Workload::wait`].
+enum Woken {
+    Exited,
+    Said(Option<ExitStatus>),
+    Closed,
 }
 
 impl Workload {
@@ -223,26 +238,70 @@ impl Workload {
         self.status.is_none().then_some(self.pid)
     }
 
-    /// Wait for the init to exit (and reap it); its status after that.
+    /// Wait for the workload to end: for the init's report (it has killed
+    /// and reaped every process left in its namespace, and exits with this
+    /// status; it is reaped when this is dropped), or else for the init to
+    /// exit (reaping it). Its exit status after that.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         loop {
             if let Some(status) = self.try_wait()? {
                 return Ok(status);
             }
-            // A pidfd is readable once its process has exited.
-            let mut ready = self.pidfd.readable().await?;
-            ready.clear_ready();
+            let woken = match &self.socket {
+                Some(socket) => tokio::select! {
+                    // A pidfd is readable once its process has exited.
+                    ready = self.pidfd.readable() => {
+                        ready?.clear_ready();
+                        Woken::Exited
+                    }
+                    ready = socket.readable() => {
+                        let mut ready = ready?;
+                        let mut buf = [0u8; 16];
+                        match ready.try_io(|s| scm::recv(s.get_ref(), &mut buf)) {
+                            Ok(Ok(got)) if got.bytes == 0 => Woken::Closed,
+                            Ok(Ok(got)) => Woken::Said(init::exit_report(&buf[..got.bytes])),
+                            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Ok(Err(_)) => Woken::Closed,
+                            Err(_would_block) => continue,
+                        }
+                    }
+                },
+                None => {
+                    let mut ready = self.pidfd.readable().await?;
+                    ready.clear_ready();
+                    Woken::Exited
+                }
+            };
+            match woken {
+                Woken::Exited => {}
+                // Anything else on the socket is not a report: wait for the
+                // init's own exit instead.
+                Woken::Said(None) | Woken::Closed => self.socket = None,
+                Woken::Said(Some(status)) => {
+                    self.socket = None;
+                    self.reported = Some(status);
+                }
+            }
         }
     }
 
-    /// Its status if it has exited (reaping it), without waiting.
+    /// Its status if it has exited (reaping it) or reported the workload's
+    /// end, without waiting.
     pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
         if let Some(status) = self.status {
             return Ok(Some(status));
         }
+        if let Some(status) = self.reap(WaitIdOptions::NOHANG)? {
+            return Ok(Some(status));
+        }
+        Ok(self.reported)
+    }
+
+    /// Reap the init if it has exited (waiting for that without `NOHANG`).
+    fn reap(&mut self, options: WaitIdOptions) -> std::io::Result<Option<ExitStatus>> {
         let Some(info) = rustix::process::waitid(
             WaitId::PidFd(self.pidfd.get_ref().as_fd()),
-            WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+            WaitIdOptions::EXITED | options,
         )?
         else {
             return Ok(None);
@@ -278,7 +337,14 @@ impl Workload {
 
 impl Drop for Workload {
     fn drop(&mut self) {
-        if self.status.is_none() {
+        if self.status.is_some() {
+            return;
+        }
+        if self.reported.is_some() {
+            // Exiting on its own, with nothing left in its namespace: see it
+            // gone before sluice is (its exit is the kernel's work alone).
+            let _ = self.reap(WaitIdOptions::empty());
+        } else {
             let _ = self.start_kill();
             let _ = self.try_wait();
         }
@@ -309,6 +375,8 @@ pub async fn start(
     let mut workload = Workload {
         pid: init.id(),
         pidfd: child::async_pidfd(pidfd).map_err(ConfineError::Init)?,
+        socket: None,
+        reported: None,
         status: None,
     };
     drop(init);
@@ -320,8 +388,14 @@ pub async fn start(
         ))),
     };
     let failed = match said {
-        Ok(said) if said.is_empty() => return Ok(workload),
-        Ok(said) => report_error(&program, &said),
+        Ok((said, socket)) if said == [STARTED] => {
+            workload.socket = Some(socket);
+            return Ok(workload);
+        }
+        Ok((said, _)) if said.is_empty() => ConfineError::Setup(
+            "the workload's init exited before it said whether the workload started".into(),
+        ),
+        Ok((said, _)) => report_error(&program, &said),
         Err(err) => err,
     };
     // Nothing runs: see the init gone before saying so.
@@ -331,8 +405,8 @@ pub async fn start(
 }
 
 /// Send the init its go (with the network namespace), unless sending the
-/// plan failed already, then read its report: empty once the workload
-/// runs. On the runtime's own thread (the socket non-blocking, in its
+/// plan failed already, then read its report ([`STARTED`] once the
+/// workload runs), and hand back the socket for the report of its end. On the runtime's own thread (the socket non-blocking, in its
 /// reactor): a helper thread would cost a thread start, a wake-up more for
 /// the report, and a join when the runtime shuts down, all on the path of
 /// every start.
@@ -340,7 +414,7 @@ async fn tell(
     socket: OwnedFd,
     unsent: Option<std::io::Error>,
     netns: Option<OwnedFd>,
-) -> Result<Vec<u8>, ConfineError> {
+) -> Result<(Vec<u8>, AsyncFd<OwnedFd>), ConfineError> {
     rustix::io::ioctl_fionbio(&socket, true).map_err(|e| ConfineError::Init(e.into()))?;
     let socket = child::async_fd(
         socket,
@@ -378,7 +452,7 @@ async fn tell(
         Err(e) if said.is_empty() => Err(ConfineError::Setup(format!(
             "the workload's init is gone: cannot send it what to run: {e}"
         ))),
-        _ => Ok(said),
+        _ => Ok((said, socket)),
     }
 }
 
