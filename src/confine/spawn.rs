@@ -388,13 +388,14 @@ pub async fn start(
         ))),
     };
     let failed = match said {
-        Ok((said, socket)) if said == [STARTED] => {
+        // The end of file: the init is gone without a report, as when it
+        // is killed after the workload's exec and before it could say so.
+        // Whatever ran is that init's to account for: its exit status
+        // (wait) says how it ended, as for a workload killed later.
+        Ok((said, socket)) if said == [STARTED] || said.is_empty() => {
             workload.socket = Some(socket);
             return Ok(workload);
         }
-        Ok((said, _)) if said.is_empty() => ConfineError::Setup(
-            "the workload's init exited before it said whether the workload started".into(),
-        ),
         Ok((said, _)) => report_error(&program, &said),
         Err(err) => err,
     };
