@@ -1,11 +1,10 @@
 //! The sluice binary: parse, set up logging, run, map errors to exit codes.
 
-use clap::Parser;
 use sluice::cli::Cli;
 
 fn main() {
-    let cli = Cli::parse();
-    init_logging(cli.verbose);
+    let cli = Cli::from_command_line();
+    init_logging(cli.global.verbose);
     let code = match sluice::cli::execute(cli) {
         Ok(code) => code,
         Err(err) => {

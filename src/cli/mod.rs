@@ -19,7 +19,9 @@ pub mod run;
 pub mod status;
 pub mod vm;
 
-use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 
 /// Exit statuses of sluice's own failures (a wrapped command's status is
 /// passed through unchanged).
@@ -37,9 +39,12 @@ pub mod exit {
     pub const COMMAND_NOT_FOUND: i32 = 127;
 }
 
+/// The program's name, as its help and errors say it.
+const NAME: &str = "sluice";
+
 #[derive(Debug, Parser)]
 #[command(
-    name = "sluice",
+    name = NAME,
     version,
     about = "A transparent egress proxy for sandboxes",
     long_about = "sluice runs untrusted code in a network namespace whose only way out is sluice.\n\
@@ -53,17 +58,58 @@ enforce (not root, libnftables (the nftables package) missing, ruleset read-back
 status`).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
 )]
 pub struct Cli {
-    /// More log output (-v info, -vv debug). Logs go to stderr.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
-    pub verbose: u8,
+    #[command(flatten)]
+    pub global: GlobalArgs,
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The options every command takes.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// More log output (-v info, -vv debug). Logs go to stderr.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+}
+
+impl Cli {
+    /// This process's command line, parsed; on bad arguments, `--help` or
+    /// `--version` it prints clap's message and exits, as `Parser::parse`.
+    pub fn from_command_line() -> Cli {
+        Cli::try_from_argv(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// `argv` parsed. `sluice run` is what wraps every short command, so
+    /// for it only its own subcommand is built (see [`run_only`]):
+    /// building all of sluice's takes about half a millisecond, paid at
+    /// every start. Anything else is parsed by the whole command.
+    pub fn try_from_argv(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+        let argv: Vec<OsString> = argv.into_iter().collect();
+        if argv.get(1).is_some_and(|first| first == "run") {
+            let matches = run_only().try_get_matches_from(argv)?;
+            return Cli::from_arg_matches(&matches);
+        }
+        Cli::try_parse_from(argv)
+    }
+}
+
+/// The part of [`Cli`]'s command that `sluice run ...` reaches: the same
+/// names, options and texts (tests pin that its help, usage and errors are
+/// the whole command's), without the other subcommands.
+fn run_only() -> clap::Command {
+    let top = clap::Command::new(NAME);
+    let run = <run::RunArgs as Args>::augment_args(clap::Command::new("run"))
+        .about(run::ABOUT)
+        .after_help(run::AFTER_HELP);
+    <GlobalArgs as Args>::augment_args(top)
+        .subcommand(run)
+        .subcommand_required(true)
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a command in a sandbox whose only network path is sluice.
-    #[command(after_help = run::AFTER_HELP)]
+    // Its texts are constants that `run_only` shares.
+    #[command(about = run::ABOUT, after_help = run::AFTER_HELP)]
     Run(run::RunArgs),
     /// Validate a policy file; prints a summary or every error with file:line:column.
     Check(check::CheckArgs),
@@ -194,5 +240,99 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
         exit::BAD_INPUT
     } else {
         exit::CANNOT_ENFORCE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `sluice run`'s short parse ([`run_only`]) must be indistinguishable
+    //! from the whole command's.
+
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    fn whole_run() -> clap::Command {
+        let mut whole = Cli::command();
+        whole.build();
+        whole
+            .find_subcommand("run")
+            .expect("sluice has a run subcommand")
+            .clone()
+    }
+
+    fn short_run() -> clap::Command {
+        let mut short = run_only();
+        short.build();
+        short
+            .find_subcommand("run")
+            .expect("run_only has run")
+            .clone()
+    }
+
+    #[test]
+    fn run_help_is_the_same_from_the_short_parse() {
+        let (mut whole, mut short) = (whole_run(), short_run());
+        assert_eq!(
+            short.render_long_help().to_string(),
+            whole.render_long_help().to_string()
+        );
+        assert_eq!(
+            short.render_help().to_string(),
+            whole.render_help().to_string()
+        );
+        assert_eq!(
+            short.render_usage().to_string(),
+            whole.render_usage().to_string()
+        );
+    }
+
+    #[test]
+    fn run_arguments_parse_the_same_from_the_short_parse() {
+        for args in [
+            &["sluice", "run", "--policy", "p.yaml", "--", "true"][..],
+            &[
+                "sluice", "run", "-vv", "--bundle", "b", "--trust", "k", "--user", "nobody", "--",
+                "sh", "-c", "x",
+            ],
+            &[
+                "sluice", "run", "--policy", "p.yaml", "--audit", "a.log", "--", "env", "-i",
+            ],
+        ] {
+            let short = Cli::try_from_argv(argv(args)).expect("parses");
+            let whole = Cli::try_parse_from(args).expect("parses");
+            assert_eq!(format!("{short:?}"), format!("{whole:?}"), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn run_errors_are_the_same_from_the_short_parse() {
+        for args in [
+            &["sluice", "run", "--polcy", "p.yaml", "--", "true"][..],
+            &["sluice", "run", "--policy", "p.yaml"],
+            &["sluice", "run", "--", "true"],
+            &["sluice", "run", "--bundle", "b", "--", "true"],
+            &["sluice", "run", "--version"],
+            &["sluice", "run", "--help"],
+        ] {
+            let short = Cli::try_from_argv(argv(args)).expect_err("refused");
+            let whole = Cli::try_parse_from(args).expect_err("refused");
+            assert_eq!(short.kind(), whole.kind(), "{args:?}");
+            assert_eq!(short.render().to_string(), whole.render().to_string());
+        }
+    }
+
+    #[test]
+    fn other_commands_are_parsed_by_the_whole_command() {
+        let cli = Cli::try_from_argv(argv(&["sluice", "-v", "run", "--policy", "p", "--", "x"]))
+            .expect("parses");
+        assert_eq!(cli.global.verbose, 1);
+        assert!(matches!(cli.command, Command::Run(_)));
+        let cli = Cli::try_from_argv(argv(&["sluice", "check", "--policy", "p"])).expect("parses");
+        assert!(matches!(cli.command, Command::Check(_)));
     }
 }

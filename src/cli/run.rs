@@ -7,6 +7,9 @@ use clap::Args;
 
 use super::args::{policy_source, PolicySourceArgs, RecordArgs};
 
+/// `sluice run --help`'s first line.
+pub const ABOUT: &str = "Run a command in a sandbox whose only network path is sluice.";
+
 pub const AFTER_HELP: &str =
     "Example:\n  sluice run --policy policies/dev.yaml -- curl -sS http://origin.test:8080/\n\n\
 Allowed connections behave as without sluice. Denied plain-HTTP requests get a 403 naming the \
