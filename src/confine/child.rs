@@ -18,7 +18,7 @@ use std::os::unix::process::CommandExt;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
-use super::seccomp::Filters;
+use super::seccomp::LastFilter;
 use super::RunAs;
 
 /// Everything a child does before exec, in this order (each step optional).
@@ -53,9 +53,10 @@ pub(crate) enum Parent {
     Pid(nix::unistd::Pid),
 }
 
-/// The workload's seccomp filters, capabilities and ids.
+/// The workload's seccomp filter (the last one: its parent, the init,
+/// installed the others), capabilities and ids.
 pub(crate) struct WorkloadConfinement {
-    pub filters: Filters,
+    pub filter: LastFilter,
     /// Dropped from the bounding set (only those this kernel knows).
     pub drop_bounding: Vec<rustix::thread::CapabilitySet>,
     pub run_as: Option<RunAs>,
@@ -188,7 +189,7 @@ impl WorkloadConfinement {
     /// capabilities, then the ids.
     fn run(&self, fail: &impl Fn(Step, i32) -> i32) -> Result<(), i32> {
         let io = |step: Step| move |e: rustix::io::Errno| fail(step, e.raw_os_error());
-        self.filters
+        self.filter
             .install_in_child()
             .map_err(|e| fail(Step::Seccomp, e))?;
         for &cap in &self.drop_bounding {

@@ -2,9 +2,10 @@
 //! ([`super::PreparedInit`]: while sluice still runs one thread, as the
 //! first process of a fresh PID namespace); it waits on a socket for the
 //! plan saying what to run ([`InitArgs`]), sets up the mount namespace and
-//! builds the seccomp filter while sluice makes the network namespace,
-//! waits for the go that hands it that namespace, enters it, starts the
-//! workload confined (seccomp, capabilities, user),
+//! puts itself under the seccomp filters but setns(2)'s while sluice makes
+//! the network namespace, waits for the go that hands it that namespace,
+//! enters it, starts the workload confined (the setns filter,
+//! capabilities, user),
 //! reaps orphans, passes on the signals sluice sends, and exits with the
 //! workload's status (128+N when signal N ended it). Before that it kills
 //! and reaps every process left in the namespace (what the kernel would do
@@ -349,7 +350,8 @@ struct Ready {
 }
 
 /// Everything that need not wait for the network namespace: the signals
-/// taken, the mount namespace, the seccomp filter built, the command set up.
+/// taken, the mount namespace, the seccomp filters installed (all but the
+/// one refusing setns(2)), the command set up.
 fn confine(args: &InitArgs) -> Result<Ready, String> {
     let taken = taken_signals();
     // Blocked already (sluice did it before the fork); again, to be sure.
@@ -359,7 +361,10 @@ fn confine(args: &InitArgs) -> Result<Ready, String> {
     let signals = SignalFd::with_flags(&taken, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC)
         .map_err(|e| e.to_string())?;
     mounts::confine(&args.files).map_err(|e| e.to_string())?;
-    let filters = seccomp::build().map_err(|e| e.to_string())?;
+    // After the mounts, which the filters refuse.
+    let filter = seccomp::build()
+        .and_then(seccomp::Filters::install_in_init)
+        .map_err(|e| e.to_string())?;
 
     // std's spawn carries only an errno back, which cannot tell a
     // confinement failure (exit 3, nothing ran) from a missing program
@@ -374,7 +379,7 @@ fn confine(args: &InitArgs) -> Result<Ready, String> {
         ChildSetup {
             signal_mask: Some((SigmaskHow::SIG_SETMASK, SigSet::empty())),
             workload: Some(WorkloadConfinement {
-                filters,
+                filter,
                 drop_bounding: super::caps::bounding_to_drop(),
                 run_as: args.run_as,
             }),

@@ -175,10 +175,17 @@ const SOCKET_FAMILIES: [libc::c_int; 4] = [
 /// ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO).
 const PERSONALITIES: [u64; 5] = [0, 0x0008, 0x20000, 0x20008, 0xffff_ffff];
 
-/// The filters to install, in order.
+/// Every filter, built; installed in two steps (see [`Filters::install_in_init`]).
 pub struct Filters {
-    programs: Vec<BpfProgram>,
+    /// Every refusal but setns(2).
+    early: Vec<BpfProgram>,
+    /// setns(2) alone.
+    last: BpfProgram,
 }
+
+/// The filter the workload's process still adds between fork and exec:
+/// what [`Filters::install_in_init`] leaves, and the only way to get it.
+pub struct LastFilter(BpfProgram);
 
 /// Build every filter (done in the init, before the workload is forked).
 pub fn build() -> Result<Filters, SeccompError> {
@@ -190,27 +197,49 @@ pub fn build() -> Result<Filters, SeccompError> {
         [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
         libc::ENOSYS,
     )?;
-    let mut programs = vec![clone3, refused];
+    let mut early = vec![clone3, refused];
     #[cfg(target_arch = "x86_64")]
-    programs.push(x32_guard());
-    Ok(Filters { programs })
+    early.push(x32_guard());
+    let last = refuse(
+        [(libc::SYS_setns, Vec::new())].into_iter().collect(),
+        libc::EPERM,
+    )?;
+    Ok(Filters { early, last })
 }
 
 impl Filters {
-    /// Install every filter on the calling thread: the workload's process,
-    /// between fork and exec (see `child`), so nothing here allocates; a
-    /// failure is its errno. seccompiler sets no_new_privs first, so a
-    /// setuid or file-capability program in the sandbox gains nothing.
-    pub(crate) fn install_in_child(&self) -> Result<(), i32> {
-        for program in &self.programs {
-            seccompiler::apply_filter(program).map_err(|e| match e {
-                seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => {
-                    e.raw_os_error().unwrap_or(libc::EINVAL)
-                }
-                _ => libc::EINVAL,
+    /// Install every filter but setns(2)'s on the calling thread: the
+    /// init's, before sluice's go, so that the kernel's check of the long
+    /// filter (about 0.2 ms) is not on the start's longest path. The init
+    /// runs under them from then on, which it can: after its mounts it
+    /// makes none of the calls they refuse, but the setns(2) into the
+    /// sandbox's namespace at the go, which [`LastFilter`] refuses in the
+    /// workload's process. The workload gets every filter either way: it
+    /// inherits these, and it can be confined only with the `LastFilter`
+    /// that this returns. seccompiler sets no_new_privs first, so a setuid
+    /// or file-capability program in the sandbox gains nothing.
+    pub(crate) fn install_in_init(self) -> Result<LastFilter, SeccompError> {
+        for program in &self.early {
+            seccompiler::apply_filter(program).map_err(|e| SeccompError {
+                what: "install",
+                cause: e.to_string(),
             })?;
         }
-        Ok(())
+        Ok(LastFilter(self.last))
+    }
+}
+
+impl LastFilter {
+    /// Install the last filter on the calling thread: the workload's
+    /// process, between fork and exec (see `child`), so nothing here
+    /// allocates; a failure is its errno.
+    pub(crate) fn install_in_child(&self) -> Result<(), i32> {
+        seccompiler::apply_filter(&self.0).map_err(|e| match e {
+            seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => {
+                e.raw_os_error().unwrap_or(libc::EINVAL)
+            }
+            _ => libc::EINVAL,
+        })
     }
 }
 
@@ -234,8 +263,12 @@ fn refused_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     };
     let rule = |conditions| SeccompRule::new(conditions).map_err(not_built);
 
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        REFUSED.iter().map(|(nr, _why)| (*nr, Vec::new())).collect();
+    // setns(2) is the last filter's (see `Filters::install_in_init`).
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = REFUSED
+        .iter()
+        .filter(|(nr, _why)| *nr != libc::SYS_setns)
+        .map(|(nr, _why)| (*nr, Vec::new()))
+        .collect();
     let namespace_rules = |arg, flags: &[libc::c_int]| -> Result<Vec<SeccompRule>, SeccompError> {
         flags
             .iter()
@@ -383,8 +416,9 @@ mod tests {
     #[test]
     fn the_filters_build_for_this_architecture() {
         let filters = build().unwrap();
-        assert!(filters.programs.len() >= 2);
-        assert!(filters.programs.iter().all(|p| !p.is_empty()));
+        assert!(filters.early.len() >= 2);
+        assert!(filters.early.iter().all(|p| !p.is_empty()));
+        assert!(!filters.last.is_empty());
     }
 
     #[test]
