@@ -54,7 +54,7 @@ fn allowed_request_returns_a_1_mib_body_intact() {
 }
 
 #[test]
-fn two_workers_with_shared_listeners_relay_every_connection() {
+fn two_workers_with_shared_listeners_relay_every_connection_and_both_serve() {
     let Some(w) = World::new() else { return };
     w.http_origin("198.18.0.1:8080");
     let child = w
@@ -72,6 +72,7 @@ fn two_workers_with_shared_listeners_relay_every_connection() {
             ],
         )
         .env("SLUICE_WORKERS", "2")
+        .env("RUST_LOG", "sluice=debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -88,6 +89,71 @@ fn two_workers_with_shared_listeners_relay_every_connection() {
         "sluice counts every connection: {}",
         stderr(&out)
     );
+    // The kernel spreads connections over the two listeners by their
+    // addresses: with 64 source ports, each worker gets some (the odds of
+    // one getting none are 2 in 2^64).
+    let accepted = |worker: &str| -> u64 {
+        stderr(&out)
+            .lines()
+            .filter(|l| l.contains("proxy listener closed") && l.contains(worker))
+            .filter_map(|l| {
+                l.split("accepted=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let (first, second) = (accepted("worker=0"), accepted("worker=1"));
+    assert_eq!(first + second, 64, "{}", stderr(&out));
+    assert!(
+        first > 0 && second > 0,
+        "both workers accept: {first} and {second}"
+    );
+}
+
+#[test]
+fn two_workers_deny_and_audit_every_connection_whichever_worker_takes_it() {
+    let Some(w) = World::new() else { return };
+    let hits = w.http_origin("198.18.0.1:8082");
+    let child = w
+        .run_command(
+            &w.policy(POLICY),
+            &[
+                sluice_bin(),
+                "probe",
+                "http",
+                "--count",
+                "32",
+                "--concurrency",
+                "8",
+                "http://198.18.0.1:8082/",
+            ],
+        )
+        .env("SLUICE_WORKERS", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "every request is refused: {}",
+        stderr(&out)
+    );
+    assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let audit = w.audit();
+    assert_eq!(
+        audit.len(),
+        32,
+        "one record per denied connection: {audit:?}"
+    );
+    assert!(audit
+        .iter()
+        .all(|r| r["verdict"] == "deny" && r["dst"] == "198.18.0.1:8082"));
 }
 
 #[test]

@@ -2,10 +2,17 @@
 //!
 //! Each worker gets its own proxy listener per address (SO_REUSEPORT, see
 //! `attach::set_listeners_per_address`): the kernel spreads connections
-//! over the listeners, and a connection's task starts on the worker whose
-//! listener accepted it.
+//! over the listeners. One sandbox (`run`, `oci`, `vm`) with more than one
+//! worker is served thread-per-core: the main thread's single-threaded
+//! runtime and, per extra worker, a thread with a single-threaded runtime
+//! of its own ([`side_workers`]) that accepts on its own listeners and
+//! keeps every connection it accepted, so no task or wake-up crosses
+//! threads. The daemon keeps tokio's multi-threaded runtime.
+
+use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
+use tokio::runtime::Handle;
 
 /// `SLUICE_WORKERS` is not a worker count (bad input, exit 2).
 #[derive(Debug, thiserror::Error)]
@@ -39,12 +46,51 @@ fn build(workers: usize) -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// One sandbox (`run`, `oci`) is served on one thread by default: no task
-/// ever hops between threads, which measured a little less CPU per
-/// connection than a two-worker runtime on these 2-vCPU machines, where the
-/// workload and its peers need the other core.
+/// The extra workers of a thread-per-core process, in order (worker 1 is
+/// the first); empty unless [`one_sandbox`] started some.
+static SIDE_WORKERS: OnceLock<Vec<Handle>> = OnceLock::new();
+
+/// The runtimes of the workers after the first (the main thread's), each
+/// driven by a thread of its own for the rest of the process. A task
+/// spawned on one stays on that thread, and so do the sockets it opens.
+pub fn side_workers() -> &'static [Handle] {
+    SIDE_WORKERS.get().map_or(&[], Vec::as_slice)
+}
+
+/// Start `n` threads, each driving a single-threaded runtime of its own.
+/// They park in their runtime until the process exits: nothing waits for
+/// them at exit, and a sandbox's drain waits for the tasks it put there.
+fn start_side_workers(n: usize) -> Result<Vec<Handle>> {
+    (1..=n)
+        .map(|index| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start a worker's async runtime")?;
+            let handle = runtime.handle().clone();
+            std::thread::Builder::new()
+                .name(format!("sluice-worker-{index}"))
+                .spawn(move || runtime.block_on(std::future::pending::<()>()))
+                .context("cannot start a worker thread")?;
+            Ok(handle)
+        })
+        .collect()
+}
+
+/// One sandbox (`run`, `oci`, `vm`) is served on one thread by default: no
+/// task ever hops between threads, and on these 2-vCPU machines the
+/// workload and its peers need the other core. With `SLUICE_WORKERS=n` it
+/// is served thread-per-core by n threads.
 pub fn one_sandbox() -> Result<tokio::runtime::Runtime> {
-    build(workers(1)?)
+    let workers = workers(1)?;
+    crate::attach::set_listeners_per_address(workers);
+    if workers > 1 && SIDE_WORKERS.get().is_none() {
+        let _ = SIDE_WORKERS.set(start_side_workers(workers - 1)?);
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }
 
 /// The daemon serves many sandboxes and gets a worker per core.

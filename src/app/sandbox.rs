@@ -93,13 +93,25 @@ impl ServedSandbox {
         let proxy_ctx = Arc::new(proxy_ctx);
 
         let mut drain = Drain::new("sandbox");
-        for listener in &sandbox.sockets.proxy {
+        // The listeners come `workers` per address, in order: the k-th of
+        // each address is served by worker k (the main runtime is worker
+        // 0; see `runtime::side_workers`).
+        let side = super::runtime::side_workers();
+        for (index, listener) in sandbox.sockets.proxy.iter().enumerate() {
+            let (ctx, watch) = (proxy_ctx.clone(), drain.watch());
+            let number = index % (side.len() + 1);
+            let worker = number.checked_sub(1).map(|k| &side[k]);
+            // Registered with the reactor of the runtime that will poll it.
+            let _on_worker = worker.map(|w| w.enter());
             let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-            drain.spawn(crate::proxy::serve(
-                listener,
-                proxy_ctx.clone(),
-                drain.watch(),
-            ));
+            let serve = async move {
+                let accepted = crate::proxy::serve(listener, ctx, watch).await;
+                tracing::debug!(worker = number, accepted, "proxy listener closed");
+            };
+            match worker {
+                None => drain.spawn(serve),
+                Some(worker) => drain.spawn(on_worker(worker, serve)),
+            }
         }
         for socket in &sandbox.sockets.dns_udp {
             let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
@@ -231,6 +243,30 @@ impl Resolver for SandboxResolver {
 
     fn verify<'a>(&'a self, name: &'a str, ip: IpAddr) -> Verifying<'a> {
         Box::pin(self.0.verify(name, ip))
+    }
+}
+
+/// Run `task` on `worker`'s thread and wait for it here, so the drain that
+/// awaits this waits for it; if the drain gives up on this, the task is
+/// aborted on its worker too.
+fn on_worker(
+    worker: &tokio::runtime::Handle,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    struct AbortOnDrop(tokio::task::AbortHandle);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let task = worker.spawn(task);
+    async move {
+        let _abort = AbortOnDrop(task.abort_handle());
+        if let Err(err) = task.await {
+            if err.is_panic() {
+                tracing::error!(%err, "a worker's listener task panicked");
+            }
+        }
     }
 }
 

@@ -180,8 +180,9 @@ impl ProxyContext {
 
 /// Accept connections on `listener` until the drain starts, then let the
 /// connections in flight finish until the drain's deadline, when those
-/// still open are closed.
-pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) {
+/// still open are closed. Returns how many connections this listener
+/// accepted.
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) -> u64 {
     accept_until_drained(listener, ctx, drain, |stream, peer, ctx| async move {
         connection::handle(stream, peer, &ctx).await
     })
@@ -196,11 +197,13 @@ async fn accept_until_drained<H, F>(
     ctx: Arc<ProxyContext>,
     drain: Watch,
     handle: H,
-) where
+) -> u64
+where
     H: Fn(TcpStream, SocketAddr, Arc<ProxyContext>) -> F + Clone + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
     let mut connections = JoinSet::new();
+    let mut accepted_here = 0;
     // One future for the whole accept loop: nothing is set up per connection.
     let draining = drain.draining();
     tokio::pin!(draining);
@@ -250,6 +253,7 @@ async fn accept_until_drained<H, F>(
             }
         };
         ctx.accepted.fetch_add(1, Ordering::Relaxed);
+        accepted_here += 1;
         // The handler's future is made inside the task: an async block that
         // awaited a future it had captured would hold it twice (the
         // capture and the awaited value are not laid over each other),
@@ -275,6 +279,7 @@ async fn accept_until_drained<H, F>(
         // Each connection's outcome guard records it as it is dropped.
         connections.shutdown().await;
     }
+    accepted_here
 }
 
 #[cfg(test)]
