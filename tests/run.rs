@@ -57,27 +57,12 @@ fn allowed_request_returns_a_1_mib_body_intact() {
 fn two_workers_with_shared_listeners_relay_every_connection_and_both_serve() {
     let Some(w) = World::new() else { return };
     w.http_origin("198.18.0.1:8080");
-    let child = w
-        .run_command(
-            &w.policy(POLICY),
-            &[
-                sluice_bin(),
-                "probe",
-                "http",
-                "--count",
-                "64",
-                "--concurrency",
-                "8",
-                "http://198.18.0.1:8080/bytes/1024",
-            ],
-        )
-        .env("SLUICE_WORKERS", "2")
-        .env("RUST_LOG", "sluice=debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    let out = wait_bounded(child, Duration::from_secs(60));
+    let out = w.probe_on_workers(
+        &w.policy(POLICY),
+        2,
+        64,
+        "http://198.18.0.1:8080/bytes/1024",
+    );
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     assert!(
@@ -92,25 +77,11 @@ fn two_workers_with_shared_listeners_relay_every_connection_and_both_serve() {
     // The kernel spreads connections over the two listeners by their
     // addresses: with 64 source ports, each worker gets some (the odds of
     // one getting none are 2 in 2^64).
-    let accepted = |worker: &str| -> u64 {
-        stderr(&out)
-            .lines()
-            .filter(|l| l.contains("proxy listener closed") && l.contains(worker))
-            .filter_map(|l| {
-                l.split("accepted=")
-                    .nth(1)?
-                    .split_whitespace()
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    };
-    let (first, second) = (accepted("worker=0"), accepted("worker=1"));
-    assert_eq!(first + second, 64, "{}", stderr(&out));
+    let accepted = accepted_per_worker(&out, 2);
+    assert_eq!(accepted.iter().sum::<u64>(), 64, "{}", stderr(&out));
     assert!(
-        first > 0 && second > 0,
-        "both workers accept: {first} and {second}"
+        accepted.iter().all(|&n| n > 0),
+        "both workers accept: {accepted:?}"
     );
 }
 
@@ -118,26 +89,7 @@ fn two_workers_with_shared_listeners_relay_every_connection_and_both_serve() {
 fn two_workers_deny_and_audit_every_connection_whichever_worker_takes_it() {
     let Some(w) = World::new() else { return };
     let hits = w.http_origin("198.18.0.1:8082");
-    let child = w
-        .run_command(
-            &w.policy(POLICY),
-            &[
-                sluice_bin(),
-                "probe",
-                "http",
-                "--count",
-                "32",
-                "--concurrency",
-                "8",
-                "http://198.18.0.1:8082/",
-            ],
-        )
-        .env("SLUICE_WORKERS", "2")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    let out = wait_bounded(child, Duration::from_secs(60));
+    let out = w.probe_on_workers(&w.policy(POLICY), 2, 32, "http://198.18.0.1:8082/");
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -145,6 +97,14 @@ fn two_workers_deny_and_audit_every_connection_whichever_worker_takes_it() {
         stderr(&out)
     );
     assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // Both workers took denied connections (the odds of one taking none
+    // of 32 are 2 in 2^32), and every one of them was audited.
+    let accepted = accepted_per_worker(&out, 2);
+    assert_eq!(accepted.iter().sum::<u64>(), 32, "{}", stderr(&out));
+    assert!(
+        accepted.iter().all(|&n| n > 0),
+        "both workers deny: {accepted:?}"
+    );
     let audit = w.audit();
     assert_eq!(
         audit.len(),

@@ -31,13 +31,13 @@ fn workers(default: usize) -> Result<usize, BadWorkers> {
     }
 }
 
-fn build(workers: usize) -> Result<tokio::runtime::Runtime> {
-    crate::attach::set_listeners_per_address(workers);
-    let mut builder = if workers == 1 {
+/// A runtime driven by `threads` threads: single-threaded for one.
+fn build(threads: usize) -> Result<tokio::runtime::Runtime> {
+    let mut builder = if threads == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
         let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(workers);
+        b.worker_threads(threads);
         b
     };
     builder
@@ -63,10 +63,7 @@ pub fn side_workers() -> &'static [Handle] {
 fn start_side_workers(n: usize) -> Result<Vec<Handle>> {
     (1..=n)
         .map(|index| {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("cannot start a worker's async runtime")?;
+            let runtime = build(1).context("cannot start a worker's async runtime")?;
             let handle = runtime.handle().clone();
             std::thread::Builder::new()
                 .name(format!("sluice-worker-{index}"))
@@ -87,14 +84,13 @@ pub fn one_sandbox() -> Result<tokio::runtime::Runtime> {
     if workers > 1 && SIDE_WORKERS.get().is_none() {
         let _ = SIDE_WORKERS.set(start_side_workers(workers - 1)?);
     }
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
+    build(1)
 }
 
 /// The daemon serves many sandboxes and gets a worker per core.
 pub fn many_sandboxes() -> Result<tokio::runtime::Runtime> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    build(workers(cores)?)
+    let workers = workers(cores)?;
+    crate::attach::set_listeners_per_address(workers);
+    build(workers)
 }

@@ -268,6 +268,57 @@ impl World {
         argv.extend_from_slice(args);
         self.run(policy, &argv)
     }
+
+    /// `sluice probe http --count COUNT --concurrency 8 URL` inside a
+    /// sandbox served by `workers` workers (`SLUICE_WORKERS`), with debug
+    /// logs on so that [`accepted_per_worker`] can read them.
+    pub fn probe_on_workers(&self, policy: &Path, workers: usize, count: u32, url: &str) -> Output {
+        let (workers, count) = (workers.to_string(), count.to_string());
+        let child = self
+            .run_command(
+                policy,
+                &[
+                    sluice_bin(),
+                    "probe",
+                    "http",
+                    "--count",
+                    &count,
+                    "--concurrency",
+                    "8",
+                    url,
+                ],
+            )
+            .env("SLUICE_WORKERS", workers)
+            .env("RUST_LOG", "sluice=debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sluice");
+        wait_bounded(child, Duration::from_secs(60))
+    }
+}
+
+/// How many connections each worker's listeners accepted, by worker
+/// number, from the debug line each listener logs when it closes.
+pub fn accepted_per_worker(out: &Output, workers: usize) -> Vec<u64> {
+    let mut accepted = vec![0; workers];
+    for line in stderr(out).lines() {
+        if !line.contains("proxy listener closed") {
+            continue;
+        }
+        let field = |name: &str| -> Option<u64> {
+            line.split(name)
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        };
+        if let (Some(worker), Some(count)) = (field("worker="), field("accepted=")) {
+            accepted[worker as usize] += count;
+        }
+    }
+    accepted
 }
 
 /// Wait for `child` at most `limit`, killing it (and failing) past that.
