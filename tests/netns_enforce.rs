@@ -98,32 +98,70 @@ fn ip_json(ns: &SandboxNetns, args: &'static [&'static str]) -> Vec<serde_json::
 }
 
 #[test]
-fn fresh_namespace_has_lo_and_the_veth_pair_up_inside() {
-    let Some(_guard) = privileged("fresh_namespace_has_lo_and_the_veth_pair_up_inside") else {
+fn fresh_namespace_has_lo_and_a_bridge_without_ports_up_inside() {
+    let Some(_guard) = privileged("fresh_namespace_has_lo_and_a_bridge_without_ports_up_inside")
+    else {
         return;
     };
     let ns = SandboxNetns::create().unwrap();
-    let mut links: Vec<(String, String, bool)> = ip_json(&ns, &["link", "show"])
+    let shown = ip_json(&ns, &["-d", "link", "show"]);
+    // Without multicast snooping, which would join groups and send reports
+    // that the drop counter counts.
+    let sbx0 = shown.iter().find(|l| l["ifname"] == "sbx0").unwrap();
+    assert_eq!(sbx0["linkinfo"]["info_data"]["mcast_snooping"], 0, "{sbx0}");
+    let mut links: Vec<(String, String, bool)> = shown
         .iter()
         .map(|l| {
             let up = l["flags"].as_array().unwrap().iter().any(|f| f == "UP");
-            // `link` names the peer only when it is in the same namespace.
-            let peer = l["link"].as_str().unwrap_or("").to_string();
-            (l["ifname"].as_str().unwrap().to_string(), peer, up)
+            let kind = l["linkinfo"]["info_kind"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            (l["ifname"].as_str().unwrap().to_string(), kind, up)
         })
         .collect();
     links.sort();
+    // No other link: a port of the bridge would be one.
     assert_eq!(
         links,
         [
             ("lo".into(), "".into(), true),
-            ("sbx0".into(), "sbx1".into(), true),
-            ("sbx1".into(), "sbx0".into(), true)
+            ("sbx0".into(), "bridge".into(), true),
         ]
     );
-    let mut names = ns.links().unwrap();
-    names.sort();
-    assert_eq!(names, ["sbx0", "sbx1"], "links() leaves out lo");
+    assert_eq!(ns.links().unwrap(), ["sbx0"], "links() leaves out lo");
+    assert_eq!(ns.link_kind("sbx0").unwrap().as_deref(), Some("bridge"));
+}
+
+#[test]
+fn the_sandbox_link_cannot_be_moved_to_another_namespace() {
+    let Some(_guard) = privileged("the_sandbox_link_cannot_be_moved_to_another_namespace") else {
+        return;
+    };
+    let ns = SandboxNetns::create().unwrap();
+    // A second, bare throwaway namespace (only lo) as the target.
+    let other = sluice::testbed::OuterNetns::create("sluice-move", &[]).unwrap();
+    let target = other.name().to_string();
+    let out = ns
+        .run_in(move || {
+            Command::new("ip")
+                .args(["link", "set", "sbx0", "netns", &target])
+                .output()
+        })
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success(), "the move was refused");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("netns is immutable"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(ns.has_link("sbx0").unwrap(), "sbx0 stays in the sandbox");
+    let arrived = other
+        .run_in(|| Command::new("ip").args(["link", "show", "sbx0"]).output())
+        .unwrap()
+        .unwrap();
+    assert!(!arrived.status.success(), "and never arrives there");
 }
 
 #[test]
@@ -186,7 +224,7 @@ fn plumbing_a_plumbed_namespace_says_what_exists() {
     };
     let ns = SandboxNetns::create().unwrap();
     let err = ns.plumb().unwrap_err().to_string();
-    assert!(err.contains("creating the veth pair sbx0/sbx1"), "{err}");
+    assert!(err.contains("creating the link sbx0"), "{err}");
     assert!(
         err.contains("only a namespace holding nothing but lo"),
         "{err}"

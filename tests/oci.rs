@@ -1319,6 +1319,35 @@ fn the_hook_refuses_a_namespace_with_a_link_out() {
 }
 
 #[test]
+fn the_hook_refuses_a_link_out_named_like_sluices_own() {
+    let Some((w, env)) = setup() else { return };
+    let daemon = Daemon::start(&w, env);
+    // sbx0 is the one link, as in a namespace sluice plumbed already, but
+    // it is a veth whose peer sits in another namespace: a way out.
+    let ns = OuterNetns::create("sluice-oci-sbx0", &[]).unwrap();
+    let elsewhere = OuterNetns::create("sluice-oci-peer", &[]).unwrap();
+    let out = Command::new("ip")
+        .args(["-n", ns.name(), "link", "add", "sbx0", "type", "veth"])
+        .args(["peer", "name", "out0", "netns", elsewhere.name()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = podman(env)
+        .args(["run", "--rm", "--network"])
+        .arg(format!("ns:{}", ns.path().display()))
+        .arg("--annotation")
+        .arg(format!("io.sluice.policy={}", w.policy(POLICY).display()))
+        .arg("--annotation")
+        .arg(format!("io.sluice.socket={}", daemon.socket.display()))
+        .args([env.image.as_str(), "echo", "container-ran"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!stdout(&out).contains("container-ran"));
+    assert!(stderr(&out).contains("link out (sbx0)"), "{}", stderr(&out));
+}
+
+#[test]
 fn the_hook_enforces_a_signed_bundle_and_refuses_an_untrusted_one() {
     let Some((w, env)) = setup() else { return };
     let daemon = Daemon::start(&w, env);

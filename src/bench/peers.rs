@@ -2,8 +2,8 @@
 //! upstream) and a minimal tokio proxy (`sluice bench-proxy`: SO_ORIGINAL_DST
 //! and `copy_bidirectional`), each with no policy, behind the same kind of
 //! nft redirect sluice uses. Each gets a throwaway namespace of its own,
-//! plumbed like a sandbox (the veth pair both of whose ends stay inside,
-//! the default routes) with sluice's own host ruleset applied and read
+//! plumbed like a sandbox (the bridge with no ports that carries the
+//! default routes) with sluice's own host ruleset applied and read
 //! back; the proxy listens inside it (haproxy's `bind ... namespace`, the
 //! tokio proxy's in-namespace listener) and connects upstream from the
 //! bench's outer namespace, as sluice does.
@@ -149,8 +149,8 @@ impl Drop for Peer {
     }
 }
 
-/// A named namespace plumbed as a sandbox (lo, the in-namespace veth
-/// pair, default routes) with sluice's host ruleset applied and read back:
+/// A named namespace plumbed as a sandbox (lo, the in-namespace bridge
+/// with no ports, default routes) with sluice's host ruleset applied and read back:
 /// TCP to anywhere but loopback is redirected to 127.0.0.1:PROXY_PORT.
 fn redirected_namespace(prefix: &str) -> Result<OuterNetns, BenchError> {
     let setup = |what: &str, cause: String| BenchError::Setup {

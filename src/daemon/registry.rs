@@ -5,7 +5,8 @@
 //! An attach answers OK only after `attach::prepare` applied and read back
 //! the table and bound the listeners; any failure before that leaves nothing
 //! attached and the namespace as it was given, except for the in-namespace
-//! veth plumbing (see `SandboxNetns::plumb`), which leads nowhere.
+//! plumbing (a bridge with no ports, see `SandboxNetns::plumb`), which leads
+//! nowhere.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -24,7 +25,7 @@ use super::exits::ExitWatcher;
 use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, DRAIN_GRACE};
 use crate::attach::vm::VmNet;
 use crate::drain::Drain;
-use crate::netns::{LinkAddress, SandboxNetns, SANDBOX_LINK, SANDBOX_PEER};
+use crate::netns::{LinkAddress, SandboxNetns, SANDBOX_LINK, SANDBOX_LINK_KIND};
 use crate::workload::WorkloadPath;
 
 /// How often a sandbox attached without a pid is checked for processes.
@@ -690,12 +691,23 @@ fn enforce(fd: OwnedFd, pid: Option<i32>, vm: Option<&VmNet>) -> Result<Enforced
     let links = netns
         .links()
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    let ours = [SANDBOX_LINK, SANDBOX_PEER];
+    // Plumbed already (a second attach of the same namespace) only if the
+    // one link is sluice's bridge by name and by kind: a link of another
+    // kind named sbx0 (a veth whose peer is elsewhere) is a way out. A
+    // bridge's ports would be links here too.
+    let ours = || -> Result<bool, ApiError> {
+        Ok(links == [SANDBOX_LINK]
+            && netns
+                .link_kind(SANDBOX_LINK)
+                .map_err(|e| ApiError::internal(e.to_string()))?
+                .as_deref()
+                == Some(SANDBOX_LINK_KIND))
+    };
     if links.is_empty() {
         netns
             .plumb()
             .map_err(|e| ApiError::internal(e.to_string()))?;
-    } else if !(links.len() == 2 && links.iter().all(|l| ours.contains(&l.as_str()))) {
+    } else if !ours()? {
         return Err(ApiError::bad(format!(
             "the container's network namespace has a link out ({}): run the container with --network none, so that sluice is its only way out",
             links.join(", ")

@@ -3,8 +3,9 @@
 //! This module owns creating, opening and entering the network namespace a
 //! workload runs in: an ANONYMOUS namespace (never `ip netns add`, so no
 //! bind mount under /run/netns can outlive sluice) held only by an fd, with
-//! `lo` and one veth pair `sbx0`/`sbx1` whose both ends stay inside, and
-//! default routes (v4 and v6) via `sbx0` so that connect() reaches netfilter
+//! `lo` and one link `sbx0` (a bridge with no ports, which the kernel will
+//! not move to another namespace), and default routes (v4 and v6) via
+//! `sbx0` so that connect() reaches netfilter
 //! instead of failing with ENETUNREACH. The kernel frees the namespace with
 //! its last reference (this fd, a process inside, or a socket created in it),
 //! so nothing is left even if sluice is SIGKILLed.
@@ -37,7 +38,7 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::sched::{setns, unshare, CloneFlags};
 
-/// IPv4 address of the in-namespace veth end `sbx0` (a /30 from the
+/// IPv4 address of the in-namespace link `sbx0` (a /30 from the
 /// benchmark range, so nothing it could reach exists outside this machine).
 pub const SANDBOX_V4: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 2);
 /// Prefix length of [`SANDBOX_V4`].
@@ -48,10 +49,10 @@ pub const SANDBOX_V4_PREFIX: u8 = 30;
 pub const SANDBOX_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0x0db8, 0x5c, 0xffff, 0, 0, 0, 2);
 /// Prefix length of [`SANDBOX_V6`].
 pub const SANDBOX_V6_PREFIX: u8 = 128;
-/// Name of the veth end that carries the addresses and default routes.
+/// Name of the link that carries the addresses and default routes.
 pub const SANDBOX_LINK: &str = "sbx0";
-/// Name of its peer (also inside the namespace).
-pub const SANDBOX_PEER: &str = "sbx1";
+/// What kind of link [`SANDBOX_LINK`] is (`IFLA_INFO_KIND`).
+pub const SANDBOX_LINK_KIND: &str = "bridge";
 
 pub use tap::TapOwner;
 
@@ -122,8 +123,8 @@ pub struct SandboxNetns {
 }
 
 impl SandboxNetns {
-    /// Creates a fresh anonymous namespace with `lo` up, veth `sbx0`/`sbx1`
-    /// (both ends inside, both up), [`SANDBOX_V4`]/30 on `sbx0`,
+    /// Creates a fresh anonymous namespace with `lo` up, `sbx0` (a bridge
+    /// with no ports, up), [`SANDBOX_V4`]/30 on `sbx0`,
     /// [`SANDBOX_V6`]/128 (nodad) on `lo`, and v4 and v6 default routes via
     /// `sbx0` (the v6 one with [`SANDBOX_V6`] as its source).
     pub fn create() -> Result<SandboxNetns, NetnsError> {
@@ -226,7 +227,7 @@ impl SandboxNetns {
 
     /// Gives a namespace someone else created (a container's, holding only
     /// `lo`) the same plumbing as [`SandboxNetns::create`]: `lo` up, the
-    /// in-namespace veth pair, and default routes, so that connect() reaches
+    /// bridge `sbx0`, and default routes, so that connect() reaches
     /// netfilter. Refuse namespaces with other links before calling this.
     pub fn plumb(&self) -> Result<(), NetnsError> {
         self.run_in(links::configure)?
@@ -388,6 +389,14 @@ impl SandboxNetns {
         self.run_in(move || Ok(links::Rtnl::open()?.link(&name)?.is_some()))?
     }
 
+    /// What kind of link `name` is (`IFLA_INFO_KIND`: `bridge`, `veth`,
+    /// `tun`, ...); `None` when there is no such link or it has no kind
+    /// (`lo`).
+    pub fn link_kind(&self, name: &str) -> Result<Option<String>, NetnsError> {
+        let name = name.to_string();
+        self.run_in(move || Ok(links::Rtnl::open()?.link(&name)?.and_then(|f| f.kind)))?
+    }
+
     /// The MAC address of link `name`, if it has one.
     pub fn link_mac(&self, name: &str) -> Result<Option<crate::mac::MacAddr>, NetnsError> {
         let name = name.to_string();
@@ -454,7 +463,9 @@ fn netlink_hint(err: &io::Error) -> &'static str {
         Some(libc::EPERM) | Some(libc::EACCES) => {
             " (needs root: CAP_NET_ADMIN in the sandbox namespace; run sluice as root)"
         }
-        Some(libc::EOPNOTSUPP) => " (this kernel lacks veth support: load it with `modprobe veth`)",
+        Some(libc::EOPNOTSUPP) => {
+            " (this kernel lacks bridge support: load it with `modprobe bridge`)"
+        }
         Some(libc::EEXIST) => {
             " (it exists already: only a namespace holding nothing but lo can be plumbed)"
         }
