@@ -349,6 +349,17 @@ fn a_connection_straight_to_the_listener_is_refused_and_audited() {
 }
 
 #[test]
+fn a_connection_straight_to_the_v6_listener_is_refused_and_audited() {
+    let Some(w) = World::new() else { return };
+    let out = w.probe(&w.policy(POLICY), &["tcp", "[::1]:15001", "--send", "x"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let audit = w.audit();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(audit[0]["reason"], "no-original-destination");
+    assert_eq!(audit[0]["dst"], "[::1]:15001");
+}
+
+#[test]
 fn exit_status_of_the_command_passes_through() {
     let Some(w) = World::new() else { return };
     let out = w.run(&w.policy(POLICY), &["sh", "-c", "exit 7"]);

@@ -100,12 +100,21 @@ impl Drop for Outcome<'_> {
     }
 }
 
-pub(super) async fn handle(client: TcpStream, peer: SocketAddr, ctx: &ProxyContext) {
+/// Serve a connection accepted on a listener bound to `bound` (`None`: a
+/// wildcard listener, whose sockets are asked for their own address).
+pub(super) async fn handle(
+    client: TcpStream,
+    peer: SocketAddr,
+    bound: Option<SocketAddr>,
+    ctx: &ProxyContext,
+) {
     // Without a redirect there is no NAT entry; conntrack then reports the
     // listener's own address (or nothing) as the original destination.
-    let local = client
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let local = bound.unwrap_or_else(|| {
+        client
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    });
     let dst = match original_dst(&client, local) {
         Ok(dst) if dst != local => dst,
         _ => {

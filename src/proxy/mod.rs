@@ -183,8 +183,15 @@ impl ProxyContext {
 /// still open are closed. Returns how many connections this listener
 /// accepted.
 pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) -> u64 {
-    accept_until_drained(listener, ctx, drain, |stream, peer, ctx| async move {
-        connection::handle(stream, peer, &ctx).await
+    // A listener bound to one address accepts only connections to that
+    // address: it is every accepted socket's own, known without a
+    // getsockname(2) per connection. A wildcard listener's is not.
+    let bound = listener
+        .local_addr()
+        .ok()
+        .filter(|addr| !addr.ip().is_unspecified());
+    accept_until_drained(listener, ctx, drain, move |stream, peer, ctx| async move {
+        connection::handle(stream, peer, bound, &ctx).await
     })
     .await
 }
