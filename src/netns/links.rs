@@ -138,8 +138,8 @@ impl Rtnl {
     }
 
     /// A bridge with no ports, created up: one device where a veth pair is
-    /// two (a quarter to a third of a millisecond less per start, measured
-    /// in docs/measurements.md), it leads nowhere, and the kernel refuses to
+    /// two (0.2 to 2 ms less per start, more under load: docs/measurements.md,
+    /// round seven), it leads nowhere, and the kernel refuses to
     /// move a bridge to another namespace ("The interface netns is
     /// immutable"), so the link the default routes use cannot be taken out
     /// of the sandbox. (These kernels have no `dummy` link type.)
