@@ -5,8 +5,8 @@
 //! bind mount under /run/netns can outlive sluice) held only by an fd, with
 //! `lo` and one link `sbx0` (a bridge with no ports, which the kernel will
 //! not move to another namespace), and default routes (v4 and v6) via
-//! `sbx0` so that connect() reaches netfilter
-//! instead of failing with ENETUNREACH. The kernel frees the namespace with
+//! `sbx0` so that connect() reaches netfilter instead of failing with
+//! ENETUNREACH. The kernel frees the namespace with
 //! its last reference (this fd, a process inside, or a socket created in it),
 //! so nothing is left even if sluice is SIGKILLed.
 //!

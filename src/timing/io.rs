@@ -6,9 +6,8 @@
 //! Backpressure is the audit log's: a bounded queue, and a producer that
 //! finds it full waits; no record is dropped.
 
-use std::path::{Path, PathBuf};
-
 use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
