@@ -638,6 +638,13 @@ fn namespace_is_gone_after_drop() {
     drop(listener);
     drop(ns);
     assert!(!fd_links().contains(&link), "an fd still refers to {link}");
+    // A joined thread can still be listed for a moment: join returns when
+    // it clears its thread id, before it leaves its namespaces. So wait
+    // (bounded) for the last one to go; one that stays is a leak.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ns_links().contains(&link) && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
     assert!(
         !ns_links().contains(&link),
         "a process or thread is still in {link}"
