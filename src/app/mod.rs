@@ -63,6 +63,9 @@ pub struct RunOptions {
     pub files: crate::confine::SluiceFiles,
     /// The command's init, forked before the runtime started.
     pub init: crate::confine::PreparedInit,
+    /// The sandbox namespace, being made since just after the init's fork
+    /// ([`start_host_sandbox`]).
+    pub sandbox: attach::FreshSandbox,
 }
 
 /// The process-wide services: audit and timing writers, the metrics
@@ -372,12 +375,7 @@ impl Session {
     /// A fresh sandbox namespace, enforced as `attachment` says (table
     /// applied and read back, listeners bound).
     pub(crate) fn fresh_sandbox(&self, attachment: &attach::Attachment) -> Result<attach::Sandbox> {
-        attach::prepare_fresh(attachment).map_err(|err| match err {
-            attach::AttachError::Netns(err) => {
-                anyhow::Error::new(err).context("cannot create the sandbox network namespace")
-            }
-            err => anyhow::Error::new(err).context("cannot enforce the sandbox"),
-        })
+        attach::prepare_fresh(attachment).map_err(sandbox_error)
     }
 
     /// Serve `sandbox` as sandbox `id` under this session's policy.
@@ -434,6 +432,23 @@ impl Session {
     }
 }
 
+/// Starts making and enforcing `sluice run`'s own sandbox namespace on a
+/// thread of its own; [`RunOptions::sandbox`] carries it to [`run`], which
+/// waits for it only once its services have started.
+pub fn start_host_sandbox() -> Result<attach::FreshSandbox> {
+    attach::start_fresh(&host::attachment()).map_err(sandbox_error)
+}
+
+/// What a user reads when a sandbox could not be made or enforced.
+fn sandbox_error(err: attach::AttachError) -> anyhow::Error {
+    match err {
+        attach::AttachError::Netns(err) => {
+            anyhow::Error::new(err).context("cannot create the sandbox network namespace")
+        }
+        err => anyhow::Error::new(err).context("cannot enforce the sandbox"),
+    }
+}
+
 /// What may still run in a sandbox's namespace when its session finishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Leftovers {
@@ -459,7 +474,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         session.finish(None, Leftovers::Unknown).await;
         return Err(attach::AttachError::Confine(err).into());
     }
-    let sandbox = match session.fresh_sandbox(&host::attachment()) {
+    let sandbox = match opts.sandbox.wait().map_err(sandbox_error) {
         Ok(sandbox) => sandbox,
         Err(err) => {
             session.finish(None, Leftovers::Unknown).await;

@@ -170,6 +170,14 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 /// [`prepare`] for a namespace made for it: created, plumbed, enforced and
 /// bound on one thread.
 pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
+    start_fresh(attachment)?.wait()
+}
+
+/// [`prepare_fresh`], started on a thread of its own and returning at once,
+/// so that the caller can start its services meanwhile (`sluice run` does,
+/// right after forking the workload's init); [`FreshSandbox::wait`] hands
+/// the sandbox over once it is enforced.
+pub fn start_fresh(attachment: &Attachment) -> Result<FreshSandbox, AttachError> {
     let inside = attachment.clone();
     let spec = attachment.spec.clone();
     // libnftables loads while the namespace is made (started from the
@@ -177,7 +185,7 @@ pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
     // before it could start), and the table is applied and read back on a
     // thread of its own while the links are set up: the table names no
     // link but `lo`. The listeners bind to addresses on the links, after.
-    let (netns, sockets) = SandboxNetns::started_create_and_run(
+    let creating = SandboxNetns::start_create_and_run(
         enforce::preload,
         move || enforce::start_apply_and_verify(&spec),
         move |applying| {
@@ -185,17 +193,38 @@ pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
             bind_sockets(&inside)
         },
     )?;
-    let sockets = sockets?;
-    tracing::info!(
-        network_non_bypassable = true,
-        path = %attachment.path,
-        "sandbox table applied and read back"
-    );
-    Ok(Sandbox {
-        netns,
+    Ok(FreshSandbox {
+        creating,
         attachment: attachment.clone(),
-        sockets,
     })
+}
+
+/// A sandbox namespace being made and enforced ([`start_fresh`]). Dropped
+/// without [`FreshSandbox::wait`], it waits for that work to end and frees
+/// the namespace.
+pub struct FreshSandbox {
+    creating: crate::netns::Creating<Result<SandboxSockets, AttachError>>,
+    attachment: Attachment,
+}
+
+impl FreshSandbox {
+    /// Wait until the namespace exists, its table is applied and read back,
+    /// and its listeners are bound. Only when this returns Ok is the
+    /// namespace non-bypassable.
+    pub fn wait(self) -> Result<Sandbox, AttachError> {
+        let (netns, sockets) = self.creating.wait()?;
+        let sockets = sockets?;
+        tracing::info!(
+            network_non_bypassable = true,
+            path = %self.attachment.path,
+            "sandbox table applied and read back"
+        );
+        Ok(Sandbox {
+            netns,
+            attachment: self.attachment,
+            sockets,
+        })
+    }
 }
 
 /// Runs on a thread inside the sandbox namespace: install and read back

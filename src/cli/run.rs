@@ -39,6 +39,9 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     crate::confine::require_root("sluice run")?;
     // First, while sluice is one thread and small (see PreparedInit).
     let init = crate::confine::PreparedInit::fork()?;
+    // Then the namespace, on a thread of its own while the runtime and the
+    // services start: its table's thread is the longest path to the go.
+    let sandbox = crate::app::start_host_sandbox()?;
     let files = sluice_files(&args.source, &args.records);
     let opts = crate::app::RunOptions {
         policy,
@@ -47,6 +50,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         command: args.command,
         files,
         init,
+        sandbox,
     };
     crate::app::runtime::one_sandbox()?.block_on(crate::app::run(opts))
 }

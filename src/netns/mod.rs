@@ -59,6 +59,32 @@ pub use tap::TapOwner;
 /// An address with its prefix length, as it sits on a link.
 pub type LinkAddress = (IpAddr, u8);
 
+/// A namespace being made on a thread of its own
+/// ([`SandboxNetns::start_create_and_run`]), with what was run in it.
+/// Dropped without [`Creating::wait`], it still waits for the thread, and
+/// the namespace is freed with its descriptor.
+pub struct Creating<T>(Option<std::thread::JoinHandle<Result<(OwnedFd, T), NetnsError>>>);
+
+impl<T> Creating<T> {
+    /// Wait for the namespace and what was run in it.
+    pub fn wait(mut self) -> Result<(SandboxNetns, T), NetnsError> {
+        let thread = self.0.take().ok_or(NetnsError::ThreadPanicked)?;
+        let (fd, done) = thread.join().map_err(|_| NetnsError::ThreadPanicked)??;
+        Ok((
+            SandboxNetns::from_fd(fd, Path::new("/proc/thread-self/ns/net"))?,
+            done,
+        ))
+    }
+}
+
+impl<T> Drop for Creating<T> {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Errors from creating or entering a sandbox namespace.
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -154,7 +180,18 @@ impl SandboxNetns {
         entered: impl FnOnce() -> E + Send + 'static,
         f: impl FnOnce(E) -> T + Send + 'static,
     ) -> Result<(SandboxNetns, T), NetnsError> {
-        let handle = std::thread::Builder::new()
+        SandboxNetns::start_create_and_run(started, entered, f)?.wait()
+    }
+
+    /// [`SandboxNetns::started_create_and_run`], returning at once: the
+    /// namespace is made on its own thread while the caller goes on, and
+    /// [`Creating::wait`] hands it over.
+    pub fn start_create_and_run<E: Send + 'static, T: Send + 'static>(
+        started: impl FnOnce() + Send + 'static,
+        entered: impl FnOnce() -> E + Send + 'static,
+        f: impl FnOnce(E) -> T + Send + 'static,
+    ) -> Result<Creating<T>, NetnsError> {
+        std::thread::Builder::new()
             .name("sluice-netns-create".into())
             .spawn(|| -> Result<(OwnedFd, T), NetnsError> {
                 started();
@@ -176,12 +213,8 @@ impl SandboxNetns {
                 links::configure()?;
                 Ok((fd, f(under_way)))
             })
-            .map_err(NetnsError::Thread)?;
-        let (fd, done) = handle.join().map_err(|_| NetnsError::ThreadPanicked)??;
-        Ok((
-            SandboxNetns::from_fd(fd, Path::new("/proc/thread-self/ns/net"))?,
-            done,
-        ))
+            .map(|thread| Creating(Some(thread)))
+            .map_err(NetnsError::Thread)
     }
 
     /// Opens an existing namespace, e.g. `/proc/PID/ns/net` of a container.
