@@ -109,12 +109,9 @@ pub(super) fn session<T: Send>(
 }
 
 /// [`session`], started on a thread of its own (made as `session`'s is, in
-/// the calling thread's network namespace), returning at once: `prepare`
-/// runs first (while the library may still be loading), then `work` with
-/// what it made and the runner.
-pub(super) fn session_started<P, T: Send + 'static>(
-    prepare: impl FnOnce() -> P + Send + 'static,
-    work: impl FnOnce(P, &mut Run<'_>) -> T + Send + 'static,
+/// the calling thread's network namespace), returning at once.
+pub(super) fn session_started<T: Send + 'static>(
+    work: impl FnOnce(&mut Run<'_>) -> T + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<Result<T, EnforceError>>> {
     std::thread::Builder::new()
         .name("sluice-nft".into())
@@ -122,8 +119,7 @@ pub(super) fn session_started<P, T: Send + 'static>(
             if !matches!(ffi(Call::PrivateDescriptors), Done::Unshared(true)) {
                 return Err(EnforceError::Descriptors(std::io::Error::last_os_error()));
             }
-            let prepared = prepare();
-            session_here(|nft| work(prepared, nft))
+            session_here(work)
         })
 }
 

@@ -86,15 +86,15 @@ pub fn start_apply_and_verify(spec: &SandboxSpec) -> Result<Applying, EnforceErr
             "a tap's table cannot be applied before its links exist".into(),
         ));
     }
+    // Built here, not on the session's thread: that thread cannot start
+    // while libnftables is being loaded (see `preload`), and the caller
+    // would only wait for it meanwhile.
+    let (first, want) = first_batch(spec)?;
     let spec = spec.clone();
-    libnft::session_started(
-        move || first_batch(&spec).map(|batch| (spec, batch)),
-        |prepared, nft| {
-            let (spec, (first, want)) = prepared?;
-            apply_in(nft, &spec, &first)?;
-            verify_in(nft, &spec, &want)
-        },
-    )
+    libnft::session_started(move |nft| {
+        apply_in(nft, &spec, &first)?;
+        verify_in(nft, &spec, &want)
+    })
     .map(|handle| Applying(Some(handle)))
     .map_err(EnforceError::Thread)
 }
