@@ -1283,6 +1283,20 @@ fn cap_net_admin_with_a_handle_on_another_namespace_is_refused_even_when_allowed
 /// `echo container-ran` in a container that podman puts in the named
 /// namespace `ns` (`--network ns:PATH`), attached through the hook to
 /// `daemon`: the hook must refuse it, saying `why`.
+/// `podman run --rm --network NETWORK IMAGE echo container-ran`, annotated
+/// for `daemon`'s hook.
+fn run_hooked_in(w: &World, env: &OciEnv, daemon: &Daemon, network: &str) -> Output {
+    podman(env)
+        .args(["run", "--rm", "--network", network])
+        .arg("--annotation")
+        .arg(format!("io.sluice.policy={}", w.policy(POLICY).display()))
+        .arg("--annotation")
+        .arg(format!("io.sluice.socket={}", daemon.socket.display()))
+        .args([env.image.as_str(), "echo", "container-ran"])
+        .output()
+        .unwrap()
+}
+
 fn assert_the_hook_refuses_namespace(
     w: &World,
     env: &OciEnv,
@@ -1290,16 +1304,7 @@ fn assert_the_hook_refuses_namespace(
     ns: &OuterNetns,
     why: &str,
 ) {
-    let out = podman(env)
-        .args(["run", "--rm", "--network"])
-        .arg(format!("ns:{}", ns.path().display()))
-        .arg("--annotation")
-        .arg(format!("io.sluice.policy={}", w.policy(POLICY).display()))
-        .arg("--annotation")
-        .arg(format!("io.sluice.socket={}", daemon.socket.display()))
-        .args([env.image.as_str(), "echo", "container-ran"])
-        .output()
-        .unwrap();
+    let out = run_hooked_in(w, env, daemon, &format!("ns:{}", ns.path().display()));
     assert!(!out.status.success());
     assert!(!stdout(&out).contains("container-ran"));
     assert!(stderr(&out).contains(why), "{}", stderr(&out));
@@ -1336,6 +1341,42 @@ fn the_hook_refuses_a_link_out_named_like_sluices_own() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_the_hook_refuses_namespace(&w, env, &daemon, &ns, "link out (sbx0)");
+}
+
+#[test]
+fn a_second_container_in_a_served_namespace_is_refused_whichever_way_in() {
+    both_ways(|w, env, via| {
+        let own;
+        let daemon = match via {
+            Via::Hook(daemon) => daemon,
+            Via::Wrapper => {
+                own = Daemon::start(w, env);
+                &own
+            }
+        };
+        let script = "touch /shared/ready; \
+             i=0; while [ ! -e /shared/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done";
+        let Started { child, id } = start_until_ready(w, env, via, script);
+        let _guard = RemoveOnDrop(env, id.clone());
+        // A second container, with a policy of its own, in the first one's
+        // namespace: two policies behind one set of redirects.
+        let out = run_hooked_in(w, env, daemon, &format!("container:{id}"));
+        assert!(!out.status.success(), "{}: {}", which(via), stderr(&out));
+        assert!(!stdout(&out).contains("container-ran"));
+        // Known to this daemon, or found listening by the kernel.
+        let by_whom = match via {
+            Via::Hook(_) => format!("as sandbox {id}"),
+            Via::Wrapper => "by another sluice (something listens on".to_string(),
+        };
+        let err = stderr(&out);
+        assert!(
+            err.contains("already served by sluice") && err.contains(&by_whom),
+            "{}: {err}",
+            which(via)
+        );
+        std::fs::write(w.go_path(), b"").unwrap();
+        let _ = wait_bounded(child, Duration::from_secs(30));
+    });
 }
 
 #[test]

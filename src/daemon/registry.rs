@@ -60,9 +60,23 @@ impl ApiError {
 }
 
 enum Slot {
-    /// An attach for this id is in progress.
-    Pending,
+    /// An attach for this id is in progress, of the namespace with this
+    /// inode, for a microVM's tap or not.
+    Pending {
+        inode: u64,
+        vm: bool,
+    },
     Ready(Box<Entry>),
+}
+
+impl Slot {
+    /// The namespace this slot is for, and whether for a microVM's tap.
+    fn namespace(&self) -> (u64, bool) {
+        match self {
+            Slot::Pending { inode, vm } => (*inode, *vm),
+            Slot::Ready(entry) => (entry.served.sandbox.netns.inode(), entry.vm.is_some()),
+        }
+    }
 }
 
 struct Entry {
@@ -144,7 +158,7 @@ impl Registry {
     ) -> Result<SandboxInfo, ApiError> {
         check_id(&req.id)?;
         self.check_binds(&req)?;
-        let stale = self.reserve(&req.id, &fd)?;
+        let stale = self.reserve(&req.id, &fd, req.vm.is_some())?;
         if let Some(stale) = stale {
             tracing::info!(sandbox = %req.id, "the container restarted in a new namespace: releasing the old one");
             stale.stop(Instant::now() + DRAIN_GRACE).await;
@@ -194,14 +208,29 @@ impl Registry {
     /// Mark `id` as being attached. Another attach of the same namespace is
     /// a conflict; the same id in a different namespace is a restarted
     /// container, whose old entry is handed back to be released.
-    fn reserve(&self, id: &str, fd: &OwnedFd) -> Result<Option<Box<Entry>>, ApiError> {
+    ///
+    /// A namespace served (or being attached) under another id is a
+    /// conflict too, unless both are microVM taps (each fenced by tables of
+    /// its own): two containers in one namespace (a pod, `--network
+    /// container:ID`) would get two policies behind one set of redirects,
+    /// and the kernel would spread their connections over both.
+    fn reserve(&self, id: &str, fd: &OwnedFd, vm: bool) -> Result<Option<Box<Entry>>, ApiError> {
         let inode = nix::sys::stat::fstat(fd)
             .map_err(|e| ApiError::bad(format!("cannot inspect the namespace descriptor: {e}")))?
             .st_ino;
         let mut slots = self.lock();
+        let shared = slots.iter().find(|(other, slot)| {
+            let (their_inode, their_vm) = slot.namespace();
+            other.as_str() != id && their_inode == inode && !(vm && their_vm)
+        });
+        if let Some((other, _)) = shared {
+            return Err(ApiError::conflict(already_served(&format!(
+                "as sandbox {other}"
+            ))));
+        }
         let stale = match slots.get(id) {
             None => None,
-            Some(Slot::Pending) => {
+            Some(Slot::Pending { .. }) => {
                 return Err(ApiError::conflict(format!(
                     "sandbox {id} is being attached by another request"
                 )))
@@ -216,7 +245,7 @@ impl Registry {
                 _ => None,
             },
         };
-        slots.insert(id.to_string(), Slot::Pending);
+        slots.insert(id.to_string(), Slot::Pending { inode, vm });
         Ok(stale)
     }
 
@@ -565,7 +594,7 @@ impl Registry {
                     entry.netns.clone(),
                     entry.served.sandbox.attachment.spec.clone(),
                 )),
-                Slot::Pending => None,
+                Slot::Pending { .. } => None,
             })
             .collect();
         tokio::task::spawn_blocking(move || {
@@ -712,10 +741,43 @@ fn enforce(fd: OwnedFd, pid: Option<i32>, vm: Option<&VmNet>) -> Result<Enforced
             "the container's network namespace has a link out ({}): run the container with --network none, so that sluice is its only way out",
             links.join(", ")
         )));
+    } else if let Some(addr) = listened_on(&netns, &crate::attach::oci::attachment())? {
+        // Plumbed by a sluice that still serves it (a `sluice oci`, another
+        // daemon): this daemon's registry cannot know of it, the kernel can.
+        return Err(ApiError::conflict(already_served(&format!(
+            "by another sluice (something listens on {addr} there)"
+        ))));
     }
     let sandbox = crate::attach::prepare(netns, &crate::attach::oci::attachment())
         .map_err(|e| ApiError::internal(format!("cannot enforce the sandbox: {e}")))?;
     Ok((sandbox, process, Vec::new()))
+}
+
+/// Which of `attachment`'s proxy addresses something listens on already in
+/// `netns`, if any: a namespace sluice plumbed is attached again only once
+/// the sluice that served it is gone (a restarted daemon adopting it).
+fn listened_on(
+    netns: &SandboxNetns,
+    attachment: &crate::attach::Attachment,
+) -> Result<Option<std::net::SocketAddr>, ApiError> {
+    let binds = attachment.proxy_binds.clone();
+    netns
+        .run_in(move || {
+            // Without SO_REUSEPORT, so that a listener that has it (and
+            // SO_REUSEADDR, as every one has) still makes this bind fail.
+            binds.into_iter().find(|addr| {
+                matches!(std::net::TcpListener::bind(addr),
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
+            })
+        })
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Why a namespace served already is refused, and what to do instead.
+fn already_served(by_whom: &str) -> String {
+    format!(
+        "the container's network namespace is already served by sluice {by_whom}: containers that share one network namespace (podman --pod, --network container:ID or ns:PATH) share one sandbox and one policy, so give the sluice annotation to one of them only"
+    )
 }
 
 /// Release the sandbox once its container is gone: when its process exits
