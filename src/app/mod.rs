@@ -64,7 +64,7 @@ pub struct RunOptions {
     /// The command's init, forked before the runtime started.
     pub init: crate::confine::PreparedInit,
     /// The sandbox namespace, being made since just after the init's fork
-    /// ([`start_host_sandbox`]).
+    /// ([`start_sandbox`]).
     pub sandbox: attach::FreshSandbox,
 }
 
@@ -372,12 +372,6 @@ impl Session {
         })
     }
 
-    /// A fresh sandbox namespace, enforced as `attachment` says (table
-    /// applied and read back, listeners bound).
-    pub(crate) fn fresh_sandbox(&self, attachment: &attach::Attachment) -> Result<attach::Sandbox> {
-        attach::prepare_fresh(attachment).map_err(sandbox_error)
-    }
-
     /// Serve `sandbox` as sandbox `id` under this session's policy.
     pub(crate) fn serve(&self, sandbox: attach::Sandbox, id: String) -> Result<ServedSandbox> {
         tracing::info!(
@@ -432,11 +426,19 @@ impl Session {
     }
 }
 
-/// Starts making and enforcing `sluice run`'s own sandbox namespace on a
-/// thread of its own; [`RunOptions::sandbox`] carries it to [`run`], which
-/// waits for it only once its services have started.
-pub fn start_host_sandbox() -> Result<attach::FreshSandbox> {
-    attach::start_fresh(&host::attachment()).map_err(sandbox_error)
+/// Starts making a fresh sandbox namespace, enforced as `attachment` says
+/// (table applied and read back, listeners bound), on a thread of its own.
+/// `sluice run` and `sluice oci` start it before their runtime and services
+/// ([`RunOptions::sandbox`], [`oci::OciOptions::sandbox`]) and wait for it
+/// only once those have started: its table's thread is the longest path to
+/// the workload's start.
+pub fn start_sandbox(attachment: &attach::Attachment) -> Result<attach::FreshSandbox> {
+    attach::start_fresh(attachment).map_err(sandbox_error)
+}
+
+/// Waits for a sandbox [`start_sandbox`] started.
+pub(crate) fn fresh_sandbox(sandbox: attach::FreshSandbox) -> Result<attach::Sandbox> {
+    sandbox.wait().map_err(sandbox_error)
 }
 
 /// What a user reads when a sandbox could not be made or enforced.
@@ -474,7 +476,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         session.finish(None, Leftovers::Unknown).await;
         return Err(attach::AttachError::Confine(err).into());
     }
-    let sandbox = match opts.sandbox.wait().map_err(sandbox_error) {
+    let sandbox = match fresh_sandbox(opts.sandbox) {
         Ok(sandbox) => sandbox,
         Err(err) => {
             session.finish(None, Leftovers::Unknown).await;

@@ -27,6 +27,9 @@ pub struct OciOptions {
     pub policy: PolicySource,
     pub services: ServiceOptions,
     pub podman: PodmanRun,
+    /// The container's sandbox namespace, being made since before the
+    /// runtime started ([`super::start_sandbox`]).
+    pub sandbox: crate::attach::FreshSandbox,
 }
 
 /// How often the container id file is looked for while podman creates the
@@ -39,9 +42,8 @@ pub async fn run(opts: OciOptions) -> Result<i32> {
     // No bind mount of the container may reach a checkpoint key.
     let secrets = crate::audit::checkpoint::key_paths(&opts.services.checkpoints.state_dir);
     let session = Session::start(opts.services, opts.policy).await?;
-    let prepared = session
-        .fresh_sandbox(&podman::attachment())
-        .and_then(|sandbox| Ok((PrivateDir::create()?, sandbox)));
+    let prepared =
+        super::fresh_sandbox(opts.sandbox).and_then(|sandbox| Ok((PrivateDir::create()?, sandbox)));
     let (workdir, sandbox) = match prepared {
         Ok(prepared) => prepared,
         Err(err) => {

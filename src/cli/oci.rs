@@ -35,10 +35,14 @@ pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
     let podman = crate::attach::oci::PodmanRun::parse(&args.podman).map_err(BadInput::from)?;
     let policy = policy_source(&args.source, crate::workload::WorkloadPath::Oci)?;
     crate::confine::require_root("sluice oci")?;
+    // The namespace first, on a thread of its own while the runtime and the
+    // services start (as for `sluice run`).
+    let sandbox = crate::app::start_sandbox(&crate::attach::oci::attachment())?;
     let opts = crate::app::oci::OciOptions {
         policy,
         services: args.records.services(&args.source.bundle_opts.state_dir),
         podman,
+        sandbox,
     };
     crate::app::runtime::one_sandbox()?.block_on(crate::app::oci::run(opts))
 }

@@ -41,7 +41,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let init = crate::confine::PreparedInit::fork()?;
     // Then the namespace, on a thread of its own while the runtime and the
     // services start: its table's thread is the longest path to the go.
-    let sandbox = crate::app::start_host_sandbox()?;
+    let sandbox = crate::app::start_sandbox(&crate::attach::host::attachment())?;
     let files = sluice_files(&args.source, &args.records);
     let opts = crate::app::RunOptions {
         policy,
