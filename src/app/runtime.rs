@@ -79,12 +79,31 @@ fn start_side_workers(n: usize) -> Result<Vec<Handle>> {
 /// workload and its peers need the other core. With `SLUICE_WORKERS=n` it
 /// is served thread-per-core by n threads.
 pub fn one_sandbox() -> Result<tokio::runtime::Runtime> {
+    plan_one_sandbox()?.start()
+}
+
+/// The workers [`one_sandbox`] will start, decided (and the listeners per
+/// address set to match) without starting them: call it before binding the
+/// sandbox's listeners, which may happen before the runtime starts.
+pub fn plan_one_sandbox() -> Result<OneSandbox, BadWorkers> {
     let workers = workers(1)?;
     crate::attach::set_listeners_per_address(workers);
-    if workers > 1 && SIDE_WORKERS.get().is_none() {
-        let _ = SIDE_WORKERS.set(start_side_workers(workers - 1)?);
+    Ok(OneSandbox { workers })
+}
+
+/// A runtime for one sandbox, planned ([`plan_one_sandbox`]), not started.
+pub struct OneSandbox {
+    workers: usize,
+}
+
+impl OneSandbox {
+    /// Start the side workers and the main thread's runtime.
+    pub fn start(self) -> Result<tokio::runtime::Runtime> {
+        if self.workers > 1 && SIDE_WORKERS.get().is_none() {
+            let _ = SIDE_WORKERS.set(start_side_workers(self.workers - 1)?);
+        }
+        build(1)
     }
-    build(1)
 }
 
 /// The daemon serves many sandboxes and gets a worker per core.

@@ -35,6 +35,9 @@ pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
     let podman = crate::attach::oci::PodmanRun::parse(&args.podman).map_err(BadInput::from)?;
     let policy = policy_source(&args.source, crate::workload::WorkloadPath::Oci)?;
     crate::confine::require_root("sluice oci")?;
+    // Before the sandbox, whose listeners (one per worker) may be bound
+    // before the runtime starts.
+    let runtime = crate::app::runtime::plan_one_sandbox()?;
     // The namespace first, on a thread of its own while the runtime and the
     // services start (as for `sluice run`).
     let sandbox = crate::app::start_sandbox(&crate::attach::oci::attachment())?;
@@ -44,5 +47,5 @@ pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
         podman,
         sandbox,
     };
-    crate::app::runtime::one_sandbox()?.block_on(crate::app::oci::run(opts))
+    runtime.start()?.block_on(crate::app::oci::run(opts))
 }

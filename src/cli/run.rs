@@ -37,7 +37,10 @@ pub struct RunArgs {
 pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let policy = policy_source(&args.source, crate::workload::WorkloadPath::Host)?;
     crate::confine::require_root("sluice run")?;
-    // First, while sluice is one thread and small (see PreparedInit).
+    // Before the sandbox, whose listeners (one per worker) may be bound
+    // before the runtime starts.
+    let runtime = crate::app::runtime::plan_one_sandbox()?;
+    // The init, while sluice is still one thread and small (see PreparedInit).
     let init = crate::confine::PreparedInit::fork()?;
     // Then the namespace, on a thread of its own while the runtime and the
     // services start: its table's thread is the longest path to the go.
@@ -52,7 +55,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
         init,
         sandbox,
     };
-    crate::app::runtime::one_sandbox()?.block_on(crate::app::run(opts))
+    runtime.start()?.block_on(crate::app::run(opts))
 }
 
 /// The files this run of sluice reads or writes, which its workload must
