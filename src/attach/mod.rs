@@ -168,15 +168,9 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 }
 
 /// [`prepare`] for a namespace made for it: created, plumbed, enforced and
-/// bound on one thread.
-pub fn prepare_fresh(attachment: &Attachment) -> Result<Sandbox, AttachError> {
-    start_fresh(attachment)?.wait()
-}
-
-/// [`prepare_fresh`], started on a thread of its own and returning at once,
-/// so that the caller can start its services meanwhile (`sluice run` does,
-/// right after forking the workload's init); [`FreshSandbox::wait`] hands
-/// the sandbox over once it is enforced.
+/// bound on a thread of its own, started at once, so that the caller can
+/// start its services meanwhile (`sluice run` and `sluice oci` do);
+/// [`FreshSandbox::wait`] hands the sandbox over once it is enforced.
 pub fn start_fresh(attachment: &Attachment) -> Result<FreshSandbox, AttachError> {
     let inside = attachment.clone();
     let spec = attachment.spec.clone();

@@ -717,6 +717,7 @@ fn enforce(fd: OwnedFd, pid: Option<i32>, vm: Option<&VmNet>) -> Result<Enforced
             }
         };
     }
+    let attachment = crate::attach::oci::attachment();
     let links = netns
         .links()
         .map_err(|e| ApiError::internal(e.to_string()))?;
@@ -741,14 +742,14 @@ fn enforce(fd: OwnedFd, pid: Option<i32>, vm: Option<&VmNet>) -> Result<Enforced
             "the container's network namespace has a link out ({}): run the container with --network none, so that sluice is its only way out",
             links.join(", ")
         )));
-    } else if let Some(addr) = listened_on(&netns, &crate::attach::oci::attachment())? {
+    } else if let Some(addr) = listened_on(&netns, &attachment)? {
         // Plumbed by a sluice that still serves it (a `sluice oci`, another
         // daemon): this daemon's registry cannot know of it, the kernel can.
         return Err(ApiError::conflict(already_served(&format!(
             "by another sluice (something listens on {addr} there)"
         ))));
     }
-    let sandbox = crate::attach::prepare(netns, &crate::attach::oci::attachment())
+    let sandbox = crate::attach::prepare(netns, &attachment)
         .map_err(|e| ApiError::internal(format!("cannot enforce the sandbox: {e}")))?;
     Ok((sandbox, process, Vec::new()))
 }
