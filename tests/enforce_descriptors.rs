@@ -35,9 +35,15 @@ fn a_table_applies_and_reads_back_while_over_1024_descriptors_are_open() {
     );
     let spec = SandboxSpec::host(15001, 15053);
     let ns = SandboxNetns::create().expect("create sandbox namespace");
+    // The first apply and its read-back are netlink; the second apply finds
+    // the table there and has libnftables replace it, which then lists it
+    // and reads its counter.
     ns.run_in(move || {
         enforce::apply(&spec)?;
-        enforce::verify(&spec)
+        enforce::verify(&spec)?;
+        enforce::apply(&spec)?;
+        enforce::verify_with_libnftables(&spec)?;
+        enforce::dropped_packets().map(|_| ())
     })
     .unwrap()
     .expect("apply and verify with more than 1024 descriptors open");

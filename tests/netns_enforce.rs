@@ -247,12 +247,85 @@ fn table_applies_and_reads_back_identical() {
 }
 
 #[test]
-fn table_applies_after_a_preload() {
-    let Some(_guard) = privileged("table_applies_after_a_preload") else {
+fn the_host_table_sent_over_netlink_reads_back_through_libnftables_as_the_golden_ruleset() {
+    let Some(_guard) = privileged(
+        "the_host_table_sent_over_netlink_reads_back_through_libnftables_as_the_golden_ruleset",
+    ) else {
         return;
     };
-    enforce::preload();
-    enforced_sandbox();
+    // apply_and_verify encodes the table itself; libnftables, an
+    // independent decoder, must list exactly what `enforce::ruleset` builds
+    // (the golden host.json), rule for rule, in a fresh namespace and in a
+    // container's (where it is created the same way).
+    let ns = SandboxNetns::create().unwrap();
+    ns.run_in(|| {
+        enforce::apply_and_verify(&spec())?;
+        enforce::verify_with_libnftables(&spec())
+    })
+    .unwrap()
+    .expect("libnftables reads the netlink table back as the golden ruleset");
+    let other_ports = SandboxSpec::host(4242, 5353);
+    let ns = SandboxNetns::create().unwrap();
+    ns.run_in(move || {
+        enforce::apply_and_verify(&other_ports)?;
+        enforce::verify_with_libnftables(&other_ports)
+    })
+    .unwrap()
+    .expect("and so with other ports");
+}
+
+#[test]
+fn a_rule_changed_in_place_fails_verification() {
+    let Some(_guard) = privileged("a_rule_changed_in_place_fails_verification") else {
+        return;
+    };
+    // The same number of rules, one of them redirecting elsewhere.
+    let ns = enforced_sandbox();
+    nft_in(&ns, &["flush", "chain", "inet", "sluice", "output_nat"]);
+    for rule in [
+        &["udp", "dport", "53", "redirect", "to", ":15053"][..],
+        &["tcp", "dport", "53", "redirect", "to", ":15053"],
+        &["oif", "lo", "accept"],
+        &["meta", "l4proto", "tcp", "redirect", "to", ":15002"],
+    ] {
+        let args: Vec<&'static str> = ["add", "rule", "inet", "sluice", "output_nat"]
+            .into_iter()
+            .chain(rule.iter().copied())
+            .collect();
+        nft_in(&ns, Box::leak(args.into_boxed_slice()));
+    }
+    let err = ns.run_in(|| enforce::verify(&spec())).unwrap().unwrap_err();
+    match err {
+        EnforceError::Mismatch(what) => {
+            assert!(what.contains("chain output_nat rule 4"), "{what}")
+        }
+        other => panic!("expected a mismatch, got {other}"),
+    }
+}
+
+#[test]
+fn a_foreign_set_in_the_table_fails_verification() {
+    let Some(_guard) = privileged("a_foreign_set_in_the_table_fails_verification") else {
+        return;
+    };
+    let ns = enforced_sandbox();
+    nft_in(
+        &ns,
+        &[
+            "add",
+            "set",
+            "inet",
+            "sluice",
+            "extra",
+            "{",
+            "type",
+            "ipv4_addr",
+            ";",
+            "}",
+        ],
+    );
+    let err = ns.run_in(|| enforce::verify(&spec())).unwrap().unwrap_err();
+    assert!(err.to_string().contains("unexpected set extra"), "{err}");
 }
 
 #[test]

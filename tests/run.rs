@@ -807,8 +807,9 @@ fn a_run_that_fails_before_its_command_starts_leaves_no_process_behind() {
 #[test]
 fn a_run_whose_table_cannot_be_applied_never_starts_its_command() {
     let Some(w) = World::new() else { return };
-    // A libnftables that cannot be loaded: the table fails after the init
-    // was told what to run (and set up its mounts), before its go.
+    // A libnftables that cannot be loaded, and the table sent through it
+    // (SLUICE_TABLE_VIA): the table fails after the init was told what to
+    // run (and set up its mounts), before its go.
     let libs = w.dir.path().join("broken-libs");
     std::fs::create_dir(&libs).unwrap();
     std::fs::write(libs.join("libnftables.so.1"), b"not a library").unwrap();
@@ -816,6 +817,7 @@ fn a_run_whose_table_cannot_be_applied_never_starts_its_command() {
     let tag = format!("SLUICE_TEST_TAG=never-started-{}", std::process::id());
     let mut cmd = w.outer.command(sluice_bin());
     cmd.env("LD_LIBRARY_PATH", &libs)
+        .env("SLUICE_TABLE_VIA", "libnftables")
         .env("SLUICE_TEST_TAG", tag.split_once('=').unwrap().1)
         .arg("run")
         .arg("--policy")
@@ -833,6 +835,32 @@ fn a_run_whose_table_cannot_be_applied_never_starts_its_command() {
     let out = w
         .outer
         .command(sluice_bin())
+        .env("SLUICE_TABLE_VIA", "libnftables")
+        .arg("run")
+        .arg("--policy")
+        .arg(w.policy(POLICY))
+        .args(["--", "touch"])
+        .arg(&ran)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(ran.exists());
+}
+
+#[test]
+fn a_run_needs_no_libnftables_to_start() {
+    let Some(w) = World::new() else { return };
+    // Host mode's table goes over netlink: a libnftables that cannot be
+    // loaded is never asked for.
+    let libs = w.dir.path().join("broken-libs");
+    std::fs::create_dir(&libs).unwrap();
+    std::fs::write(libs.join("libnftables.so.1"), b"not a library").unwrap();
+    let ran = w.dir.path().join("ran");
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .env("LD_LIBRARY_PATH", &libs)
+        .env_remove("SLUICE_TABLE_VIA")
         .arg("run")
         .arg("--policy")
         .arg(w.policy(POLICY))

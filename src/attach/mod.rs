@@ -174,13 +174,10 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 pub fn start_fresh(attachment: &Attachment) -> Result<FreshSandbox, AttachError> {
     let inside = attachment.clone();
     let spec = attachment.spec.clone();
-    // libnftables loads while the namespace is made (started from the
-    // namespace's thread, which would otherwise wait for the load to finish
-    // before it could start), and the table is applied and read back on a
-    // thread of its own while the links are set up: the table names no
+    // The table is applied and read back (over netlink, no libnftables) on
+    // a thread of its own while the links are set up: the table names no
     // link but `lo`. The listeners bind to addresses on the links, after.
     let creating = SandboxNetns::start_create_and_run(
-        enforce::preload,
         move || enforce::start_apply_and_verify(&spec),
         move |applying| {
             applying?.wait()?;

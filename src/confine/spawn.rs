@@ -61,7 +61,7 @@ struct Planned {
 
 impl PreparedInit {
     /// Fork the init. Call first thing, before anything starts a thread
-    /// (the runtime, the libnftables preload), raises the descriptor limit
+    /// (the runtime, the namespace's), raises the descriptor limit
     /// or opens descriptors the workload should not see: the init keeps
     /// sluice's limits and mask as they are now and is refused (an error)
     /// if sluice already runs more than one thread. Needs root (a PID

@@ -1,15 +1,17 @@
 //! libnftables in process: the one place `enforce` calls C.
 //!
-//! Why libnftables, and not netlink through rustables or by hand: the
-//! ruleset is data in the nftables JSON schema (golden files pin it), and
-//! libnftables is the parser and compiler that `nft -j -f -` itself runs. So
-//! what is applied, and what the read-back compares, is exactly what the
-//! golden files say, in the same whole-or-nothing batch; a netlink encoder of
-//! our own would be a second compiler, and a read-back through it would
-//! compare our translation with itself. What the `nft` processes cost was
-//! the fork, exec, dynamic loading and exit of a program per step (8-25 ms
-//! each on this kind of machine); in process the library is loaded once
-//! (about 1 ms) and a context costs about 0.3 ms (docs/measurements.md).
+//! What goes through it: a microVM tap's fence (applied and read back),
+//! replacing a host table that exists already, removing a fence, reading the
+//! drop counters, and the reference read-back tests compare host mode's
+//! netlink table with (`nft::verify_with_libnftables`). Host mode's table
+//! at a sandbox's start does not: `netlink` sends and reads it itself, as
+//! libnftables cost about 1.8 ms of that start (docs/measurements.md, "round
+//! nine"). Why libnftables for the rest, and not more of our own netlink:
+//! the fences are larger (layer 2, ARP, ICMPv6, per-reason counters) and
+//! libnftables is the parser and compiler that `nft -j -f -` itself runs,
+//! so what is applied, and what the read-back compares, is exactly what the
+//! golden files say, in the same whole-or-nothing batch. In process the
+//! library is loaded once (about 1 ms) and a context costs about 0.3 ms.
 //!
 //! It is loaded with dlopen at first use rather than linked: building needs
 //! no -dev package, and a machine without nftables gets a clear error
@@ -108,21 +110,6 @@ pub(super) fn session<T: Send>(
     })
 }
 
-/// [`session`], started on a thread of its own (made as `session`'s is, in
-/// the calling thread's network namespace), returning at once.
-pub(super) fn session_started<T: Send + 'static>(
-    work: impl FnOnce(&mut Run<'_>) -> T + Send + 'static,
-) -> std::io::Result<std::thread::JoinHandle<Result<T, EnforceError>>> {
-    std::thread::Builder::new()
-        .name("sluice-nft".into())
-        .spawn(move || {
-            if !matches!(ffi(Call::PrivateDescriptors), Done::Unshared(true)) {
-                return Err(EnforceError::Descriptors(std::io::Error::last_os_error()));
-            }
-            session_here(work)
-        })
-}
-
 /// [`session`]'s work, on the thread made for it.
 fn session_here<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceError> {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -155,16 +142,6 @@ fn session_here<T>(work: impl FnOnce(&mut Run<'_>) -> T) -> Result<T, EnforceErr
         }
     };
     Ok(work(&mut run))
-}
-
-/// Loads the library now (once per process) and says whether it could.
-pub(super) fn load_now() -> Result<(), EnforceError> {
-    api().map(|_| ())
-}
-
-/// Whether the library is loaded already (or failed to load: tried once).
-pub(super) fn loaded() -> bool {
-    API.get().is_some()
 }
 
 /// The library, loaded once: `Err` says why it could not be.

@@ -2,10 +2,12 @@
 //! only way out.
 //!
 //! This module owns the ruleset as data: [`ruleset`] is a pure function of a
-//! [`SandboxSpec`] (golden tests pin its JSON), [`apply`] hands it to
-//! libnftables, in process, as ONE transaction that applies whole or not at
-//! all, [`verify`] reads the table back and refuses anything that differs,
-//! and [`dropped_packets`] reads the named drop counter for metrics. No
+//! [`SandboxSpec`] (golden tests pin its JSON), [`apply`] installs it as ONE
+//! transaction that applies whole or not at all (host mode's table over
+//! netlink, encoded in `netlink` and tested against libnftables' reading of
+//! the golden JSON; a microVM's fence through libnftables, in process),
+//! [`verify`] reads the tables back and refuses anything that differs, and
+//! [`dropped_packets`] reads the named drop counter for metrics. No
 //! process is spawned. Every function acts on the network namespace of the
 //! CALLING THREAD: callers run them through `netns::SandboxNetns::run_in`.
 //! This module must never fail open: no rule-by-rule application, no
@@ -18,6 +20,8 @@ mod fence;
 #[allow(unsafe_code)]
 mod libnft;
 #[forbid(unsafe_code)]
+mod netlink;
+#[forbid(unsafe_code)]
 mod nft;
 #[forbid(unsafe_code)]
 mod readback;
@@ -26,31 +30,9 @@ mod ruleset;
 
 pub use nft::{
     apply, apply_and_verify, drop_counts, dropped_packets, remove, start_apply_and_verify, verify,
-    Applying,
+    verify_with_libnftables, Applying, TABLE_VIA,
 };
 
-/// Starts loading libnftables on a thread of its own and returns at once,
-/// so that the first [`apply`] finds it loaded (about 1 ms of dynamic
-/// loading here, which a caller can overlap with creating the namespace).
-/// Optional: every function loads it when first needed, and reports a
-/// missing library then; this thread only ever loads, so nothing is lost if
-/// it fails or the process exits first. Once loaded, it starts no thread.
-///
-/// Call it from a thread that has already started, not just before
-/// starting one: dlopen holds ld.so's lock while it loads, and every new
-/// thread takes that lock as it starts (std registers the thread's
-/// thread-local destructors with glibc's __cxa_thread_atexit_impl, which
-/// takes it), so a thread started meanwhile waits for the whole load.
-pub fn preload() {
-    if libnft::loaded() {
-        return;
-    }
-    let _ = std::thread::Builder::new()
-        .name("sluice-nft-load".into())
-        .spawn(|| {
-            let _ = libnft::load_now();
-        });
-}
 pub use fence::{DropReason, TapFence, TapIpv6, INGRESS, PREROUTING_FILTER};
 pub use ruleset::{
     ruleset, DROP_COUNTER, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT, PREROUTING_NAT,
@@ -137,6 +119,8 @@ pub enum EnforceError {
     Descriptors(#[source] std::io::Error),
     #[error("cannot open a netfilter netlink socket in the sandbox namespace: {0} (does this kernel have nf_tables?)")]
     Netlink(#[source] std::io::Error),
+    #[error("talking to nf_tables over netlink in the sandbox namespace failed: {0}; nothing runs without the table")]
+    Exchange(#[source] std::io::Error),
     #[error("cannot start the thread that applies the nftables table: {0}")]
     Thread(#[source] std::io::Error),
     #[error("libnftables could not set up a context (out of memory?); nothing was applied")]

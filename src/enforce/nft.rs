@@ -1,7 +1,8 @@
 //! Apply one batch, read the tables back and compare, count drops, remove a
-//! fence: each one libnftables session ([`super::libnft`]) in the calling
-//! thread's network namespace, where the session opens its netlink socket.
-//! No process is spawned.
+//! fence, in the calling thread's network namespace: host mode's table over
+//! netlink ([`super::netlink`]) where it is created and read back, the rest
+//! each one libnftables session ([`super::libnft`]), which opens its
+//! netlink socket there. No process is spawned.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
@@ -10,6 +11,7 @@ use serde_json::Value;
 
 use super::fence::DropReason;
 use super::libnft::{self, Output, Reply, Run};
+use super::netlink::{self, Created};
 use super::readback::{self, Listing, Table};
 use super::ruleset::{first_ruleset, removal, ruleset, DROP_COUNTER, TABLE};
 use super::{EnforceError, SandboxSpec};
@@ -24,8 +26,15 @@ const LIST_RULESET: &CStr = cr#"{"nftables":[{"list":{"ruleset":null}}]}"#;
 /// A namespace without them (every fresh sandbox) gets [`first_ruleset`],
 /// which creates them; only if one exists already is the full replacing
 /// batch built and sent. Either batch is one transaction.
+///
+/// Host mode's table is created over netlink ([`netlink::create`]), with
+/// no libnftables; libnftables replaces one that exists, and applies a
+/// microVM's fence.
 pub fn apply(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
+    if over_netlink(spec) && netlink::create(spec)? == Created::Yes {
+        return Ok(());
+    }
     let first = command(&first_ruleset(spec))?;
     libnft::session(|nft| apply_in(nft, spec, &first))?
 }
@@ -53,20 +62,40 @@ pub fn remove(spec: &SandboxSpec) -> Result<(), EnforceError> {
 /// foreign chain could, for instance, DNAT traffic past `ct status dnat
 /// accept`. (A tap attached in someone else's namespace shares it with their
 /// firewall, so there only sluice's own tables are checked.)
+///
+/// Host mode's table is read from the kernel's netlink dumps
+/// ([`netlink::verify`]); a microVM's fence through libnftables.
 pub fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
+    validate(spec)?;
+    if over_netlink(spec) {
+        return netlink::verify(spec);
+    }
+    verify_with_libnftables(spec)
+}
+
+/// [`verify`] through libnftables whatever the spec: its listing, as JSON,
+/// compared with [`ruleset`]'s (the golden files). For host mode this is
+/// the reference the netlink encoding is tested against: libnftables must
+/// decode what `netlink::create` sent as exactly the golden table.
+pub fn verify_with_libnftables(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
     let want = wanted(spec)?;
     libnft::session(|nft| verify_in(nft, spec, &want))?
 }
 
-/// [`apply`], then [`verify`], in ONE libnftables session (one thread, one
-/// context): what a sandbox's start does before its workload runs.
-///
-/// The first batch is built once, as JSON, and serves both: its text is
-/// what is applied, and its `add` objects (the same as [`ruleset`]'s, as
-/// `ruleset`'s unit tests pin) are what the listing is compared with.
+/// [`apply`], then [`verify`]: what a sandbox's start does before its
+/// workload runs. In host mode, a fresh namespace's whole start is netlink
+/// (no libnftables); a microVM's fence is applied and read back in ONE
+/// libnftables session (one thread, one context), its first batch built
+/// once, as JSON, to serve both: its text is what is applied, and its
+/// `add` objects (the same as [`ruleset`]'s, as `ruleset`'s unit tests
+/// pin) are what the listing is compared with.
 pub fn apply_and_verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
+    if over_netlink(spec) {
+        apply(spec)?;
+        return netlink::verify(spec);
+    }
     let (first, want) = first_batch(spec)?;
     libnft::session(|nft| {
         apply_in(nft, spec, &first)?;
@@ -75,10 +104,11 @@ pub fn apply_and_verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
 }
 
 /// [`apply_and_verify`], started on a thread of its own in the CALLING
-/// THREAD's network namespace; returns at once, so that the caller can set
-/// up the namespace's links meanwhile. Only for a table that names no link
-/// but `lo` (which every namespace has from its start): a spec with a tap
-/// is refused, as its netdev chain needs the tap to exist.
+/// THREAD's network namespace (a thread starts in its creator's); returns
+/// at once, so that the caller can set up the namespace's links meanwhile.
+/// Only for a table that names no link but `lo` (which every namespace has
+/// from its start): a spec with a tap is refused, as its netdev chain
+/// needs the tap to exist.
 pub fn start_apply_and_verify(spec: &SandboxSpec) -> Result<Applying, EnforceError> {
     validate(spec)?;
     if spec.tap.is_some() {
@@ -86,17 +116,12 @@ pub fn start_apply_and_verify(spec: &SandboxSpec) -> Result<Applying, EnforceErr
             "a tap's table cannot be applied before its links exist".into(),
         ));
     }
-    // Built here, not on the session's thread: that thread cannot start
-    // while libnftables is being loaded (see `preload`), and the caller
-    // would only wait for it meanwhile.
-    let (first, want) = first_batch(spec)?;
     let spec = spec.clone();
-    libnft::session_started(move |nft| {
-        apply_in(nft, &spec, &first)?;
-        verify_in(nft, &spec, &want)
-    })
-    .map(|handle| Applying(Some(handle)))
-    .map_err(EnforceError::Thread)
+    std::thread::Builder::new()
+        .name("sluice-nft".into())
+        .spawn(move || Ok(apply_and_verify(&spec)))
+        .map(|handle| Applying(Some(handle)))
+        .map_err(EnforceError::Thread)
 }
 
 /// An [`apply_and_verify`] under way ([`start_apply_and_verify`]). Dropped
@@ -262,6 +287,22 @@ pub fn drop_counts(spec: &SandboxSpec) -> Result<Vec<(DropReason, u64)>, Enforce
         }
     }
     Ok(counts.into_iter().collect())
+}
+
+/// The environment variable that sends host mode's table through
+/// libnftables too (`SLUICE_TABLE_VIA=libnftables`), as before sluice
+/// encoded it: a way round, should a kernel dump the table in a way the
+/// netlink read-back does not know (it then refuses to run, failing
+/// closed). Anything else, or nothing, means netlink.
+pub const TABLE_VIA: &str = "SLUICE_TABLE_VIA";
+
+/// Whether `spec`'s table is applied and read back over netlink
+/// ([`super::netlink`]): host mode, unless [`TABLE_VIA`] says libnftables.
+fn over_netlink(spec: &SandboxSpec) -> bool {
+    static VIA_LIBNFTABLES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    spec.tap.is_none()
+        && !*VIA_LIBNFTABLES
+            .get_or_init(|| std::env::var_os(TABLE_VIA).is_some_and(|v| v == "libnftables"))
 }
 
 fn validate(spec: &SandboxSpec) -> Result<(), EnforceError> {

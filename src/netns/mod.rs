@@ -164,28 +164,23 @@ impl SandboxNetns {
     pub fn create_and_run<T: Send + 'static>(
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<(SandboxNetns, T), NetnsError> {
-        SandboxNetns::start_create_and_run(|| (), || (), |()| f())?.wait()
+        SandboxNetns::start_create_and_run(|| (), |()| f())?.wait()
     }
 
     /// [`SandboxNetns::create_and_run`], returning at once: the namespace
     /// is made on its own thread while the caller goes on, and
-    /// [`Creating::wait`] hands it over. `started` runs first on the new
-    /// thread, still in the caller's namespace (to start work that overlaps
-    /// with creating the namespace and that must not begin before this
-    /// thread has started: see `enforce::preload`), and `entered` runs in
+    /// [`Creating::wait`] hands it over. `entered` runs in
     /// the new namespace before its links are set up (to start work there
     /// that overlaps with that: see `enforce::start_apply_and_verify`), what
     /// it returns handed to `f`. Whatever `entered` starts must not need the
     /// links (anything but `lo`).
     pub fn start_create_and_run<E: Send + 'static, T: Send + 'static>(
-        started: impl FnOnce() + Send + 'static,
         entered: impl FnOnce() -> E + Send + 'static,
         f: impl FnOnce(E) -> T + Send + 'static,
     ) -> Result<Creating<T>, NetnsError> {
         std::thread::Builder::new()
             .name("sluice-netns-create".into())
             .spawn(|| -> Result<(OwnedFd, T), NetnsError> {
-                started();
                 unshare(CloneFlags::CLONE_NEWNET).map_err(|e| match e {
                     Errno::EPERM => NetnsError::CreatePermission,
                     e => NetnsError::Create(e),
