@@ -3,7 +3,8 @@
 
 mod common;
 
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -810,20 +811,11 @@ fn a_run_whose_table_cannot_be_applied_never_starts_its_command() {
     // A libnftables that cannot be loaded, and the table sent through it
     // (SLUICE_TABLE_VIA): the table fails after the init was told what to
     // run (and set up its mounts), before its go.
-    let libs = w.dir.path().join("broken-libs");
-    std::fs::create_dir(&libs).unwrap();
-    std::fs::write(libs.join("libnftables.so.1"), b"not a library").unwrap();
     let ran = w.dir.path().join("ran");
     let tag = format!("SLUICE_TEST_TAG=never-started-{}", std::process::id());
-    let mut cmd = w.outer.command(sluice_bin());
-    cmd.env("LD_LIBRARY_PATH", &libs)
-        .env("SLUICE_TABLE_VIA", "libnftables")
+    let mut cmd = touch_without_libnftables(&w, &ran);
+    cmd.env("SLUICE_TABLE_VIA", "libnftables")
         .env("SLUICE_TEST_TAG", tag.split_once('=').unwrap().1)
-        .arg("run")
-        .arg("--policy")
-        .arg(w.policy(POLICY))
-        .args(["--", "touch"])
-        .arg(&ran)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let out = wait_bounded(cmd.spawn().unwrap(), Duration::from_secs(60));
@@ -832,15 +824,10 @@ fn a_run_whose_table_cannot_be_applied_never_starts_its_command() {
     assert!(!ran.exists(), "the command ran: {}", stderr(&out));
     assert_eq!(tagged_processes(&tag), Vec::<i32>::new());
     // The same run with the real library starts it (the probe is sound).
-    let out = w
-        .outer
-        .command(sluice_bin())
+    let mut cmd = touch_without_libnftables(&w, &ran);
+    let out = cmd
+        .env_remove("LD_LIBRARY_PATH")
         .env("SLUICE_TABLE_VIA", "libnftables")
-        .arg("run")
-        .arg("--policy")
-        .arg(w.policy(POLICY))
-        .args(["--", "touch"])
-        .arg(&ran)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
@@ -852,24 +839,27 @@ fn a_run_needs_no_libnftables_to_start() {
     let Some(w) = World::new() else { return };
     // Host mode's table goes over netlink: a libnftables that cannot be
     // loaded is never asked for.
-    let libs = w.dir.path().join("broken-libs");
-    std::fs::create_dir(&libs).unwrap();
-    std::fs::write(libs.join("libnftables.so.1"), b"not a library").unwrap();
     let ran = w.dir.path().join("ran");
-    let out = w
-        .outer
-        .command(sluice_bin())
-        .env("LD_LIBRARY_PATH", &libs)
-        .env_remove("SLUICE_TABLE_VIA")
+    let mut cmd = touch_without_libnftables(&w, &ran);
+    let out = cmd.env_remove("SLUICE_TABLE_VIA").output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(ran.exists());
+}
+
+/// `sluice run -- touch RAN` with a libnftables that cannot be loaded
+/// first on the library path.
+fn touch_without_libnftables(w: &World, ran: &Path) -> Command {
+    let libs = w.dir.path().join("broken-libs");
+    std::fs::create_dir_all(&libs).unwrap();
+    std::fs::write(libs.join("libnftables.so.1"), b"not a library").unwrap();
+    let mut cmd = w.outer.command(sluice_bin());
+    cmd.env("LD_LIBRARY_PATH", &libs)
         .arg("run")
         .arg("--policy")
         .arg(w.policy(POLICY))
         .args(["--", "touch"])
-        .arg(&ran)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(ran.exists());
+        .arg(ran);
+    cmd
 }
 
 /// The value of a `Name:\tvalue` line.
