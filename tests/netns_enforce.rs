@@ -329,6 +329,23 @@ fn a_foreign_set_in_the_table_fails_verification() {
 }
 
 #[test]
+fn a_dormant_table_fails_verification() {
+    let Some(_guard) = privileged("a_dormant_table_fails_verification") else {
+        return;
+    };
+    // Every chain and rule still there, none of them hooked.
+    let ns = enforced_sandbox();
+    nft_in(
+        &ns,
+        &[
+            "add", "table", "inet", "sluice", "{", "flags", "dormant", ";", "}",
+        ],
+    );
+    let err = ns.run_in(|| enforce::verify(&spec())).unwrap().unwrap_err();
+    assert!(err.to_string().contains("dormant"), "{err}");
+}
+
+#[test]
 fn flushed_filter_chain_fails_verification() {
     let Some(_guard) = privileged("flushed_filter_chain_fails_verification") else {
         return;

@@ -622,6 +622,14 @@ pub(super) fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
     for (family, attrs) in &tables {
         let name = string(attrs, NFTA_TABLE_NAME);
         if *family == NFPROTO_INET && name == TABLE {
+            // A dormant table (flag 1) keeps its rules but unhooks every
+            // chain: all of it would read back the same and enforce nothing.
+            let flags = find(attrs, NFTA_TABLE_FLAGS).and_then(be32).unwrap_or(0);
+            if flags != 0 {
+                return Err(mismatch(format!(
+                    "the table has flags {flags:#x} (1 is dormant: no chain hooked), expected none"
+                )));
+            }
             ours = true;
         } else {
             return Err(EnforceError::Mismatch(format!(

@@ -32,8 +32,11 @@ const LIST_RULESET: &CStr = cr#"{"nftables":[{"list":{"ruleset":null}}]}"#;
 /// microVM's fence.
 pub fn apply(spec: &SandboxSpec) -> Result<(), EnforceError> {
     validate(spec)?;
-    if over_netlink(spec) && netlink::create(spec)? == Created::Yes {
-        return Ok(());
+    if over_netlink(spec) {
+        return match netlink::create(spec)? {
+            Created::Yes => Ok(()),
+            Created::AlreadyThere => libnft::session(|nft| replace_in(nft, spec))?,
+        };
     }
     let first = command(&first_ruleset(spec))?;
     libnft::session(|nft| apply_in(nft, spec, &first))?
@@ -119,22 +122,20 @@ pub fn start_apply_and_verify(spec: &SandboxSpec) -> Result<Applying, EnforceErr
     let spec = spec.clone();
     std::thread::Builder::new()
         .name("sluice-nft".into())
-        .spawn(move || Ok(apply_and_verify(&spec)))
+        .spawn(move || apply_and_verify(&spec))
         .map(|handle| Applying(Some(handle)))
         .map_err(EnforceError::Thread)
 }
 
 /// An [`apply_and_verify`] under way ([`start_apply_and_verify`]). Dropped
 /// without [`Applying::wait`], it still waits for it to end.
-pub struct Applying(
-    Option<std::thread::JoinHandle<Result<Result<(), EnforceError>, EnforceError>>>,
-);
+pub struct Applying(Option<std::thread::JoinHandle<Result<(), EnforceError>>>);
 
 impl Applying {
     /// Wait for the table to be applied and read back.
     pub fn wait(mut self) -> Result<(), EnforceError> {
         match self.0.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(result)) => result.and_then(|applied| applied),
+            Some(Ok(result)) => result,
             Some(Err(panic)) => std::panic::resume_unwind(panic),
             None => Ok(()),
         }
@@ -168,6 +169,11 @@ fn apply_in(nft: &mut Run<'_>, spec: &SandboxSpec, first: &CStr) -> Result<(), E
     if !reply.error.contains("File exists") {
         return Err(apply_error(reply));
     }
+    replace_in(nft, spec)
+}
+
+/// Replaces the spec's tables whole, with [`ruleset`]'s batch.
+fn replace_in(nft: &mut Run<'_>, spec: &SandboxSpec) -> Result<(), EnforceError> {
     let reply = nft(Output::Json, &command(&ruleset(spec))?);
     if reply.ok {
         Ok(())

@@ -82,6 +82,13 @@ impl Listing {
                 }
                 continue;
             }
+            // nft lists a table's flags only when it has some; a dormant
+            // table (the only one nft sets) hooks none of its chains.
+            if kind == "table" && body.get("flags").is_some() {
+                return Err(EnforceError::Mismatch(format!(
+                    "table {key} has flags (dormant: no chain hooked), expected none"
+                )));
+            }
             let table = out.tables.entry(key).or_default();
             match kind {
                 "table" => {}
@@ -284,6 +291,16 @@ mod tests {
     use super::super::SandboxSpec;
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_table_with_flags_is_refused() {
+        let listing = json!({"nftables": [
+            {"metainfo": {"version": "1.0.6"}},
+            {"table": {"family": "inet", "name": "sluice", "handle": 1, "flags": "dormant"}},
+        ]});
+        let err = Listing::parse(&listing, &["inet sluice".to_string()]).unwrap_err();
+        assert!(err.to_string().contains("dormant"), "{err}");
+    }
 
     /// Simulates libnftables' listing of the applied batch: handles added,
     /// counter values filled in, netdev chains without their device (as
