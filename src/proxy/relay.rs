@@ -220,7 +220,7 @@ async fn copy_forever(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped) -> 
 /// One read from `from` into `buf` and as much of it written to `to` as
 /// goes without waiting.
 fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8]) -> Step {
-    let n = match from.try_read(buf) {
+    let n = match read_draining(from, buf) {
         Ok(0) => return Step::End,
         Ok(n) => n,
         Err(e) if again(&e) => return Step::Again,
@@ -244,6 +244,30 @@ fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8]) -> Step {
     Step::Wrote {
         n,
         full: n == buf.len(),
+    }
+}
+
+/// One read from `from`; a read shorter than `buf` also forgets the
+/// socket's readiness. A short read of a TCP socket emptied its receive
+/// queue, and with edge-triggered epoll whatever arrives later is a new
+/// event, so the next read waits for it rather than fail with EAGAIN first
+/// (one system call a connection saved; tokio's own `poll_read` does the
+/// same, tokio-rs/tokio#5866). A FIN already seen stays seen: tokio never
+/// clears read-closed readiness.
+fn read_draining(from: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut short = None;
+    let read = from.try_io(Interest::READABLE, || {
+        let n = nix::unistd::read(from, buf).map_err(std::io::Error::from)?;
+        if n > 0 && n < buf.len() {
+            // WouldBlock is how try_io is told to clear the readiness.
+            short = Some(n);
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (read, short) {
+        (_, Some(n)) => Ok(n),
+        (read, None) => read,
     }
 }
 

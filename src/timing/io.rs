@@ -3,6 +3,8 @@
 //! can be read back whatever its name.
 //!
 //! A run's file is created afresh (truncated) when the writer starts.
+//! Rows reach the file in batches, at most [`FLUSH_AFTER`] after their
+//! connection ended, and all of them when the writer stops.
 //! Backpressure is the audit log's: a bounded queue, and a producer that
 //! finds it full waits; no record is dropped.
 
@@ -16,6 +18,11 @@ use super::TimingRecord;
 use crate::drain::Watch;
 
 const CHANNEL_CAPACITY: usize = 4096;
+
+/// How long a row may wait in memory before it is written, and how many
+/// bytes of rows are written at once at most.
+pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+const FLUSH_AT: usize = 60 * 1024;
 
 /// The CSV header (DESIGN.md's field order).
 pub const CSV_HEADER: &str = "id,sandbox,path,dst,host,verdict,start,decide_us,connect_us,first_byte_us,total_us,bytes_up,bytes_down";
@@ -176,6 +183,14 @@ impl TimingWriter {
             buf.push('\n');
         }
         let mut written = 0;
+        // Rows wait in `buf` for up to FLUSH_AFTER (or until FLUSH_AT bytes)
+        // and go out in one write(2): a write per connection was the one
+        // system call sluice made per connection that a plain proxy does
+        // not (about 0.7 a connection at 8 in flight). One timer per window,
+        // armed only while rows wait.
+        let window = tokio::time::sleep(FLUSH_AFTER);
+        tokio::pin!(window);
+        let mut waiting = false;
         loop {
             let record = tokio::select! {
                 // Past the deadline, stop at once rather than race the queue.
@@ -188,28 +203,41 @@ impl TimingWriter {
                     });
                 }
                 record = self.rx.recv() => match record {
-                    Some(record) => record,
+                    Some(record) => Some(record),
                     None => break,
                 },
+                () = &mut window, if waiting => None,
             };
-            let mut next = Some(record);
-            while let Some(record) = next.take() {
-                match format {
-                    Format::Csv => push_csv(&mut buf, &record),
-                    Format::Jsonl => {
-                        buf.push_str(
-                            &serde_json::to_string(&record).expect("timing record serializes"),
-                        );
-                        buf.push('\n');
+            if let Some(record) = record {
+                let mut next = Some(record);
+                while let Some(record) = next.take() {
+                    match format {
+                        Format::Csv => push_csv(&mut buf, &record),
+                        Format::Jsonl => {
+                            buf.push_str(
+                                &serde_json::to_string(&record).expect("timing record serializes"),
+                            );
+                            buf.push('\n');
+                        }
+                    }
+                    written += 1;
+                    if buf.len() < FLUSH_AT {
+                        next = self.rx.try_recv().ok();
                     }
                 }
-                written += 1;
-                if buf.len() < 60 * 1024 {
-                    next = self.rx.try_recv().ok();
+                if buf.len() < FLUSH_AT {
+                    if !waiting {
+                        window
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + FLUSH_AFTER);
+                        waiting = true;
+                    }
+                    continue;
                 }
             }
             file.write_all(buf.as_bytes()).map_err(write_err)?;
             buf.clear();
+            waiting = false;
         }
         if !buf.is_empty() {
             file.write_all(buf.as_bytes()).map_err(write_err)?;
@@ -381,6 +409,7 @@ fn parse_csv(text: &str) -> Vec<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn record(id: u64) -> TimingRecord {
         TimingRecord {
@@ -424,5 +453,47 @@ mod tests {
             format!("{CSV_HEADER}\n")
         );
         drop(log);
+    }
+
+    fn rows(path: &Path) -> usize {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines().filter(|l| *l != CSV_HEADER).count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_row_waits_at_most_the_flush_window_while_producers_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("timings.csv");
+        let (log, writer) = TimingWriter::new(&path);
+        let writing = tokio::spawn(writer.run());
+        log.record(record(1)).await;
+        log.record(record(2)).await;
+        // (The clock is paused: each sleep ends only once every task that
+        // could run has run.)
+        tokio::time::sleep(FLUSH_AFTER - Duration::from_millis(1)).await;
+        assert_eq!(rows(&path), 0, "written before the window closed");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(rows(&path), 2, "not written when the window closed");
+        // A later row opens a window of its own.
+        log.record(record(3)).await;
+        tokio::time::sleep(FLUSH_AFTER + Duration::from_millis(1)).await;
+        assert_eq!(rows(&path), 3);
+        drop(log);
+        assert_eq!(writing.await.unwrap().unwrap(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_row_is_written_at_once_when_the_last_producer_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("timings.jsonl");
+        let (log, writer) = TimingWriter::new(&path);
+        let writing = tokio::spawn(writer.run());
+        for id in 0..5 {
+            log.record(record(id)).await;
+        }
+        drop(log);
+        // No time passes: the writer does not wait out its window.
+        assert_eq!(writing.await.unwrap().unwrap(), 5);
+        assert_eq!(read_file(&path).unwrap().len(), 5);
     }
 }
