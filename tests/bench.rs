@@ -446,6 +446,52 @@ fn an_interrupted_bench_stops_and_cleans_up() {
     assert_nothing_left(pid);
 }
 
+/// The io_uring peer (issue 13's io_uring lever, measured as a peer) moves
+/// every workload's bytes unchanged: a body that differs fails the bench,
+/// and every batch must have succeeded with no failed request.
+#[test]
+fn the_io_uring_peer_relays_every_workload_unchanged() {
+    if !privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(sluice_bin())
+        .args([
+            "bench",
+            "--quick",
+            "--seed",
+            "11",
+            "--conditions",
+            "native,uring-proxy",
+            "--out",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = wait_bounded(child, Duration::from_secs(600));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = csv_rows(
+        &read(dir.path(), "batches.csv"),
+        sluice::bench::report::BATCHES_HEADER,
+    );
+    let peer: Vec<_> = rows
+        .iter()
+        .filter(|r| r["condition"] == "uring-proxy")
+        .collect();
+    assert_eq!(peer.len(), 5 * 3, "{rows:?}");
+    for r in peer {
+        assert_eq!(
+            (r["ok"].as_str(), r["failed"].as_str()),
+            ("true", "0"),
+            "{r:?}"
+        );
+    }
+    assert_nothing_left(pid);
+}
+
 #[test]
 fn a_bench_without_native_is_refused_before_it_starts() {
     let out = Command::new(sluice_bin())

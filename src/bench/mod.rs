@@ -24,6 +24,8 @@ pub mod report;
 pub mod scale;
 pub mod session;
 pub mod stats;
+#[allow(unsafe_code)]
+pub mod uring;
 pub mod vm;
 pub mod workload;
 

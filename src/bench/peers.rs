@@ -1,6 +1,6 @@
 //! The peers sluice is measured against: haproxy (`mode tcp`, one fixed
-//! upstream) and a minimal tokio proxy (`sluice bench-proxy`: SO_ORIGINAL_DST
-//! and `copy_bidirectional`), each with no policy, behind the same kind of
+//! upstream) and a minimal proxy (`sluice bench-proxy`: SO_ORIGINAL_DST
+//! and `copy_bidirectional` on tokio, or the same steps on io_uring), each with no policy, behind the same kind of
 //! nft redirect sluice uses. Each gets a throwaway namespace of its own,
 //! plumbed like a sandbox (the bridge with no ports that carries the
 //! default routes) with sluice's own host ruleset applied and read
@@ -45,7 +45,7 @@ enum Process {
     Haproxy(Option<Child>),
     /// `sluice bench-proxy`, spoken to like a client session (it says it
     /// is ready, and quits on `quit` or at the end of its input).
-    Tokio(Option<Session>),
+    Minimal(Option<Session>),
 }
 
 impl Peer {
@@ -92,20 +92,27 @@ impl Peer {
         Ok(Ok(peer))
     }
 
-    /// The minimal tokio proxy (`sluice bench-proxy`) behind the redirect.
-    pub fn tokio_proxy(bed: &Testbed) -> Result<Peer, BenchError> {
-        let ns = redirected_namespace("sluice-bench-tokio")?;
+    /// The minimal proxy (`sluice bench-proxy`) on `engine` behind the
+    /// redirect.
+    pub fn minimal_proxy(bed: &Testbed, engine: Engine) -> Result<Peer, BenchError> {
+        let kind = match engine {
+            Engine::Tokio => ConditionKind::TokioProxy,
+            Engine::IoUring => ConditionKind::UringProxy,
+        };
+        let ns = redirected_namespace(&format!("sluice-bench-{}", engine.name()))?;
         let mut cmd = Command::new(&bed.exe);
         cmd.arg("bench-proxy")
             .arg("--netns")
             .arg(ns.path())
             .arg("--port")
-            .arg(PROXY_PORT.to_string());
-        let proxy = Session::start("tokio-proxy", cmd, &bed.outer, Proxy::Itself)?;
+            .arg(PROXY_PORT.to_string())
+            .arg("--engine")
+            .arg(engine.name());
+        let proxy = Session::start(kind.name(), cmd, &bed.outer, Proxy::Itself)?;
         let pid = proxy.pid();
         Ok(Peer {
-            kind: ConditionKind::TokioProxy,
-            process: Process::Tokio(Some(proxy)),
+            kind,
+            process: Process::Minimal(Some(proxy)),
             pid,
             ns,
         })
@@ -140,7 +147,7 @@ impl Drop for Peer {
                     interrupt::unregister(pid);
                 }
             }
-            Process::Tokio(proxy) => {
+            Process::Minimal(proxy) => {
                 if let Some(proxy) = proxy.take() {
                     let _ = proxy.finish();
                 }
@@ -233,11 +240,52 @@ fn wait_listening(
     }
 }
 
-/// `sluice bench-proxy`: the minimal tokio transparent proxy, listening on
+/// How the minimal proxy asks the kernel for its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// tokio's current-thread runtime (epoll).
+    Tokio,
+    /// One io_uring (src/bench/uring.rs).
+    IoUring,
+}
+
+impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Tokio => "tokio",
+            Engine::IoUring => "io-uring",
+        }
+    }
+}
+
+/// Said once ready: the line a bench session waits for.
+fn say_ready() -> std::io::Result<()> {
+    let mut out = std::io::stdout();
+    out.write_all(b"{\"ready\":true}\n")?;
+    out.flush()
+}
+
+/// Whether stdin says to quit: at `quit` or at its end.
+fn wait_for_quit() {
+    use std::io::BufRead;
+    for line in std::io::stdin().lock().lines() {
+        match line {
+            Ok(l) if l.contains("\"quit\"") => break,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+}
+
+/// `sluice bench-proxy`: the minimal transparent proxy, listening on
 /// 127.0.0.1:`port` inside the namespace at `netns`, connecting upstream in
-/// its own. Says it is ready on stdout and quits at the end of stdin (or on
-/// `quit`), so it never outlives the bench.
-pub fn serve_minimal_proxy(netns: &std::path::Path, port: u16) -> anyhow::Result<i32> {
+/// its own, on `engine`. Says it is ready on stdout and quits at the end of
+/// stdin (or on `quit`), so it never outlives the bench.
+pub fn serve_minimal_proxy(
+    netns: &std::path::Path,
+    port: u16,
+    engine: Engine,
+) -> anyhow::Result<i32> {
     use anyhow::Context;
     let ns = SandboxNetns::from_path(netns)?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
@@ -245,25 +293,24 @@ pub fn serve_minimal_proxy(netns: &std::path::Path, port: u16) -> anyhow::Result
         .run_in(move || std::net::TcpListener::bind(addr))?
         .with_context(|| format!("cannot listen on {addr} in {}", netns.display()))?;
     listener.set_nonblocking(true)?;
+    if engine == Engine::IoUring {
+        let ring = super::uring::Ring::new()?;
+        say_ready()?;
+        std::thread::spawn(|| {
+            wait_for_quit();
+            std::process::exit(0);
+        });
+        ring.serve(listener)?;
+        return Ok(0);
+    }
     // One thread, as `sluice run` serves a sandbox.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        let mut out = std::io::stdout();
-        out.write_all(b"{\"ready\":true}\n")?;
-        out.flush()?;
-        let stdin_closed = tokio::task::spawn_blocking(|| {
-            use std::io::BufRead;
-            for line in std::io::stdin().lock().lines() {
-                match line {
-                    Ok(l) if l.contains("\"quit\"") => break,
-                    Ok(_) => {}
-                    Err(_) => break,
-                }
-            }
-        });
+        say_ready()?;
+        let stdin_closed = tokio::task::spawn_blocking(wait_for_quit);
         let accepting = async {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
