@@ -145,11 +145,17 @@ impl Proxy {
 
     fn completed(&mut self, data: u64, res: i32) {
         let (slot, op, dir) = untag(data);
-        let Some(conn) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+        let Proxy {
+            slots,
+            free,
+            pending: next,
+            ..
+        } = self;
+        let Some(conn) = slots.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
         conn.inflight -= 1;
-        let mut next = Vec::new();
+        let queued = next.len();
         if !conn.failed && !conn.closing {
             match op {
                 Op::Connect if res < 0 => fail(conn),
@@ -183,12 +189,12 @@ impl Proxy {
                 Op::Close => {}
             }
         }
-        conn.inflight += next.len() as u32;
+        conn.inflight += (next.len() - queued) as u32;
         let done = conn.failed || conn.dirs.iter().all(|d| d.ended);
         if done && conn.inflight == 0 {
             if conn.closing {
-                self.slots[slot] = None;
-                self.free.push(slot);
+                slots[slot] = None;
+                free.push(slot);
                 return;
             }
             conn.closing = true;
@@ -203,7 +209,6 @@ impl Proxy {
                 }
             }
         }
-        self.pending.extend(next);
     }
 }
 
@@ -214,7 +219,7 @@ fn recv(conn: &mut Conn, slot: usize, dir: usize) -> squeue::Entry {
         .user_data(tag(slot, Op::Recv, dir))
 }
 
-fn send(conn: &mut Conn, slot: usize, dir: usize) -> squeue::Entry {
+fn send(conn: &Conn, slot: usize, dir: usize) -> squeue::Entry {
     let d = &conn.dirs[dir];
     let left = &d.buf[d.sent..d.len];
     opcode::Send::new(
