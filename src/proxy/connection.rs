@@ -10,7 +10,8 @@ use tokio::net::TcpStream;
 
 use super::decide::decide;
 use super::peek::{inspect, Peeked};
-use super::relay::{relay, Relayed};
+use super::relay::{read_now, relay, write_all, Relayed};
+use super::upstream::connect_upstream;
 use super::{original_dst, session, ProxyContext};
 use crate::audit::{AuditEvent, Proto};
 use crate::metrics::{ConnectionMetrics, PathMetrics};
@@ -204,23 +205,15 @@ pub(super) async fn serve(
         session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst);
     drop(policy);
 
-    let upstream = tokio::time::timeout(ctx.limits.connect_timeout, TcpStream::connect(dst)).await;
-    let mut upstream = match upstream {
-        Ok(Ok(upstream)) => upstream,
-        Ok(Err(err)) => {
+    let upstream = match connect_upstream(dst, ctx.limits.connect_timeout).await {
+        Ok(upstream) => upstream,
+        Err(err) => {
             tracing::debug!(%dst, %err, "upstream connect failed");
-            reset(client);
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%dst, "upstream connect timed out");
             reset(client);
             return;
         }
     };
     outcome.connected();
-    // The client socket inherited TCP_NODELAY from the listener.
-    let _ = upstream.set_nodelay(true);
     if each_request {
         let checked = session::Checked {
             ctx,
@@ -232,7 +225,7 @@ pub(super) async fn serve(
         outcome.relayed(session::relay(client, upstream, first.buf, checked).await);
         return;
     }
-    if !first.buf.is_empty() && upstream.write_all(&first.buf).await.is_err() {
+    if !first.buf.is_empty() && !write_all(&upstream, &first.buf).await {
         reset(client);
         return;
     }
@@ -263,7 +256,18 @@ async fn peek(client: &mut TcpStream, ctx: &ProxyContext) -> FirstBytes {
         let room = (limit - first.buf.len()).min(4096);
         let start = first.buf.len();
         first.buf.resize(start + room, 0);
-        let read = tokio::time::timeout_at(deadline, client.read(&mut first.buf[start..])).await;
+        // The first read goes to the kernel at once: the client has most
+        // likely spoken by now, and then no timer is armed.
+        let now = match start {
+            0 => read_now(client, &mut first.buf[start..]),
+            _ => Err(std::io::ErrorKind::WouldBlock.into()),
+        };
+        let read = match now {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::timeout_at(deadline, client.read(&mut first.buf[start..])).await
+            }
+            now => Ok(now),
+        };
         let n = match read {
             Ok(Ok(n)) => n,
             // Silent (server-first protocol), closed, or failed: decide on

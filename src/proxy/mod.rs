@@ -16,6 +16,7 @@ mod original_dst;
 pub mod peek;
 mod relay;
 mod session;
+mod upstream;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

@@ -10,6 +10,15 @@
 //! and a large one is zero-copy after its first buffer. Each direction ends
 //! on EOF by shutting down the write side of the other socket (half-close),
 //! and the relay ends when both directions have.
+//!
+//! Writes, and the first read from the client, are tried before the event
+//! loop is asked (speculative I/O, as haproxy does): a socket just
+//! connected or accepted is nearly always writable, and a client's request
+//! is usually waiting by the time its connection is allowed, but tokio
+//! learns either only from its next epoll_wait. Going to the kernel first
+//! saves that round trip, which at eight connections in flight is a wait
+//! behind every other ready connection; only a call that would block waits
+//! for readiness.
 
 use std::cell::RefCell;
 use std::os::fd::{AsFd, OwnedFd};
@@ -39,8 +48,9 @@ pub struct Relayed {
 /// Relay until both directions are closed (or one fails).
 pub async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
     let finished = AtomicBool::new(false);
-    let up = pump(client, upstream, &finished);
-    let down = pump(upstream, client, &finished);
+    // The client has most likely spoken already; the origin has not.
+    let up = pump(client, upstream, &finished, Read::Now);
+    let down = pump(upstream, client, &finished, Read::WhenReady);
     let (up, down) = tokio::join!(up, down);
     Relayed {
         bytes_up: up.bytes,
@@ -133,16 +143,25 @@ enum Step {
     },
 }
 
+/// When a direction's first read goes to the kernel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// At once: bytes are probably waiting.
+    Now,
+    /// Once the event loop says the socket is readable.
+    WhenReady,
+}
+
 /// One direction: `from` -> `to`, copied, then spliced once bulk, then
 /// half-close `to`. `finished` is set by whichever direction ends first;
 /// the last one skips its half-close, since both sockets are closed right
 /// after anyway.
-async fn pump(from: &TcpStream, to: &TcpStream, finished: &AtomicBool) -> Pumped {
+async fn pump(from: &TcpStream, to: &TcpStream, finished: &AtomicBool, first: Read) -> Pumped {
     let mut pumped = Pumped {
         bytes: 0,
         first_write: None,
     };
-    let mut copied = copy(from, to, &mut pumped, false).await;
+    let mut copied = copy(from, to, &mut pumped, false, first).await;
     if let Copied::Bulk = copied {
         copied = match Pipe::take() {
             Ok(pipe) => splice_all(from, to, pipe, &mut pumped).await,
@@ -177,9 +196,16 @@ async fn pump(from: &TcpStream, to: &TcpStream, finished: &AtomicBool) -> Pumped
 
 /// Copy until the source ends, the destination goes, or (unless `forever`)
 /// a read fills the buffer.
-async fn copy(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped, forever: bool) -> Copied {
+async fn copy(
+    from: &TcpStream,
+    to: &TcpStream,
+    pumped: &mut Pumped,
+    forever: bool,
+    first: Read,
+) -> Copied {
+    let mut read = first;
     loop {
-        if from.readable().await.is_err() {
+        if read == Read::WhenReady && from.readable().await.is_err() {
             return Copied::End;
         }
         let step = COPY.with(|buf| {
@@ -187,8 +213,9 @@ async fn copy(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped, forever: bo
             if buf.is_empty() {
                 buf.resize(COPY_BUF, 0);
             }
-            read_and_write(from, to, &mut buf)
+            read_and_write(from, to, &mut buf, read)
         });
+        read = Read::WhenReady;
         let full = match step {
             Step::Again => false,
             Step::End => return Copied::End,
@@ -199,7 +226,8 @@ async fn copy(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped, forever: bo
             }
             Step::Partial { n, left } => {
                 pumped.wrote(n - left.len());
-                if !write_all(to, &left).await {
+                // The send that left these said the socket is full.
+                if to.writable().await.is_err() || !write_all(to, &left).await {
                     return Copied::DestinationGone;
                 }
                 pumped.wrote(left.len());
@@ -214,13 +242,13 @@ async fn copy(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped, forever: bo
 
 /// What the relay does when no pipe can be had: copy to the end.
 async fn copy_forever(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped) -> Copied {
-    copy(from, to, pumped, true).await
+    copy(from, to, pumped, true, Read::WhenReady).await
 }
 
 /// One read from `from` into `buf` and as much of it written to `to` as
 /// goes without waiting.
-fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8]) -> Step {
-    let n = match read_draining(from, buf) {
+fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8], read: Read) -> Step {
+    let n = match read_draining(from, buf, read) {
         Ok(0) => return Step::End,
         Ok(n) => n,
         Err(e) if again(&e) => return Step::Again,
@@ -228,7 +256,7 @@ fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8]) -> Step {
     };
     let mut written = 0;
     while written < n {
-        match to.try_write(&buf[written..n]) {
+        match send_now(to, &buf[written..n]) {
             Ok(0) => return Step::DestinationGone,
             Ok(w) => written += w,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -253,8 +281,16 @@ fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8]) -> Step {
 /// event, so the next read waits for it rather than fail with EAGAIN first
 /// (one system call a connection saved; tokio's own `poll_read` does the
 /// same, tokio-rs/tokio#5866). A FIN already seen stays seen: tokio never
-/// clears read-closed readiness.
-fn read_draining(from: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+/// clears read-closed readiness. With [`Read::Now`] the read goes to the
+/// kernel whatever tokio knows of the socket.
+fn read_draining(from: &TcpStream, buf: &mut [u8], read: Read) -> std::io::Result<usize> {
+    if read == Read::Now {
+        let n = nix::unistd::read(from, buf).map_err(std::io::Error::from);
+        if !matches!(n, Ok(n) if n == 0 || n == buf.len()) {
+            forget(from, Interest::READABLE);
+        }
+        return n;
+    }
     let mut short = None;
     let read = from.try_io(Interest::READABLE, || {
         let n = nix::unistd::read(from, buf).map_err(std::io::Error::from)?;
@@ -271,6 +307,39 @@ fn read_draining(from: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
+/// One read from `from` at once, whatever tokio knows of its readiness
+/// (a read that would block, or a short one, forgets it).
+pub(super) fn read_now(from: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    read_draining(from, buf, Read::Now)
+}
+
+/// Clear what tokio knows of `interest` on `socket` (if it knows anything):
+/// the kernel said the socket would block, or a short read emptied it, so
+/// the next wait is for a new event. tokio clears only the event it saw, so
+/// one that arrives meanwhile is kept.
+fn forget(socket: &TcpStream, interest: Interest) {
+    let _ = socket.try_io(interest, || {
+        Err::<(), _>(std::io::Error::from(std::io::ErrorKind::WouldBlock))
+    });
+}
+
+/// One send(2) to `to`, whatever tokio knows of its readiness (a socket
+/// with room in its send buffer takes it at once); a send that would block
+/// forgets the socket's write readiness, so the caller waits for an event.
+/// MSG_NOSIGNAL: a destination gone is an error here, never a SIGPIPE.
+fn send_now(to: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
+    let sent = nix::sys::socket::send(
+        std::os::fd::AsRawFd::as_raw_fd(to),
+        buf,
+        nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+    )
+    .map_err(std::io::Error::from);
+    if matches!(&sent, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+        forget(to, Interest::WRITABLE);
+    }
+    sent
+}
+
 fn again(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),
@@ -278,16 +347,18 @@ fn again(e: &std::io::Error) -> bool {
     )
 }
 
-/// Write all of `left`, waiting for room; false if the destination went.
-async fn write_all(to: &TcpStream, mut left: &[u8]) -> bool {
+/// Write all of `left`, trying at once and then waiting for room; false if
+/// the destination went.
+pub(super) async fn write_all(to: &TcpStream, mut left: &[u8]) -> bool {
     while !left.is_empty() {
-        if to.writable().await.is_err() {
-            return false;
-        }
-        match to.try_write(left) {
+        match send_now(to, left) {
             Ok(0) => return false,
             Ok(w) => left = &left[w..],
-            Err(e) if again(&e) => {}
+            Err(e) if again(&e) => {
+                if to.writable().await.is_err() {
+                    return false;
+                }
+            }
             Err(_) => return false,
         }
     }
@@ -411,6 +482,27 @@ mod tests {
         assert_eq!((relayed.bytes_up, relayed.bytes_down), (300, 1024));
         assert!(relayed.first_byte_down.is_some());
         assert_eq!(PIPES_TAKEN.with(Cell::get), 0);
+    }
+
+    #[tokio::test]
+    async fn a_request_and_its_end_sent_before_the_relay_starts_reach_the_origin() {
+        // The relay's first read goes to the kernel at once: what the
+        // client sent (and its half-close) is there already.
+        let (mut client, client_side) = connected().await;
+        let (upstream_side, mut origin) = connected().await;
+        client.write_all(b"early request").await.unwrap();
+        client.shutdown().await.unwrap();
+        let relay = tokio::spawn(async move { relay(&client_side, &upstream_side).await });
+        let mut got = Vec::new();
+        origin.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"early request");
+        origin.write_all(b"answer").await.unwrap();
+        origin.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.unwrap();
+        assert_eq!(answer, b"answer");
+        let relayed = relay.await.unwrap();
+        assert_eq!((relayed.bytes_up, relayed.bytes_down), (13, 6));
     }
 
     #[tokio::test]
