@@ -17,8 +17,10 @@
 //! is usually waiting by the time its connection is allowed, but tokio
 //! learns either only from its next epoll_wait. Going to the kernel first
 //! saves that round trip, which at eight connections in flight is a wait
-//! behind every other ready connection; only a call that would block waits
-//! for readiness.
+//! behind every other ready connection. A call that would block goes back
+//! to tokio's way (wait for readiness, then try_io), which clears only the
+//! readiness event it tried on: clearing it by hand after a call of our own
+//! could lose an event that another thread's driver saw meanwhile.
 
 use std::cell::RefCell;
 use std::os::fd::{AsFd, OwnedFd};
@@ -227,7 +229,7 @@ async fn copy(
             Step::Partial { n, left } => {
                 pumped.wrote(n - left.len());
                 // The send that left these said the socket is full.
-                if to.writable().await.is_err() || !write_all(to, &left).await {
+                if !write_all_when_ready(to, &left).await {
                     return Copied::DestinationGone;
                 }
                 pumped.wrote(left.len());
@@ -285,11 +287,10 @@ fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8], read: Read) 
 /// kernel whatever tokio knows of the socket.
 fn read_draining(from: &TcpStream, buf: &mut [u8], read: Read) -> std::io::Result<usize> {
     if read == Read::Now {
-        let n = nix::unistd::read(from, buf).map_err(std::io::Error::from);
-        if !matches!(n, Ok(n) if n == 0 || n == buf.len()) {
-            forget(from, Interest::READABLE);
-        }
-        return n;
+        // What tokio knows is left alone: clearing it after the call could
+        // clear an event another thread's driver saw meanwhile (the
+        // daemon's runtime has several), and the next read waits properly.
+        return nix::unistd::read(from, buf).map_err(std::io::Error::from);
     }
     let mut short = None;
     let read = from.try_io(Interest::READABLE, || {
@@ -307,37 +308,23 @@ fn read_draining(from: &TcpStream, buf: &mut [u8], read: Read) -> std::io::Resul
     }
 }
 
-/// One read from `from` at once, whatever tokio knows of its readiness
-/// (a read that would block, or a short one, forgets it).
+/// One read from `from` at once, whatever tokio knows of its readiness.
 pub(super) fn read_now(from: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     read_draining(from, buf, Read::Now)
 }
 
-/// Clear what tokio knows of `interest` on `socket` (if it knows anything):
-/// the kernel said the socket would block, or a short read emptied it, so
-/// the next wait is for a new event. tokio clears only the event it saw, so
-/// one that arrives meanwhile is kept.
-fn forget(socket: &TcpStream, interest: Interest) {
-    let _ = socket.try_io(interest, || {
-        Err::<(), _>(std::io::Error::from(std::io::ErrorKind::WouldBlock))
-    });
-}
-
 /// One send(2) to `to`, whatever tokio knows of its readiness (a socket
-/// with room in its send buffer takes it at once); a send that would block
-/// forgets the socket's write readiness, so the caller waits for an event.
-/// MSG_NOSIGNAL: a destination gone is an error here, never a SIGPIPE.
+/// with room in its send buffer takes it at once). MSG_NOSIGNAL: a
+/// destination gone is an error here, never a SIGPIPE. A send that would
+/// block is left to [`write_all_when_ready`], which waits the way tokio
+/// keeps its readiness right.
 fn send_now(to: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
-    let sent = nix::sys::socket::send(
+    nix::sys::socket::send(
         std::os::fd::AsRawFd::as_raw_fd(to),
         buf,
         nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
     )
-    .map_err(std::io::Error::from);
-    if matches!(&sent, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
-        forget(to, Interest::WRITABLE);
-    }
-    sent
+    .map_err(std::io::Error::from)
 }
 
 fn again(e: &std::io::Error) -> bool {
@@ -354,11 +341,26 @@ pub(super) async fn write_all(to: &TcpStream, mut left: &[u8]) -> bool {
         match send_now(to, left) {
             Ok(0) => return false,
             Ok(w) => left = &left[w..],
-            Err(e) if again(&e) => {
-                if to.writable().await.is_err() {
-                    return false;
-                }
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if again(&e) => break,
+            Err(_) => return false,
+        }
+    }
+    write_all_when_ready(to, left).await
+}
+
+/// Write all of `left`, waiting for room before each try; false if the
+/// destination went. `try_write` notes which readiness event it tried on
+/// before its call, and clears only that one when the call would block.
+async fn write_all_when_ready(to: &TcpStream, mut left: &[u8]) -> bool {
+    while !left.is_empty() {
+        if to.writable().await.is_err() {
+            return false;
+        }
+        match to.try_write(left) {
+            Ok(0) => return false,
+            Ok(w) => left = &left[w..],
+            Err(e) if again(&e) => {}
             Err(_) => return false,
         }
     }
