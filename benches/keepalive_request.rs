@@ -2,8 +2,8 @@
 //! connection whose requests are each decided (one a hosts rule admitted):
 //! the head read for its Host (`peek::inspect`), framed
 //! (`http1::request`) and decided (`Policy::decide`). The bytes themselves
-//! are copied through user space on this path, not spliced; that is the
-//! rest of its cost and scales with the body, not with the request count.
+//! are copied through user space, as on every path; that is the rest of
+//! its cost and scales with the body, not with the request count.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use sluice::policy::{AnyResolution, Policy, Verdict};

@@ -81,8 +81,7 @@ impl Drop for Scratch {
 }
 
 /// Descriptors the bench and its daemon each need: the daemon holds two
-/// per relayed connection (its two sockets; a small exchange takes no
-/// splice pipe), the bench two (its client end and the origin's), and
+/// per relayed connection (its two sockets), the bench two (its client end and the origin's), and
 /// each some thousands besides (the sandboxes' namespaces and listeners).
 pub fn descriptors_needed(conns: usize) -> u64 {
     (conns as u64) * 2 + 4096

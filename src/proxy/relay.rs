@@ -1,14 +1,15 @@
 //! Moving bytes both ways once a connection is allowed.
 //!
-//! Each direction starts by copying through one buffer per thread (a read,
-//! then a write: the two system calls a splice pair would cost too, without
-//! a pipe). A read that fills the buffer says the transfer is bulk, and
-//! from then on that direction moves bytes with splice(2) through a pipe:
-//! socket -> pipe -> socket inside the kernel, no copy into user space. So a
-//! small exchange holds only its two sockets (a pipe is two more descriptors
-//! per direction, which bounds how many connections one process can hold),
-//! and a large one is zero-copy after its first buffer. Each direction ends
-//! on EOF by shutting down the write side of the other socket (half-close),
+//! Each direction copies through one buffer per thread: a read, then a
+//! write of what it read. The buffer is used only between the two calls,
+//! never across an await, so it serves every connection on the thread; a
+//! connection holds its own copy of bytes only while its destination is
+//! full (at most one buffer's worth, per direction). So a connection holds
+//! its two sockets and nothing else. splice(2) through a pipe was measured
+//! against this and dropped: on these machines the copy moved 32 MiB in
+//! 64 KiB writes faster (docs/measurements.md, "round eleven"), and each
+//! pipe cost two more descriptors per direction. Each direction ends on
+//! EOF by shutting down the write side of the other socket (half-close),
 //! and the relay ends when both directions have.
 //!
 //! Writes, and the first read from the client, are tried before the event
@@ -23,19 +24,14 @@
 //! could lose an event that another thread's driver saw meanwhile.
 
 use std::cell::RefCell;
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use nix::errno::Errno;
-use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Bytes moved per splice call; also the pipe's capacity.
-const CHUNK: usize = 64 * 1024;
-
-/// The copy buffer: a read that fills it turns its direction to splice.
+/// The copy buffer: the most read at a time, and the most a connection
+/// holds of its own while its destination is full.
 const COPY_BUF: usize = 16 * 1024;
 
 /// What the relay observed.
@@ -67,42 +63,6 @@ thread_local! {
     static COPY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Pipes kept per thread for reuse: creating and closing two pipes per
-/// connection would be six system calls out of about thirty.
-const PIPES_KEPT: usize = 64;
-
-thread_local! {
-    static SPARE_PIPES: std::cell::RefCell<Vec<Pipe>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-struct Pipe {
-    read: OwnedFd,
-    write: OwnedFd,
-}
-
-impl Pipe {
-    fn take() -> nix::Result<Pipe> {
-        #[cfg(test)]
-        tests::PIPES_TAKEN.with(|n| n.set(n.get() + 1));
-        if let Some(pipe) = SPARE_PIPES.with(|spare| spare.borrow_mut().pop()) {
-            return Ok(pipe);
-        }
-        let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
-        Ok(Pipe { read, write })
-    }
-
-    /// Keep an EMPTY pipe for the next connection (a pipe with bytes left in
-    /// it is dropped instead: they belong to a finished connection).
-    fn give_back(self) {
-        SPARE_PIPES.with(|spare| {
-            let mut spare = spare.borrow_mut();
-            if spare.len() < PIPES_KEPT {
-                spare.push(self);
-            }
-        });
-    }
-}
-
 struct Pumped {
     bytes: u64,
     first_write: Option<Instant>,
@@ -123,8 +83,6 @@ enum Copied {
     End,
     /// The destination is gone.
     DestinationGone,
-    /// A read filled the buffer: the rest goes by splice.
-    Bulk,
 }
 
 /// One step of the copy: a read and the write of what it read.
@@ -132,11 +90,8 @@ enum Step {
     Again,
     End,
     DestinationGone,
-    /// `n` bytes read and written; `full` if they filled the buffer.
-    Wrote {
-        n: usize,
-        full: bool,
-    },
+    /// `n` bytes read and written.
+    Wrote(usize),
     /// `n` bytes read, `left` of them (copied out) not yet written: the
     /// destination is full.
     Partial {
@@ -154,26 +109,15 @@ enum Read {
     WhenReady,
 }
 
-/// One direction: `from` -> `to`, copied, then spliced once bulk, then
-/// half-close `to`. `finished` is set by whichever direction ends first;
-/// the last one skips its half-close, since both sockets are closed right
-/// after anyway.
+/// One direction: `from` -> `to`, copied, then half-close `to`.
+/// `finished` is set by whichever direction ends first; the last one skips
+/// its half-close, since both sockets are closed right after anyway.
 async fn pump(from: &TcpStream, to: &TcpStream, finished: &AtomicBool, first: Read) -> Pumped {
     let mut pumped = Pumped {
         bytes: 0,
         first_write: None,
     };
-    let mut copied = copy(from, to, &mut pumped, false, first).await;
-    if let Copied::Bulk = copied {
-        copied = match Pipe::take() {
-            Ok(pipe) => splice_all(from, to, pipe, &mut pumped).await,
-            // No descriptor for a pipe: go on copying, never splicing.
-            Err(e) => {
-                tracing::debug!(error = %e, "no pipe for splice; copying instead");
-                copy_forever(from, to, &mut pumped).await
-            }
-        };
-    }
+    let copied = copy(from, to, &mut pumped, first).await;
     match copied {
         Copied::DestinationGone => {
             // Stop reading the source too.
@@ -196,15 +140,8 @@ async fn pump(from: &TcpStream, to: &TcpStream, finished: &AtomicBool, first: Re
     pumped
 }
 
-/// Copy until the source ends, the destination goes, or (unless `forever`)
-/// a read fills the buffer.
-async fn copy(
-    from: &TcpStream,
-    to: &TcpStream,
-    pumped: &mut Pumped,
-    forever: bool,
-    first: Read,
-) -> Copied {
+/// Copy until the source ends or the destination goes.
+async fn copy(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped, first: Read) -> Copied {
     let mut read = first;
     loop {
         if read == Read::WhenReady && from.readable().await.is_err() {
@@ -218,14 +155,11 @@ async fn copy(
             read_and_write(from, to, &mut buf, read)
         });
         read = Read::WhenReady;
-        let full = match step {
-            Step::Again => false,
+        match step {
+            Step::Again => {}
             Step::End => return Copied::End,
             Step::DestinationGone => return Copied::DestinationGone,
-            Step::Wrote { n, full } => {
-                pumped.wrote(n);
-                full
-            }
+            Step::Wrote(n) => pumped.wrote(n),
             Step::Partial { n, left } => {
                 pumped.wrote(n - left.len());
                 // The send that left these said the socket is full.
@@ -233,18 +167,9 @@ async fn copy(
                     return Copied::DestinationGone;
                 }
                 pumped.wrote(left.len());
-                n == COPY_BUF
             }
-        };
-        if full && !forever {
-            return Copied::Bulk;
         }
     }
-}
-
-/// What the relay does when no pipe can be had: copy to the end.
-async fn copy_forever(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped) -> Copied {
-    copy(from, to, pumped, true, Read::WhenReady).await
 }
 
 /// One read from `from` into `buf` and as much of it written to `to` as
@@ -271,10 +196,7 @@ fn read_and_write(from: &TcpStream, to: &TcpStream, buf: &mut [u8], read: Read) 
             Err(_) => return Step::DestinationGone,
         }
     }
-    Step::Wrote {
-        n,
-        full: n == buf.len(),
-    }
+    Step::Wrote(n)
 }
 
 /// One read from `from`; a read shorter than `buf` also forgets the
@@ -367,65 +289,12 @@ async fn write_all_when_ready(to: &TcpStream, mut left: &[u8]) -> bool {
     true
 }
 
-/// Splice `from` -> pipe -> `to` until the source ends or the destination
-/// goes. A pipe drained completely goes back to the pool.
-async fn splice_all(from: &TcpStream, to: &TcpStream, pipe: Pipe, pumped: &mut Pumped) -> Copied {
-    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
-    loop {
-        // Fill the pipe from the source.
-        let filled = loop {
-            match from
-                .async_io(Interest::READABLE, || {
-                    splice(from.as_fd(), None, pipe.write.as_fd(), None, CHUNK, flags)
-                        .map_err(std::io::Error::from)
-                })
-                .await
-            {
-                Ok(n) => break Ok(n),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => break Err(e),
-            }
-        };
-        let mut pending = match filled {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        // Drain the pipe into the destination.
-        while pending > 0 {
-            let drained = to
-                .async_io(Interest::WRITABLE, || {
-                    splice(pipe.read.as_fd(), None, to.as_fd(), None, pending, flags)
-                        .map_err(std::io::Error::from)
-                })
-                .await;
-            match drained {
-                Ok(n) => {
-                    pending -= n;
-                    pumped.wrote(n);
-                }
-                Err(e) if e.raw_os_error() == Some(Errno::EINTR as i32) => {}
-                // The pipe still holds bytes: it is dropped, not reused.
-                Err(_) => return Copied::DestinationGone,
-            }
-        }
-    }
-    pipe.give_back();
-    Copied::End
-}
-
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
-
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
-
-    thread_local! {
-        /// Pipes this thread's relays took (from the pool or new).
-        pub(super) static PIPES_TAKEN: Cell<usize> = const { Cell::new(0) };
-    }
 
     /// Two ends of one loopback TCP connection.
     async fn connected() -> (TcpStream, TcpStream) {
@@ -449,7 +318,6 @@ mod tests {
         down: Vec<u8>,
         reader_chunk: usize,
     ) -> (Vec<u8>, Vec<u8>, Relayed) {
-        PIPES_TAKEN.with(|n| n.set(0));
         let (mut client, client_side) = connected().await;
         let (upstream_side, mut origin) = connected().await;
         let relay = tokio::spawn(async move { relay(&client_side, &upstream_side).await });
@@ -476,14 +344,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_small_exchange_is_copied_both_ways_without_a_pipe() {
+    async fn a_small_exchange_is_copied_both_ways() {
         let (at_origin, at_client, relayed) =
             exchange(pattern(300), pattern(1024), 64 * 1024).await;
         assert_eq!(at_origin, pattern(300));
         assert_eq!(at_client, pattern(1024));
         assert_eq!((relayed.bytes_up, relayed.bytes_down), (300, 1024));
         assert!(relayed.first_byte_down.is_some());
-        assert_eq!(PIPES_TAKEN.with(Cell::get), 0);
     }
 
     #[tokio::test]
@@ -508,15 +375,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_bulk_transfer_turns_to_splice_and_arrives_intact() {
+    async fn a_bulk_transfer_arrives_intact() {
         let size = 4 * 1024 * 1024 + 17;
         let (at_origin, at_client, relayed) =
             exchange(b"GET".to_vec(), pattern(size), 64 * 1024).await;
         assert_eq!(at_origin, b"GET");
         assert!(at_client == pattern(size), "the body differs");
         assert_eq!(relayed.bytes_down, size as u64);
-        // Only the bulk direction took a pipe.
-        assert_eq!(PIPES_TAKEN.with(Cell::get), 1);
     }
 
     #[tokio::test]
@@ -529,7 +394,6 @@ mod tests {
             (relayed.bytes_up, relayed.bytes_down),
             (up.len() as u64, down.len() as u64)
         );
-        assert_eq!(PIPES_TAKEN.with(Cell::get), 2);
     }
 
     #[tokio::test]
@@ -537,7 +401,6 @@ mod tests {
         // Many small writes that the client does not read until the origin
         // is done: the relay's writes to it fill its socket buffers, so
         // some are only partly written and must finish later.
-        PIPES_TAKEN.with(|n| n.set(0));
         let (mut client, client_side) = connected().await;
         let (upstream_side, mut origin) = connected().await;
         let relay = tokio::spawn(async move { relay(&client_side, &upstream_side).await });

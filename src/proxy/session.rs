@@ -10,7 +10,7 @@
 //! client the responses to the requests before it and then a 403 (or 400)
 //! naming why, and the connection closes. Origin to client is copied as it
 //! comes. Connections admitted by their address alone never come here: they
-//! keep the plain relay (`relay`: copied, then spliced once bulk).
+//! keep the plain relay (`relay`).
 //!
 //! In audit mode a request that would be denied is audited `would-deny`
 //! and passed on; one that cannot be framed is audited and the rest of the
