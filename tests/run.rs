@@ -133,6 +133,117 @@ fn a_worker_count_out_of_range_is_refused_before_anything_starts() {
 }
 
 #[test]
+fn a_nice_lead_out_of_range_is_refused_before_anything_starts() {
+    let Some(w) = World::new() else { return };
+    let child = w
+        .run_command(&w.policy(POLICY), &["true"])
+        .env("SLUICE_NICE", "20")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("SLUICE_NICE"), "{}", stderr(&out));
+}
+
+/// The nice value in a /proc/.../stat line (its 19th field; the name in
+/// parentheses may hold spaces, so fields are counted after it).
+fn nice_in_stat(stat: &str) -> i32 {
+    let after_name = &stat[stat.rfind(')').expect("a stat line") + 1..];
+    after_name
+        .split_whitespace()
+        .nth(16)
+        .expect("19 fields")
+        .parse()
+        .expect("a number")
+}
+
+/// Starts a workload that prints its own nice value and waits for a line;
+/// returns the running sluice and the workload's nice.
+fn workload_reporting_its_nice(w: &World, lead: Option<&str>) -> (std::process::Child, i32) {
+    use std::io::BufRead;
+    let mut cmd = w.run_command(
+        &w.policy(POLICY),
+        &["sh", "-c", "cat /proc/self/stat; read line"],
+    );
+    if let Some(lead) = lead {
+        cmd.env("SLUICE_NICE", lead);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().expect("piped"))
+        .read_line(&mut line)
+        .expect("the workload's stat line");
+    (child, nice_in_stat(&line))
+}
+
+fn nice_of_sluice(child: &std::process::Child) -> i32 {
+    // The main thread: the one that serves the sandbox.
+    nice_in_stat(
+        &std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("sluice's stat"),
+    )
+}
+
+fn finish(mut child: std::process::Child) {
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(b"done\n")
+        .expect("the workload reads");
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn sluice_serves_two_nice_steps_ahead_of_a_workload_that_keeps_the_callers_priority() {
+    let Some(w) = World::new() else { return };
+    let caller =
+        nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").expect("own stat"));
+    let (child, workload) = workload_reporting_its_nice(&w, None);
+    // The lead is taken before the workload starts, so it shows by now.
+    let sluice = nice_of_sluice(&child);
+    finish(child);
+    assert_eq!(workload, caller, "the workload keeps the caller's nice");
+    assert_eq!(
+        sluice,
+        (caller - 2).max(-20),
+        "sluice's serving thread runs 2 steps ahead"
+    );
+}
+
+#[test]
+fn a_nice_lead_set_by_sluice_nice_is_taken_and_the_workload_still_keeps_the_callers() {
+    let Some(w) = World::new() else { return };
+    let caller =
+        nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").expect("own stat"));
+    let (child, workload) = workload_reporting_its_nice(&w, Some("7"));
+    let sluice = nice_of_sluice(&child);
+    finish(child);
+    assert_eq!(workload, caller);
+    assert_eq!(sluice, (caller - 7).max(-20));
+}
+
+#[test]
+fn a_nice_lead_of_zero_serves_at_the_workloads_priority() {
+    let Some(w) = World::new() else { return };
+    let caller =
+        nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").expect("own stat"));
+    let (child, workload) = workload_reporting_its_nice(&w, Some("0"));
+    let sluice = nice_of_sluice(&child);
+    finish(child);
+    assert_eq!(workload, caller);
+    assert_eq!(sluice, caller);
+}
+
+#[test]
 fn denied_port_gets_403_naming_rule_and_reason_and_is_audited() {
     let Some(w) = World::new() else { return };
     let hits = w.http_origin("198.18.0.1:8082");

@@ -485,6 +485,9 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     };
     let served = session.serve(sandbox, format!("host-{}", std::process::id()))?;
 
+    // The workload comes from the init, forked before this thread got its
+    // lead, so it keeps the priority sluice was started with.
+    runtime::serve_ahead_of_workload();
     let terminal = crate::confine::terminal::Foreground::now();
     // Spawned from this (the runtime's main) thread: see host::spawn.
     let mut child = match host::spawn(init, &served.sandbox).await {

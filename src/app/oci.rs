@@ -107,6 +107,10 @@ async fn contain(
         Ok(child) => child,
         Err(err) => return Err((err.into(), None)),
     };
+    // After podman is started: the container keeps the priority sluice
+    // was started with (podman's own wait and stop, started later from
+    // this thread, share the lead; they only wait).
+    super::runtime::serve_ahead_of_workload();
 
     // Drained once podman has returned: the id is then written, or never.
     let (stop_naming, stop_rx) = crate::drain::trigger();

@@ -58,6 +58,9 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
         }
     };
     let served = session.serve(sandbox, opts.id)?;
+    // The VM's command comes from the init, forked before: it keeps
+    // sluice's starting priority.
+    super::runtime::serve_ahead_of_workload();
     let terminal = crate::confine::terminal::Foreground::now();
     // Started from this (the runtime's main) thread: see host::spawn.
     let spawned = match served.sandbox.netns.entry() {
@@ -132,6 +135,8 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
         }
     };
     let served = session.serve(sandbox, opts.id)?;
+    // The guest is someone else's process: nothing here inherits the lead.
+    super::runtime::serve_ahead_of_workload();
     tracing::info!(tap = %net.tap, guest = %net.guest, "serving the tap until SIGINT or SIGTERM");
     wait_for_stop(&session).await;
     tracing::info!(

@@ -235,6 +235,7 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
             || e.is::<crate::audit::AuditError>()
             || e.is::<crate::timing::TimingError>()
             || e.is::<crate::app::runtime::BadWorkers>()
+            || e.is::<crate::app::runtime::BadNice>()
     });
     if bad_input {
         exit::BAD_INPUT
