@@ -591,6 +591,26 @@ fn allowed_fetch_returns_the_body_intact(w: &World, env: &OciEnv, via: Via) {
 }
 
 #[test]
+fn wrapper_container_keeps_the_callers_priority_while_sluice_serves_ahead() {
+    let Some((w, env)) = setup() else { return };
+    let caller = own_nice();
+    let ran = run_container(
+        &w,
+        env,
+        Via::Wrapper,
+        &w.policy(POLICY),
+        &[],
+        "cat /proc/self/stat",
+    );
+    assert!(ran.out.status.success(), "{}", ran.stderr());
+    assert_eq!(
+        nice_in_stat(&ran.stdout()),
+        caller,
+        "podman starts before sluice takes its lead"
+    );
+}
+
+#[test]
 fn wrapper_allowed_http_fetch_returns_the_body_intact() {
     let Some((w, env)) = setup() else { return };
     allowed_fetch_returns_the_body_intact(&w, env, Via::Wrapper);

@@ -117,17 +117,22 @@ fn two_workers_deny_and_audit_every_connection_whichever_worker_takes_it() {
         .all(|r| r["verdict"] == "deny" && r["dst"] == "198.18.0.1:8082"));
 }
 
-#[test]
-fn a_worker_count_out_of_range_is_refused_before_anything_starts() {
-    let Some(w) = World::new() else { return };
+/// `sluice run -- true` with `var=value` in its environment, to its end.
+fn run_true_with(w: &World, var: &str, value: &str) -> std::process::Output {
     let child = w
         .run_command(&w.policy(POLICY), &["true"])
-        .env("SLUICE_WORKERS", "0")
+        .env(var, value)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice");
-    let out = wait_bounded(child, Duration::from_secs(60));
+    wait_bounded(child, Duration::from_secs(60))
+}
+
+#[test]
+fn a_worker_count_out_of_range_is_refused_before_anything_starts() {
+    let Some(w) = World::new() else { return };
+    let out = run_true_with(&w, "SLUICE_WORKERS", "0");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("SLUICE_WORKERS"), "{}", stderr(&out));
 }
@@ -135,34 +140,18 @@ fn a_worker_count_out_of_range_is_refused_before_anything_starts() {
 #[test]
 fn a_nice_lead_out_of_range_is_refused_before_anything_starts() {
     let Some(w) = World::new() else { return };
-    let child = w
-        .run_command(&w.policy(POLICY), &["true"])
-        .env("SLUICE_NICE", "20")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    let out = wait_bounded(child, Duration::from_secs(60));
+    let out = run_true_with(&w, "SLUICE_NICE", "20");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("SLUICE_NICE"), "{}", stderr(&out));
 }
 
-/// The nice value in a /proc/.../stat line (its 19th field; the name in
-/// parentheses may hold spaces, so fields are counted after it).
-fn nice_in_stat(stat: &str) -> i32 {
-    let after_name = &stat[stat.rfind(')').expect("a stat line") + 1..];
-    after_name
-        .split_whitespace()
-        .nth(16)
-        .expect("19 fields")
-        .parse()
-        .expect("a number")
-}
-
-/// Starts a workload that prints its own nice value and waits for a line;
-/// returns the running sluice and the workload's nice.
-fn workload_reporting_its_nice(w: &World, lead: Option<&str>) -> (std::process::Child, i32) {
-    use std::io::BufRead;
+/// The nice values of this test's thread (sluice's caller), of a workload
+/// under `sluice run` with `SLUICE_NICE` set to `lead` (or unset), and of
+/// sluice's main thread (the one serving the sandbox) while the workload
+/// runs.
+fn nice_of_caller_workload_and_sluice(w: &World, lead: Option<&str>) -> (i32, i32, i32) {
+    use std::io::{BufRead, Write};
+    let caller = own_nice();
     let mut cmd = w.run_command(
         &w.policy(POLICY),
         &["sh", "-c", "cat /proc/self/stat; read line"],
@@ -180,18 +169,11 @@ fn workload_reporting_its_nice(w: &World, lead: Option<&str>) -> (std::process::
     std::io::BufReader::new(child.stdout.as_mut().expect("piped"))
         .read_line(&mut line)
         .expect("the workload's stat line");
-    (child, nice_in_stat(&line))
-}
-
-fn nice_of_sluice(child: &std::process::Child) -> i32 {
-    // The main thread: the one that serves the sandbox.
-    nice_in_stat(
-        &std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("sluice's stat"),
-    )
-}
-
-fn finish(mut child: std::process::Child) {
-    use std::io::Write;
+    let workload = nice_in_stat(&line);
+    // The lead is taken before the workload starts, so it shows by now.
+    let stat =
+        std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("sluice's stat");
+    let sluice = nice_in_stat(&stat);
     child
         .stdin
         .take()
@@ -200,17 +182,13 @@ fn finish(mut child: std::process::Child) {
         .expect("the workload reads");
     let out = wait_bounded(child, Duration::from_secs(60));
     assert!(out.status.success(), "{}", stderr(&out));
+    (caller, workload, sluice)
 }
 
 #[test]
 fn sluice_serves_two_nice_steps_ahead_of_a_workload_that_keeps_the_callers_priority() {
     let Some(w) = World::new() else { return };
-    let caller =
-        nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").expect("own stat"));
-    let (child, workload) = workload_reporting_its_nice(&w, None);
-    // The lead is taken before the workload starts, so it shows by now.
-    let sluice = nice_of_sluice(&child);
-    finish(child);
+    let (caller, workload, sluice) = nice_of_caller_workload_and_sluice(&w, None);
     assert_eq!(workload, caller, "the workload keeps the caller's nice");
     assert_eq!(
         sluice,
@@ -222,11 +200,7 @@ fn sluice_serves_two_nice_steps_ahead_of_a_workload_that_keeps_the_callers_prior
 #[test]
 fn a_nice_lead_set_by_sluice_nice_is_taken_and_the_workload_still_keeps_the_callers() {
     let Some(w) = World::new() else { return };
-    let caller =
-        nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").expect("own stat"));
-    let (child, workload) = workload_reporting_its_nice(&w, Some("7"));
-    let sluice = nice_of_sluice(&child);
-    finish(child);
+    let (caller, workload, sluice) = nice_of_caller_workload_and_sluice(&w, Some("7"));
     assert_eq!(workload, caller);
     assert_eq!(sluice, (caller - 7).max(-20));
 }
@@ -234,11 +208,7 @@ fn a_nice_lead_set_by_sluice_nice_is_taken_and_the_workload_still_keeps_the_call
 #[test]
 fn a_nice_lead_of_zero_serves_at_the_workloads_priority() {
     let Some(w) = World::new() else { return };
-    let caller =
-        nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").expect("own stat"));
-    let (child, workload) = workload_reporting_its_nice(&w, Some("0"));
-    let sluice = nice_of_sluice(&child);
-    finish(child);
+    let (caller, workload, sluice) = nice_of_caller_workload_and_sluice(&w, Some("0"));
     assert_eq!(workload, caller);
     assert_eq!(sluice, caller);
 }

@@ -674,3 +674,20 @@ pub fn signed_bundle(dir: &Path, policy: &str, revision: u64) -> (PathBuf, PathB
     sluice::bundle::sign(&key, &src, revision, expires, &bundle).expect("sign the bundle");
     (bundle, trust)
 }
+
+/// The nice value in a /proc/.../stat line (its 19th field; the name in
+/// parentheses may hold spaces, so fields are counted after it).
+pub fn nice_in_stat(stat: &str) -> i32 {
+    let after_name = &stat[stat.rfind(')').expect("a stat line") + 1..];
+    after_name
+        .split_whitespace()
+        .nth(16)
+        .expect("19 fields")
+        .parse()
+        .expect("a number")
+}
+
+/// This thread's nice value (what a process it starts inherits).
+pub fn own_nice() -> i32 {
+    nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").expect("own stat"))
+}
