@@ -205,6 +205,73 @@ fn a_nice_lead_set_by_sluice_nice_is_taken_and_the_workload_still_keeps_the_call
     assert_eq!(sluice, (caller - 7).max(-20));
 }
 
+/// The workload holds four connections open to the holding origin; once
+/// each has said hello, sluice's serving thread runs three steps further
+/// ahead. After they close, the first connection accepted with fewer in
+/// flight brings it back.
+#[test]
+fn sluice_serves_three_more_steps_ahead_while_four_connections_are_in_flight() {
+    use std::io::{BufRead, Write};
+    let Some(w) = World::new() else { return };
+    w.holding_origin("198.18.0.1:7000");
+    let caller = own_nice();
+    let script = r#"
+        for fd in 3 4 5 6; do eval "exec $fd<>/dev/tcp/198.18.0.1/7000"; done
+        for fd in 3 4 5 6; do read -r hello <&$fd; done
+        echo busy
+        read -r line
+        exec 3>&- 4>&- 5>&- 6>&-
+        while read -r line; do
+            exec 3<>/dev/tcp/198.18.0.1/7000
+            read -r hello <&3
+            exec 3>&-
+            echo one
+        done
+    "#;
+    let mut child = w
+        .run_command(&w.policy(POLICY), &["bash", "-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let stat = format!("/proc/{}/stat", child.id());
+    let sluice_nice = || nice_in_stat(&std::fs::read_to_string(&stat).expect("sluice's stat"));
+    let mut stdin = child.stdin.take().expect("piped");
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut next_line = || {
+        lines
+            .next()
+            .expect("a line")
+            .expect("the workload's output")
+    };
+
+    assert_eq!(next_line(), "busy");
+    // The fourth accept took the extra lead before relaying its hello.
+    let busy = sluice_nice();
+    writeln!(stdin, "close them").expect("the workload reads");
+    // The four close as the origin sees each end; the first accept after
+    // that gives the extra lead back.
+    let mut calm = busy;
+    for _ in 0..200 {
+        writeln!(stdin, "one more").expect("the workload reads");
+        assert_eq!(next_line(), "one");
+        calm = sluice_nice();
+        if calm != busy {
+            break;
+        }
+    }
+    drop(stdin);
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        busy,
+        (caller - 5).max(-20),
+        "2 steps ahead, 3 more under load"
+    );
+    assert_eq!(calm, (caller - 2).max(-20), "back to 2 steps ahead");
+}
+
 #[test]
 fn a_nice_lead_of_zero_serves_at_the_workloads_priority() {
     let Some(w) = World::new() else { return };

@@ -12,8 +12,9 @@
 //! The threads that serve one sandbox run a few nice steps ahead of its
 //! workload (`SLUICE_NICE`, [`serve_ahead_of_workload`]): every connection
 //! the workload makes waits on them, so when the two compete for a CPU the
-//! proxy's turn comes first. The workload keeps the priority it was started
-//! with.
+//! proxy's turn comes first. While many connections are in flight they run
+//! a few steps further ahead ([`lead_by_load`]). The workload keeps the
+//! priority it was started with.
 
 use std::sync::OnceLock;
 
@@ -42,6 +43,61 @@ const NICE_AHEAD: i32 = 2;
 
 /// The lead [`plan_one_sandbox`] read, for [`serve_ahead_of_workload`].
 static AHEAD: OnceLock<i32> = OnceLock::new();
+
+/// Nice steps a serving thread takes on top of its lead while [`BUSY_AT`]
+/// or more of the sandbox's connections are in flight. Measured on these
+/// 2-vCPU machines (docs/measurements.md, round fifteen): at 8 in flight
+/// 0.92 of haproxy's time against 0.98 with the lead alone, one at a time,
+/// the stream and bulk unchanged. A lead this big all the time cost one at
+/// a time and bulk (round thirteen); taken only under load, the connections
+/// that pay for it are not there.
+const LEAD_UNDER_LOAD: i32 = 3;
+
+/// Connections in flight from which a serving thread takes
+/// [`LEAD_UNDER_LOAD`]; it gives it back at the first accept with fewer.
+const BUSY_AT: usize = 4;
+
+std::thread_local! {
+    /// The nice this serving thread returns to once the load is gone, while
+    /// it runs [`LEAD_UNDER_LOAD`] further ahead; `None` when it does not.
+    static BEFORE_LOAD: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// What a sandbox's proxy calls after each accept (its `on_accept`), or
+/// `None` where serving threads do not run ahead of the workload (the
+/// daemon, or `SLUICE_NICE=0`).
+pub fn lead_by_load() -> Option<fn(usize)> {
+    AHEAD
+        .get()
+        .filter(|&&steps| steps > 0)
+        .map(|_| follow_load as fn(usize))
+}
+
+/// Take or give back [`LEAD_UNDER_LOAD`] on the calling thread, given the
+/// connections in flight. A system call only when the load crosses
+/// [`BUSY_AT`]; a thread that may not raise its priority (no CAP_SYS_NICE)
+/// stays where it is.
+fn follow_load(in_flight: usize) {
+    let busy = in_flight >= BUSY_AT;
+    BEFORE_LOAD.with(|before| match (busy, before.get()) {
+        (true, None) => {
+            let me = rustix::thread::gettid();
+            let Ok(now) = rustix::process::getpriority_process(Some(me)) else {
+                return;
+            };
+            // Marked as taken even if refused: no retry on every accept.
+            let _ =
+                rustix::process::setpriority_process(Some(me), (now - LEAD_UNDER_LOAD).max(-20));
+            before.set(Some(now));
+        }
+        (false, Some(now)) => {
+            let me = rustix::thread::gettid();
+            let _ = rustix::process::setpriority_process(Some(me), now);
+            before.set(None);
+        }
+        _ => {}
+    });
+}
 
 /// Nice steps ahead from `SLUICE_NICE`'s value (`None`: unset).
 fn nice_ahead(value: Option<&str>) -> Result<i32, BadNice> {

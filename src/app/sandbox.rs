@@ -86,6 +86,7 @@ impl ServedSandbox {
             .as_ref()
             .map(|m| m.path(path).with_tally(tally.clone()));
         proxy_ctx.timings = shared.timings.clone();
+        proxy_ctx.on_accept = super::runtime::lead_by_load();
         proxy_ctx.internal = InternalAddrs {
             ips: sandbox.attachment.internal.clone(),
             endpoints: shared.internal.clone(),

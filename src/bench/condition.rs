@@ -87,8 +87,8 @@ impl ConditionKind {
     pub fn describe(self) -> &'static str {
         match self {
             ConditionKind::Native => "the client straight to the origin (no sluice, no nftables)",
-            ConditionKind::Host => "the client as the workload of `sluice run` (with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead of the client, 2 unless set, and the peers at its priority)",
-            ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead, 2 unless set)",
+            ConditionKind::Host => "the client as the workload of `sluice run` (with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead of the client, 2 unless set, 3 more while 4 or more connections are in flight, and the peers at its priority)",
+            ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead, 2 unless set, 3 more while 4 or more connections are in flight)",
             ConditionKind::Haproxy => "haproxy `mode tcp`, one fixed upstream, behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::TokioProxy => "a minimal tokio proxy (SO_ORIGINAL_DST, copy_bidirectional, one thread) behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::UringProxy => "the minimal proxy of tokio-proxy with its accepts, connects, reads, writes, shutdowns and closes on io_uring (one thread, one ring) in place of tokio's epoll reactor; no policy (started once for the run)",

@@ -149,6 +149,11 @@ pub struct ProxyContext {
     pub accepted: AtomicU64,
     slots: Arc<Semaphore>,
     limit_logged: AtomicBool,
+    /// Told, after each accept, how many connections this sandbox has in
+    /// flight (the new one included). The runtime serving the sandbox
+    /// uses it to run further ahead of the workload under load; what it
+    /// does is none of the proxy's business. `None`: nobody asks.
+    pub on_accept: Option<fn(usize)>,
 }
 
 impl ProxyContext {
@@ -175,6 +180,7 @@ impl ProxyContext {
             slots: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             limit_logged: AtomicBool::new(false),
+            on_accept: None,
         }
     }
 }
@@ -262,6 +268,13 @@ where
         };
         ctx.accepted.fetch_add(1, Ordering::Relaxed);
         accepted_here += 1;
+        if let Some(on_accept) = ctx.on_accept {
+            let in_flight = ctx
+                .limits
+                .max_connections
+                .saturating_sub(ctx.slots.available_permits());
+            on_accept(in_flight);
+        }
         // The handler's future is made inside the task: an async block that
         // awaited a future it had captured would hold it twice (the
         // capture and the awaited value are not laid over each other),
