@@ -81,22 +81,29 @@ fn follow_load(in_flight: usize) {
     let busy = in_flight >= BUSY_AT;
     BEFORE_LOAD.with(|before| match (busy, before.get()) {
         (true, None) => {
-            let me = rustix::thread::gettid();
-            let Ok(now) = rustix::process::getpriority_process(Some(me)) else {
-                return;
-            };
             // Marked as taken even if refused: no retry on every accept.
-            let _ =
-                rustix::process::setpriority_process(Some(me), (now - LEAD_UNDER_LOAD).max(-20));
-            before.set(Some(now));
+            if let Ok(now) = run_ahead_by(LEAD_UNDER_LOAD) {
+                before.set(Some(now));
+            }
         }
         (false, Some(now)) => {
-            let me = rustix::thread::gettid();
-            let _ = rustix::process::setpriority_process(Some(me), now);
+            let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), now);
             before.set(None);
         }
         _ => {}
     });
+}
+
+/// Run the calling thread `steps` nice steps ahead of where it is now (nice
+/// -20 at most). Returns where it was, also when the raise was refused (no
+/// CAP_SYS_NICE); an error only if its priority could not be read.
+fn run_ahead_by(steps: i32) -> rustix::io::Result<i32> {
+    let me = rustix::thread::gettid();
+    let now = rustix::process::getpriority_process(Some(me))?;
+    if let Err(err) = rustix::process::setpriority_process(Some(me), (now - steps).max(-20)) {
+        tracing::debug!(%err, "cannot raise the serving thread's priority: it serves where it is");
+    }
+    Ok(now)
 }
 
 /// Nice steps ahead from `SLUICE_NICE`'s value (`None`: unset).
@@ -121,12 +128,7 @@ pub fn serve_ahead_of_workload() {
     if steps == 0 {
         return;
     }
-    let me = rustix::thread::gettid();
-    let raised = rustix::process::getpriority_process(Some(me))
-        .and_then(|now| rustix::process::setpriority_process(Some(me), (now - steps).max(-20)));
-    if let Err(err) = raised {
-        tracing::debug!(%err, "cannot run ahead of the workload: serving at its priority");
-    }
+    let _ = run_ahead_by(steps);
 }
 
 /// How many workers serve sandboxes: `SLUICE_WORKERS` if set (1 to 64),
