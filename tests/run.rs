@@ -205,71 +205,152 @@ fn a_nice_lead_set_by_sluice_nice_is_taken_and_the_workload_still_keeps_the_call
     assert_eq!(sluice, (caller - 7).max(-20));
 }
 
-/// The workload holds four connections open to the holding origin; once
-/// each has said hello, sluice's serving thread runs three steps further
-/// ahead. After they close, the first connection accepted with fewer in
-/// flight brings it back.
-#[test]
-fn sluice_serves_three_more_steps_ahead_while_four_connections_are_in_flight() {
-    use std::io::{BufRead, Write};
-    let Some(w) = World::new() else { return };
-    w.holding_origin("198.18.0.1:7000");
-    let caller = own_nice();
-    let script = r#"
-        for fd in 3 4 5 6; do eval "exec $fd<>/dev/tcp/198.18.0.1/7000"; done
-        for fd in 3 4 5 6; do read -r hello <&$fd; done
+/// A workload under `sluice run` that talks line by line with the test:
+/// its stdin and stdout are piped, and sluice's serving thread (its main
+/// thread) can be read meanwhile.
+struct Conversation {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Conversation {
+    fn start(w: &World, script: &str, lead: Option<&str>) -> Conversation {
+        let mut cmd = w.run_command(&w.policy(POLICY), &["bash", "-c", script]);
+        if let Some(lead) = lead {
+            cmd.env("SLUICE_NICE", lead);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sluice");
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        Conversation {
+            child,
+            stdin,
+            lines: std::io::BufRead::lines(std::io::BufReader::new(stdout)),
+        }
+    }
+
+    fn next_line(&mut self) -> String {
+        self.lines
+            .next()
+            .expect("a line")
+            .expect("the workload's output")
+    }
+
+    fn say(&mut self, line: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{line}").expect("the workload reads");
+    }
+
+    fn sluice_nice(&self) -> i32 {
+        let stat = format!("/proc/{}/stat", self.child.id());
+        nice_in_stat(&std::fs::read_to_string(&stat).expect("sluice's stat"))
+    }
+
+    /// Close the workload's stdin and wait for sluice to exit cleanly.
+    fn finish(self) {
+        drop(self.stdin);
+        let out = wait_bounded(self.child, Duration::from_secs(60));
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+}
+
+/// A bash script that opens `n` connections to the holding origin at
+/// 198.18.0.1:7000, reads each one's hello, says "busy", and waits for a
+/// line before closing them; then it makes one connection per line it
+/// reads, saying "one" after each hello.
+fn hold_then_one_at_a_time(n: usize) -> String {
+    let fds = (3..3 + n)
+        .map(|fd| fd.to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!(
+        r#"
+        for fd in {fds}; do eval "exec $fd<>/dev/tcp/198.18.0.1/7000"; done
+        for fd in {fds}; do read -r hello <&$fd; done
         echo busy
         read -r line
-        exec 3>&- 4>&- 5>&- 6>&-
+        for fd in {fds}; do eval "exec $fd>&-"; done
         while read -r line; do
             exec 3<>/dev/tcp/198.18.0.1/7000
             read -r hello <&3
             exec 3>&-
             echo one
         done
-    "#;
-    let mut child = w
-        .run_command(&w.policy(POLICY), &["bash", "-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    let stat = format!("/proc/{}/stat", child.id());
-    let sluice_nice = || nice_in_stat(&std::fs::read_to_string(&stat).expect("sluice's stat"));
-    let mut stdin = child.stdin.take().expect("piped");
-    let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
-    let mut next_line = || {
-        lines
-            .next()
-            .expect("a line")
-            .expect("the workload's output")
-    };
+    "#
+    )
+}
 
-    assert_eq!(next_line(), "busy");
+/// sluice's nice while the workload holds `n` connections open, each of
+/// which has said hello (so each was accepted and relayed).
+fn nice_while_holding(w: &World, n: usize, lead: Option<&str>) -> i32 {
+    w.holding_origin("198.18.0.1:7000");
+    let mut talk = Conversation::start(w, &hold_then_one_at_a_time(n), lead);
+    assert_eq!(talk.next_line(), "busy");
+    let nice = talk.sluice_nice();
+    talk.finish();
+    nice
+}
+
+/// The workload holds four connections open to the holding origin; once
+/// each has said hello, sluice's serving thread runs three steps further
+/// ahead. After they close, the first connection accepted with fewer in
+/// flight brings it back.
+#[test]
+fn sluice_serves_three_more_steps_ahead_while_four_connections_are_in_flight() {
+    let Some(w) = World::new() else { return };
+    w.holding_origin("198.18.0.1:7000");
+    let caller = own_nice();
+    let mut talk = Conversation::start(&w, &hold_then_one_at_a_time(4), None);
+    assert_eq!(talk.next_line(), "busy");
     // The fourth accept took the extra lead before relaying its hello.
-    let busy = sluice_nice();
-    writeln!(stdin, "close them").expect("the workload reads");
+    let busy = talk.sluice_nice();
+    talk.say("close them");
     // The four close as the origin sees each end; the first accept after
     // that gives the extra lead back.
     let mut calm = busy;
     for _ in 0..200 {
-        writeln!(stdin, "one more").expect("the workload reads");
-        assert_eq!(next_line(), "one");
-        calm = sluice_nice();
+        talk.say("one more");
+        assert_eq!(talk.next_line(), "one");
+        calm = talk.sluice_nice();
         if calm != busy {
             break;
         }
     }
-    drop(stdin);
-    let out = wait_bounded(child, Duration::from_secs(60));
-    assert!(out.status.success(), "{}", stderr(&out));
+    talk.finish();
     assert_eq!(
         busy,
         (caller - 5).max(-20),
         "2 steps ahead, 3 more under load"
     );
     assert_eq!(calm, (caller - 2).max(-20), "back to 2 steps ahead");
+}
+
+/// However many connections a workload holds, the lead under load is three
+/// steps, never more: what a workload can take of the CPU is bounded.
+#[test]
+fn the_lead_under_load_stays_three_steps_however_many_connections_are_in_flight() {
+    let Some(w) = World::new() else { return };
+    let caller = own_nice();
+    let nice = nice_while_holding(&w, 16, None);
+    assert_eq!(
+        nice,
+        (caller - 5).max(-20),
+        "2 steps ahead, 3 more, no more"
+    );
+}
+
+#[test]
+fn a_nice_lead_of_zero_takes_no_lead_under_load_either() {
+    let Some(w) = World::new() else { return };
+    let caller = own_nice();
+    let nice = nice_while_holding(&w, 4, Some("0"));
+    assert_eq!(nice, caller);
 }
 
 #[test]
