@@ -150,38 +150,13 @@ fn a_nice_lead_out_of_range_is_refused_before_anything_starts() {
 /// sluice's main thread (the one serving the sandbox) while the workload
 /// runs.
 fn nice_of_caller_workload_and_sluice(w: &World, lead: Option<&str>) -> (i32, i32, i32) {
-    use std::io::{BufRead, Write};
     let caller = own_nice();
-    let mut cmd = w.run_command(
-        &w.policy(POLICY),
-        &["sh", "-c", "cat /proc/self/stat; read line"],
-    );
-    if let Some(lead) = lead {
-        cmd.env("SLUICE_NICE", lead);
-    }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.as_mut().expect("piped"))
-        .read_line(&mut line)
-        .expect("the workload's stat line");
-    let workload = nice_in_stat(&line);
+    let mut talk = Conversation::start(w, POLICY, "cat /proc/self/stat; read line", lead);
+    let workload = nice_in_stat(&talk.next_line());
     // The lead is taken before the workload starts, so it shows by now.
-    let stat =
-        std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("sluice's stat");
-    let sluice = nice_in_stat(&stat);
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(b"done\n")
-        .expect("the workload reads");
-    let out = wait_bounded(child, Duration::from_secs(60));
-    assert!(out.status.success(), "{}", stderr(&out));
+    let sluice = talk.sluice_nice();
+    talk.say("done");
+    talk.finish();
     (caller, workload, sluice)
 }
 
@@ -215,8 +190,8 @@ struct Conversation {
 }
 
 impl Conversation {
-    fn start(w: &World, script: &str, lead: Option<&str>) -> Conversation {
-        let mut cmd = w.run_command(&w.policy(POLICY), &["bash", "-c", script]);
+    fn start(w: &World, policy: &str, script: &str, lead: Option<&str>) -> Conversation {
+        let mut cmd = w.run_command(&w.policy(policy), &["bash", "-c", script]);
         if let Some(lead) = lead {
             cmd.env("SLUICE_NICE", lead);
         }
@@ -290,7 +265,7 @@ fn hold_then_one_at_a_time(n: usize) -> String {
 /// which has said hello (so each was accepted and relayed).
 fn nice_while_holding(w: &World, n: usize, lead: Option<&str>) -> i32 {
     w.holding_origin("198.18.0.1:7000");
-    let mut talk = Conversation::start(w, &hold_then_one_at_a_time(n), lead);
+    let mut talk = Conversation::start(w, POLICY, &hold_then_one_at_a_time(n), lead);
     assert_eq!(talk.next_line(), "busy");
     let nice = talk.sluice_nice();
     talk.finish();
@@ -306,7 +281,7 @@ fn sluice_serves_three_more_steps_ahead_while_four_connections_are_in_flight() {
     let Some(w) = World::new() else { return };
     w.holding_origin("198.18.0.1:7000");
     let caller = own_nice();
-    let mut talk = Conversation::start(&w, &hold_then_one_at_a_time(4), None);
+    let mut talk = Conversation::start(&w, POLICY, &hold_then_one_at_a_time(4), None);
     assert_eq!(talk.next_line(), "busy");
     // The fourth accept took the extra lead before relaying its hello.
     let busy = talk.sluice_nice();
@@ -1434,4 +1409,255 @@ fn a_second_request_on_a_kept_alive_connection_for_a_host_elsewhere_gets_403() {
     let last = audit.last().expect("an audit record");
     assert_eq!(last["reason"], "host-address-mismatch");
     assert_eq!(last["host"], "elsewhere.tls.test");
+}
+
+// ------------------------------------------------ names sluice cannot read
+
+/// Port 8081 is open to 198.18.0.1 by address, and closed to bank.test by
+/// name (which resolves to the same address): on it, the name a request or
+/// ClientHello carries decides, and every way of hiding it must fail.
+const NAMES_POLICY: &str = r#"
+version: 1
+name: names
+rules:
+  - name: lan
+    action: allow
+    cidrs: ["198.18.0.1/32"]
+    ports: [8081]
+  - name: no-bank
+    action: deny
+    hosts: ["bank.test"]
+    ports: [8081]
+dns:
+  upstream: []
+  hosts:
+    ok.test: ["198.18.0.1"]
+    bank.test: ["198.18.0.1"]
+"#;
+
+/// Send `request` to 198.18.0.1:8081 under NAMES_POLICY; what came back.
+fn send_to_the_shared_address(w: &World, request: &str) -> String {
+    let out = w.probe(
+        &w.policy(NAMES_POLICY),
+        &["tcp", "198.18.0.1:8081", "--send", request],
+    );
+    format!("{}{}", stdout(&out), stderr(&out))
+}
+
+/// The request was answered 403 for `reason` by sluice, the origin got
+/// nothing, and the deny was audited with that reason.
+fn assert_denied_before_the_origin(w: &World, origin: &Recording, text: &str, reason: &str) {
+    assert!(text.contains("HTTP/1.1 403"), "{text}");
+    assert!(text.contains(reason), "{text}");
+    assert_eq!(origin.received(), b"", "the origin got the request");
+    let audit = w.audit();
+    let last = audit.last().expect("an audit record");
+    assert_eq!(last["verdict"], "deny", "{last}");
+    assert_eq!(last["reason"], reason, "{last}");
+}
+
+#[test]
+fn a_request_naming_a_denied_host_on_an_allowed_address_is_denied() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    let text = send_to_the_shared_address(&w, "GET / HTTP/1.1\r\nHost: bank.test\r\n\r\n");
+    assert_denied_before_the_origin(&w, &origin, &text, "deny-rule");
+}
+
+#[test]
+fn a_request_with_two_host_headers_is_denied_as_unreadable() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    let text = send_to_the_shared_address(
+        &w,
+        "GET / HTTP/1.1\r\nHost: bank.test\r\nHost: ok.test\r\n\r\n",
+    );
+    assert_denied_before_the_origin(&w, &origin, &text, "unreadable-name");
+}
+
+#[test]
+fn a_host_header_that_is_not_a_host_and_port_is_denied_as_unreadable() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    for host in [
+        "bank.test:x",
+        "bank.test:123456",
+        "bank_test",
+        "bank.test ok.test",
+    ] {
+        let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        let text = send_to_the_shared_address(&w, &request);
+        assert_denied_before_the_origin(&w, &origin, &text, "unreadable-name");
+    }
+}
+
+#[test]
+fn an_absolute_target_of_any_scheme_is_decided_on_its_host() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    let text = send_to_the_shared_address(&w, "GET ftp://bank.test/ HTTP/1.1\r\n\r\n");
+    assert_denied_before_the_origin(&w, &origin, &text, "deny-rule");
+}
+
+#[test]
+fn a_target_and_a_host_header_that_name_different_hosts_are_denied_as_unreadable() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    let text = send_to_the_shared_address(
+        &w,
+        "GET http://ok.test/ HTTP/1.1\r\nHost: bank.test\r\n\r\n",
+    );
+    assert_denied_before_the_origin(&w, &origin, &text, "unreadable-name");
+}
+
+#[test]
+fn empty_lines_before_a_request_do_not_hide_its_host() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    let text = send_to_the_shared_address(&w, "\r\n\r\nGET / HTTP/1.1\r\nHost: bank.test\r\n\r\n");
+    assert_denied_before_the_origin(&w, &origin, &text, "deny-rule");
+}
+
+#[test]
+fn a_later_request_with_two_host_headers_is_refused_before_the_origin() {
+    let Some(w) = World::new() else { return };
+    w.echo_origin("198.18.0.1:8081");
+    let text = send_to_the_shared_address(
+        &w,
+        "GET / HTTP/1.1\r\nHost: ok.test\r\n\r\nGET /x HTTP/1.1\r\nHost: bank.test\r\nHost: ok.test\r\n\r\n",
+    );
+    assert!(text.contains("echo:GET / HTTP/1.1"), "{text}");
+    assert!(text.contains("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("http-unreadable-host"), "{text}");
+    assert!(
+        !text.contains("GET /x"),
+        "the second request reached the origin: {text}"
+    );
+}
+
+/// A bash workload that connects to 198.18.0.1:8081, says "connected",
+/// and, once told to go on, sends `file`'s bytes and then reads to the end.
+const LATE_SENDER: &str = r#"
+    exec 3<>/dev/tcp/198.18.0.1/8081
+    echo connected
+    read -r line
+    cat "$1" >&3
+    cat <&3
+    echo "ended"
+"#;
+
+/// `bytes` in a file of the test's own directory, for a workload to send.
+fn test_file(w: &World, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let file = w.audit_path().with_file_name(name);
+    std::fs::write(&file, bytes).unwrap();
+    file
+}
+
+/// The client stays silent until sluice has connected upstream (so the
+/// peek is over and it was decided on its address), then sends `first`.
+/// Returns what the workload printed.
+fn send_after_the_peek(w: &World, origin: &Recording, first: &[u8]) -> String {
+    let file = test_file(w, "first-bytes", first);
+    let script = format!("{LATE_SENDER}\n");
+    let mut cmd = w.run_command(
+        &w.policy(NAMES_POLICY),
+        &["bash", "-c", &script, "late", file.to_str().unwrap()],
+    );
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("the workload's output");
+    assert_eq!(line, "connected\n");
+    // The upstream connection is made once the peek is over.
+    assert!(
+        eventually(Duration::from_secs(20), || origin.accepted() == 1),
+        "sluice never connected upstream"
+    );
+    use std::io::Write;
+    writeln!(child.stdin.take().expect("piped"), "go on").expect("the workload reads");
+    // Read on a thread: a connection let through to the origin (which
+    // never answers) must fail the bound below, not hang the test.
+    let rest = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
+        rest
+    });
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    rest.join().expect("the reader")
+}
+
+#[test]
+fn a_request_sent_after_the_peek_is_decided_on_its_host_before_the_origin_sees_it() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    let text = send_after_the_peek(&w, &origin, b"GET / HTTP/1.1\r\nHost: bank.test\r\n\r\n");
+    assert_denied_before_the_origin(&w, &origin, &text, "deny-rule");
+}
+
+/// A ClientHello for `name`, as rustls sends it.
+fn client_hello(name: &str) -> Vec<u8> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
+    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let mut out = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut out).unwrap();
+    }
+    out
+}
+
+#[test]
+fn a_client_hello_sent_after_the_peek_is_decided_on_its_name_before_the_origin_sees_it() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    send_after_the_peek(&w, &origin, &client_hello("bank.test"));
+    assert_eq!(origin.received(), b"", "the origin got the ClientHello");
+    let audit = w.audit();
+    let last = audit.last().expect("an audit record");
+    assert_eq!(last["reason"], "deny-rule", "{last}");
+    assert_eq!(last["host"], "bank.test", "{last}");
+}
+
+#[test]
+fn a_client_hello_whose_name_straddles_two_records_is_denied_as_unreadable() {
+    let Some(w) = World::new() else { return };
+    let origin = w.recording_origin("198.18.0.1:8081");
+    // Re-frame the one-record ClientHello into two records, cut inside
+    // the name: a server reassembles it, sluice must not guess.
+    let hello = client_hello("bank.test");
+    let at = hello.windows(9).position(|w| w == b"bank.test").unwrap() + 4;
+    let (head, tail) = (&hello[5..at], &hello[at..]);
+    let mut split = Vec::new();
+    for part in [head, tail] {
+        split.extend_from_slice(&[22, hello[1], hello[2]]);
+        split.extend_from_slice(&(part.len() as u16).to_be_bytes());
+        split.extend_from_slice(part);
+    }
+    let file = test_file(&w, "split-hello", &split);
+    let out = w.run(
+        &w.policy(NAMES_POLICY),
+        &[
+            "bash",
+            "-c",
+            "exec 3<>/dev/tcp/198.18.0.1/8081; cat \"$1\" >&3; cat <&3; echo ended",
+            "split",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(stdout(&out).contains("ended"), "{}", stderr(&out));
+    assert_eq!(origin.received(), b"", "the origin got the ClientHello");
+    let audit = w.audit();
+    let last = audit.last().expect("an audit record");
+    assert_eq!(last["reason"], "unreadable-name", "{last}");
 }

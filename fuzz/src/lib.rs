@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use sluice::bundle::{Bundle, BundleError, BundleFiles, Manifest, TrustStore};
 use sluice::dns::message::{self as dns_message, Action};
 use sluice::policy::{AnyResolution, Mode, Policy, PolicyError, Reason, Verdict};
-use sluice::proxy::peek::{inspect, Peeked};
+use sluice::proxy::peek::{inspect, skip_blank_lines, Peeked};
 
 /// A harness: panics if an invariant does not hold for the input.
 pub type Harness = fn(&[u8]);
@@ -56,7 +56,11 @@ pub fn peek(data: &[u8]) {
             }
         }
         Peeked::Http { host } => {
-            assert!(data[0].is_ascii_uppercase(), "HTTP without a method");
+            let request = skip_blank_lines(data);
+            assert!(
+                request.first().is_some_and(u8::is_ascii_uppercase),
+                "HTTP without a method"
+            );
             if let Some(host) = host {
                 assert_borrowed(data, host);
                 if host.contains(':') {
@@ -69,6 +73,17 @@ pub fn peek(data: &[u8]) {
                 } else {
                     assert_hostname(host);
                 }
+            }
+        }
+        Peeked::Unreadable { http } => {
+            let request = skip_blank_lines(data);
+            assert_eq!(
+                request.first().is_some_and(u8::is_ascii_uppercase),
+                http,
+                "unreadable, but neither a request nor a ClientHello"
+            );
+            if !http {
+                assert_eq!(data.first(), Some(&22), "TLS without a handshake record");
             }
         }
         Peeked::NeedMore | Peeked::Other => {}

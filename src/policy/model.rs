@@ -58,6 +58,12 @@ pub enum Reason {
     /// endpoints such as /metrics); no policy can allow it. Decided by the
     /// proxy, never by `Policy::decide`.
     SluiceInternal,
+    /// The connection's first bytes name a host that cannot be read for
+    /// certain (a malformed, split or oversized ClientHello, two Host
+    /// headers, a Host that is not a host and port): an origin might read
+    /// a name out of them that sluice did not. Decided by the proxy, on
+    /// ports where a hosts rule could change the verdict.
+    UnreadableName,
 }
 
 impl Reason {
@@ -69,6 +75,7 @@ impl Reason {
             Reason::HostAddressMismatch => "host-address-mismatch",
             Reason::PrivateAddress => "private-address",
             Reason::SluiceInternal => "sluice-internal",
+            Reason::UnreadableName => "unreadable-name",
         }
     }
 }

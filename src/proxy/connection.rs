@@ -9,13 +9,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::decide::decide;
-use super::peek::{inspect, Peeked};
+use super::peek::{inspect, Peeked, TLS_HANDSHAKE};
 use super::relay::{read_now, relay, write_all, Relayed};
 use super::upstream::connect_upstream;
 use super::{original_dst, session, ProxyContext};
 use crate::audit::{AuditEvent, Proto};
 use crate::metrics::{ConnectionMetrics, PathMetrics};
-use crate::policy::{Decision, Mode, Verdict};
+use crate::policy::{Decision, Mode, Reason, Verdict};
 use crate::timing::ConnectionClock;
 
 /// What the first bytes told us, kept only as long as the decision needs.
@@ -24,6 +24,10 @@ struct FirstBytes {
     buf: Vec<u8>,
     host: Option<String>,
     http: bool,
+    /// They name a host that cannot be read for certain: denied.
+    unreadable: bool,
+    /// The client sent nothing before the peek's deadline.
+    silent: bool,
 }
 
 /// The one place a connection's outcome is recorded (metrics and timing),
@@ -139,71 +143,15 @@ pub(super) async fn serve(
     ctx: &ProxyContext,
 ) {
     let mut outcome = Outcome::start(ctx, dst);
-    let policy = ctx.policy.current();
-
+    let peeked = ctx.policy.current().host_can_matter(dst.port());
     let mut first = FirstBytes::default();
-    let mut peeked = false;
-    if policy.host_can_matter(dst.port()) {
+    if peeked {
         first = peek(&mut client, ctx).await;
-        peeked = true;
     }
-    // The name the sandbox resolved for this address matters to the decision
-    // only when a hosts rule covers the port; otherwise it is looked up only
-    // for the records, and only if there will be one.
-    let resolved_name = || ctx.resolver.name_for(dst.ip());
-    let mut host = first.host.clone();
-    if host.is_none() && peeked {
-        host = resolved_name();
-    }
-
-    let decision = decide(ctx, &policy, dst, host.as_deref()).await;
-    let enforce = policy.mode() == Mode::Enforce;
-    let verdict = match (decision.verdict, enforce) {
-        (Verdict::Allow, _) => "allow",
-        (Verdict::Deny, true) => "deny",
-        (Verdict::Deny, false) => "would-deny",
+    let mut admitted = match admit(ctx, peer, dst, &first, peeked, Some(&mut outcome)).await {
+        Ok(admitted) => admitted,
+        Err(denied) => return refuse(client, first, peeked, denied, ctx).await,
     };
-    outcome.decided(verdict, decision.rule);
-    let audited = decision.verdict == Verdict::Deny || ctx.audit_allows;
-    if host.is_none() && !peeked && (audited || ctx.timings.is_enabled()) {
-        host = resolved_name();
-    }
-    if ctx.timings.is_enabled() {
-        outcome.host = host.clone();
-    }
-
-    if audited {
-        ctx.audit
-            .record(event(
-                ctx,
-                verdict,
-                &decision,
-                peer,
-                Some(dst),
-                host.clone(),
-                policy.label(),
-            ))
-            .await;
-    }
-    if verdict == "deny" {
-        tracing::debug!(%peer, %dst, rule = ?decision.rule, reason = decision.reason.as_str(), "deny");
-        // A denied plain-HTTP client deserves a readable answer; only denies
-        // pay for finding out whether it speaks HTTP.
-        if !peeked {
-            first = peek(&mut client, ctx).await;
-        }
-        if first.http {
-            reply_forbidden(client, &decision).await;
-        } else {
-            reset(client);
-        }
-        return;
-    }
-    // A plain-HTTP connection whose Host could change the verdict has each
-    // of its requests decided; any other keeps the plain relay.
-    let each_request =
-        session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst);
-    drop(policy);
 
     let upstream = match connect_upstream(dst, ctx.limits.connect_timeout).await {
         Ok(upstream) => upstream,
@@ -214,13 +162,32 @@ pub(super) async fn serve(
         }
     };
     outcome.connected();
-    if each_request {
+    // A client silent through the peek was decided on its address and the
+    // name it resolved: it may be waiting for a server-first protocol's
+    // greeting, or it may be hiding its ClientHello or request head from
+    // the peek. Whoever speaks first says which: if the client does, its
+    // first bytes are read and decided like a first peek's, before any of
+    // them reaches the origin.
+    if first.silent && client_speaks_first(&client, &upstream).await {
+        first = peek(&mut client, ctx).await;
+        admitted = match admit(ctx, peer, dst, &first, true, None).await {
+            Ok(admitted) => admitted,
+            Err(denied) => {
+                drop(upstream);
+                return refuse(client, first, true, denied, ctx).await;
+            }
+        };
+        if ctx.timings.is_enabled() {
+            outcome.host = admitted.host.clone();
+        }
+    }
+    if admitted.each_request {
         let checked = session::Checked {
             ctx,
             peer,
             dst,
-            host,
-            first_decided: first.http,
+            host: admitted.host,
+            first_decided: first.http && !first.unreadable,
         };
         outcome.relayed(session::relay(client, upstream, first.buf, checked).await);
         return;
@@ -236,6 +203,128 @@ pub(super) async fn serve(
     outcome.relayed(relayed);
 }
 
+/// An allowed connection: the name it was decided on, and whether each of
+/// its requests is decided on its own Host.
+struct Admitted {
+    host: Option<String>,
+    each_request: bool,
+}
+
+/// A denied connection: why, owned past the policy's lifetime.
+struct Denied {
+    rule: Option<String>,
+    reason: Reason,
+}
+
+/// Decide a connection on its first bytes (or its address and the name it
+/// resolved), audit the decision as the policy asks, and record it in
+/// `outcome` (`None` for a second decision on the same connection, which
+/// counts once).
+async fn admit(
+    ctx: &ProxyContext,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    first: &FirstBytes,
+    peeked: bool,
+    outcome: Option<&mut Outcome<'_>>,
+) -> Result<Admitted, Denied> {
+    let policy = ctx.policy.current();
+    // The name the sandbox resolved for this address matters to the decision
+    // only when a hosts rule covers the port; otherwise it is looked up only
+    // for the records, and only if there will be one.
+    let resolved_name = || ctx.resolver.name_for(dst.ip());
+    let mut host = first.host.clone();
+    if host.is_none() && peeked {
+        host = resolved_name();
+    }
+    let decision = if first.unreadable {
+        Decision {
+            verdict: Verdict::Deny,
+            rule: None,
+            reason: Reason::UnreadableName,
+        }
+    } else {
+        decide(ctx, &policy, dst, host.as_deref()).await
+    };
+    let enforce = policy.mode() == Mode::Enforce;
+    let verdict = match (decision.verdict, enforce) {
+        (Verdict::Allow, _) => "allow",
+        (Verdict::Deny, true) => "deny",
+        (Verdict::Deny, false) => "would-deny",
+    };
+    let mut outcome = outcome;
+    if let Some(outcome) = outcome.as_deref_mut() {
+        outcome.decided(verdict, decision.rule);
+    }
+    let audited = decision.verdict == Verdict::Deny || (ctx.audit_allows && outcome.is_some());
+    if host.is_none() && !peeked && (audited || ctx.timings.is_enabled()) {
+        host = resolved_name();
+    }
+    if let Some(outcome) = outcome.filter(|_| ctx.timings.is_enabled()) {
+        outcome.host = host.clone();
+    }
+    if audited {
+        ctx.audit
+            .record(event(
+                ctx,
+                verdict,
+                &decision,
+                peer,
+                Some(dst),
+                host.clone(),
+                policy.label(),
+            ))
+            .await;
+    }
+    if verdict == "deny" {
+        tracing::debug!(%peer, %dst, rule = ?decision.rule, reason = decision.reason.as_str(), "deny");
+        return Err(Denied {
+            rule: decision.rule.map(str::to_string),
+            reason: decision.reason,
+        });
+    }
+    // A plain-HTTP connection whose Host could change the verdict has each
+    // of its requests decided; any other keeps the plain relay.
+    let each_request =
+        session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst);
+    Ok(Admitted { host, each_request })
+}
+
+/// Answer a denied connection: a plain-HTTP client gets a readable 403
+/// (only denies pay for finding out whether it speaks HTTP), anything else
+/// a reset.
+async fn refuse(
+    mut client: TcpStream,
+    mut first: FirstBytes,
+    peeked: bool,
+    denied: Denied,
+    ctx: &ProxyContext,
+) {
+    if !peeked {
+        first = peek(&mut client, ctx).await;
+    }
+    if first.http {
+        let decision = Decision {
+            verdict: Verdict::Deny,
+            rule: denied.rule.as_deref(),
+            reason: denied.reason,
+        };
+        reply_forbidden(client, &decision).await;
+    } else {
+        reset(client);
+    }
+}
+
+/// True if the client has something to say (bytes, or its end) before the
+/// origin does.
+async fn client_speaks_first(client: &TcpStream, upstream: &TcpStream) -> bool {
+    tokio::select! {
+        biased;
+        _ = client.readable() => true,
+        _ = upstream.readable() => false,
+    }
+}
+
 /// Read the client's first bytes until SNI / Host is known, the protocol is
 /// clearly neither, the buffer is full, or the client stays silent.
 async fn peek(client: &mut TcpStream, ctx: &ProxyContext) -> FirstBytes {
@@ -249,9 +338,9 @@ async fn peek(client: &mut TcpStream, ctx: &ProxyContext) -> FirstBytes {
         if first.buf.len() >= limit {
             tracing::warn!(
                 limit,
-                "peek limit reached without a complete ClientHello or HTTP head; deciding on the address alone"
+                "peek limit reached without a complete ClientHello or HTTP head"
             );
-            return first;
+            return unfinished(first);
         }
         let room = (limit - first.buf.len()).min(4096);
         let start = first.buf.len();
@@ -270,13 +359,18 @@ async fn peek(client: &mut TcpStream, ctx: &ProxyContext) -> FirstBytes {
         };
         let n = match read {
             Ok(Ok(n)) => n,
-            // Silent (server-first protocol), closed, or failed: decide on
-            // the address alone.
-            Ok(Err(_)) | Err(_) => 0,
+            // Closed, or failed.
+            Ok(Err(_)) => 0,
+            // Silent (a server-first protocol, or a client hiding its first
+            // bytes from the peek: `serve` tells which).
+            Err(_) => {
+                first.silent = start == 0;
+                0
+            }
         };
         first.buf.truncate(start + n);
         if n == 0 {
-            return first;
+            return unfinished(first);
         }
         match inspect(&first.buf) {
             Peeked::NeedMore => continue,
@@ -289,9 +383,26 @@ async fn peek(client: &mut TcpStream, ctx: &ProxyContext) -> FirstBytes {
                 first.http = true;
                 return first;
             }
+            Peeked::Unreadable { http } => {
+                first.unreadable = true;
+                first.http = http;
+                return first;
+            }
             Peeked::Other => return first,
         }
     }
+}
+
+/// The peek ended before `inspect` decided (limit, deadline or end). A
+/// ClientHello begun and not finished names a host sluice cannot read: it is
+/// unreadable. An HTTP head begun is left to the checked session, which
+/// reads on (the path every request of a connection whose Host matters
+/// takes); anything else is decided on the address and resolved name.
+fn unfinished(mut first: FirstBytes) -> FirstBytes {
+    if first.buf.first() == Some(&TLS_HANDSHAKE) {
+        first.unreadable = true;
+    }
+    first
 }
 
 fn event(

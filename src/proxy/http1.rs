@@ -61,6 +61,10 @@ pub enum Refusal {
     NotRequest,
     /// A request head longer than the peek's limit.
     HeadTooLarge,
+    /// A request whose host cannot be read for certain: two Host headers,
+    /// a Host that is not a host and port, or a target whose host differs
+    /// from the Host header's.
+    UnreadableHost,
 }
 
 impl Refusal {
@@ -77,6 +81,7 @@ impl Refusal {
             Refusal::BadChunk => "http-bad-chunk",
             Refusal::NotRequest => "http-not-a-request",
             Refusal::HeadTooLarge => "http-head-too-large",
+            Refusal::UnreadableHost => "http-unreadable-host",
         }
     }
 }

@@ -7,8 +7,13 @@
 //! ClientHello (server_name) and an HTTP/1 request head (Host) out of those
 //! bytes. It is pure: no I/O, no allocation, and it never modifies `buf`
 //! (the proxy forwards those bytes unchanged). Every input, however hostile,
-//! is answered in time linear in its length without panicking; anything
-//! malformed yields [`Peeked::Other`] or a `None` hostname, never a guess.
+//! is answered in time linear in its length without panicking, and never
+//! with a guess: a ClientHello or request head that names a host sluice
+//! cannot read for certain (malformed, ambiguous, split, too large) is
+//! [`Peeked::Unreadable`], which the proxy denies, because an origin may
+//! read a name out of it that sluice did not. A `None` hostname means the
+//! bytes name no host at all (a ClientHello without server_name, a request
+//! without Host).
 
 use std::str;
 
@@ -21,7 +26,8 @@ const MAX_RECORD: usize = 1 << 14;
 /// Longest hostname (DNS presentation form without the trailing dot).
 const MAX_HOSTNAME: usize = 253;
 
-const TLS_HANDSHAKE: u8 = 22;
+/// The first byte of a TLS handshake record.
+pub const TLS_HANDSHAKE: u8 = 22;
 const CLIENT_HELLO: u8 = 1;
 const EXT_SERVER_NAME: usize = 0;
 const NAME_TYPE_HOST: u8 = 0;
@@ -35,12 +41,21 @@ const METHODS: [&[u8]; 9] = [
 pub enum Peeked<'a> {
     /// Could become TLS or HTTP: read more (if the buffer has room).
     NeedMore,
-    /// A TLS ClientHello; `sni` is its validated server_name host_name.
+    /// A TLS ClientHello; `sni` is its validated server_name host_name,
+    /// `None` if it has no server_name extension.
     Tls { sni: Option<&'a str> },
     /// An HTTP/1 request head; `host` is the request's authority host (from
     /// the CONNECT target, an absolute-form target, or the Host header),
-    /// without port, brackets or trailing dot, not lowercased.
+    /// without port, brackets or trailing dot, not lowercased; `None` if the
+    /// request names no host (no Host header, or an empty one).
     Http { host: Option<&'a str> },
+    /// A ClientHello (`http: false`) or request head (`http: true`) whose
+    /// host cannot be read for certain: a malformed ClientHello or one over
+    /// [`MAX_CLIENT_HELLO`], a server_name that is not a valid hostname or
+    /// straddles a record boundary; two Host headers, a Host or target
+    /// authority that is not a valid host and port, or an absolute-form
+    /// target whose host differs from the Host header's.
+    Unreadable { http: bool },
     /// Neither, or malformed.
     Other,
 }
@@ -50,17 +65,33 @@ pub enum Peeked<'a> {
 /// TLS: returns `NeedMore` until the whole ClientHello has arrived, also when
 /// it spans several TLS records (handshake fragments are walked in place).
 /// A host_name that itself straddles a record boundary cannot be borrowed
-/// from `buf` and is reported as `sni: None`.
+/// from `buf` and is reported as [`Peeked::Unreadable`].
 ///
 /// HTTP/1: returns `NeedMore` until the end of the request head (an empty
 /// line, `\r\n\r\n` or bare `\n\n`), so that a second Host header is seen.
+/// Empty lines before the request line are skipped, as origins skip them
+/// (RFC 9112 section 2.2).
 pub fn inspect(buf: &[u8]) -> Peeked<'_> {
     match buf.first() {
         None => Peeked::NeedMore,
         Some(&TLS_HANDSHAKE) => inspect_tls(buf),
+        Some(b'\r' | b'\n') => match skip_blank_lines(buf) {
+            [] => Peeked::NeedMore,
+            [b, ..] if b.is_ascii_uppercase() => inspect_http(skip_blank_lines(buf)),
+            _ => Peeked::Other,
+        },
         Some(b) if b.is_ascii_uppercase() => inspect_http(buf),
         Some(_) => Peeked::Other,
     }
+}
+
+/// `buf` without the CR and LF bytes it starts with.
+pub fn skip_blank_lines(buf: &[u8]) -> &[u8] {
+    let blank = buf
+        .iter()
+        .take_while(|&&b| b == b'\r' || b == b'\n')
+        .count();
+    &buf[blank..]
 }
 
 // ---------------------------------------------------------------- TLS ----
@@ -228,28 +259,32 @@ fn inspect_tls(buf: &[u8]) -> Peeked<'_> {
     })();
     let len = match header {
         Err(Stop::More) => return Peeked::NeedMore,
-        Err(Stop::Bad) => return Peeked::Tls { sni: None },
+        Err(Stop::Bad) => return UNREADABLE_HELLO,
         Ok((CLIENT_HELLO, len)) => len,
         Ok(_) => return Peeked::Other,
     };
     if len > MAX_CLIENT_HELLO {
-        return Peeked::Tls { sni: None };
+        return UNREADABLE_HELLO;
     }
     // Wait for the whole ClientHello before trusting anything in it.
     match hs.clone().skip(len) {
         Ok(()) => {}
         Err(Stop::More) => return Peeked::NeedMore,
-        Err(Stop::Bad) => return Peeked::Tls { sni: None },
+        Err(Stop::Bad) => return UNREADABLE_HELLO,
     }
     let mut body = Body { hs, read: 0, len };
     match client_hello_sni(&mut body) {
         Ok(sni) => Peeked::Tls { sni },
         // Everything is present, so running out means a length lied.
-        Err(_) => Peeked::Tls { sni: None },
+        Err(_) => UNREADABLE_HELLO,
     }
 }
 
-/// Walk a complete ClientHello body; the validated host_name, if exactly one.
+const UNREADABLE_HELLO: Peeked<'static> = Peeked::Unreadable { http: false };
+
+/// Walk a complete ClientHello body; the validated host_name, if exactly one;
+/// `Bad` if a host_name is there but not a valid hostname, or straddles a
+/// record boundary (a server reassembles it; sluice does not guess).
 fn client_hello_sni<'a>(b: &mut Body<'a>) -> Result<Option<&'a str>, Stop> {
     b.skip(2 + 32)?; // legacy_version, random
     let session_id = usize::from(b.u8()?);
@@ -303,7 +338,7 @@ fn client_hello_sni<'a>(b: &mut Body<'a>) -> Result<Option<&'a str>, Stop> {
             let name = b.slice(n)?;
             if name_type == NAME_TYPE_HOST {
                 hosts += 1;
-                sni = name.and_then(valid_hostname);
+                sni = Some(name.and_then(valid_hostname).ok_or(Stop::Bad)?);
             }
         }
         if hosts > 1 {
@@ -378,16 +413,35 @@ fn inspect_http(buf: &[u8]) -> Peeked<'_> {
             host_header = Some(line[colon + 1..].trim_ascii());
         }
     }
-    let host = if method == b"CONNECT" {
-        authority_host(target)
-    } else if let Some(authority) = absolute_authority(target) {
-        authority_host(authority)
-    } else if host_count == 1 {
-        host_header.and_then(authority_host)
-    } else {
-        None // missing, or ambiguous (RFC 9112 section 3.2: reject)
+    const UNREADABLE: Peeked<'static> = Peeked::Unreadable { http: true };
+    // Two Host headers are ambiguous (RFC 9112 section 3.2: reject): origins
+    // differ in which one they take.
+    if host_count > 1 {
+        return UNREADABLE;
+    }
+    let header = match host_header {
+        None | Some([]) => None,
+        Some(value) => match authority_host(value) {
+            Some(host) => Some(host),
+            None => return UNREADABLE,
+        },
     };
-    Peeked::Http { host }
+    let authority = if method == b"CONNECT" {
+        Some(target)
+    } else {
+        absolute_authority(target)
+    };
+    let Some(authority) = authority else {
+        return Peeked::Http { host: header };
+    };
+    // The target's authority is what RFC 9112 says an origin takes; some
+    // take the Host header instead, so the two must agree.
+    match authority_host(authority) {
+        Some(host) if header.is_none_or(|h| h.eq_ignore_ascii_case(host)) => {
+            Peeked::Http { host: Some(host) }
+        }
+        _ => UNREADABLE,
+    }
 }
 
 /// The request head up to and including its empty line, if complete.
@@ -424,10 +478,17 @@ fn request_target(line: &[u8], sp: usize) -> Option<&[u8]> {
 
 /// The authority of an absolute-form target (`http://host:port/path`),
 /// which takes precedence over the Host header (RFC 9112 section 3.2.2).
+/// Any scheme counts: origins read the host of `ftp://host/` too.
 fn absolute_authority(target: &[u8]) -> Option<&[u8]> {
     let scheme_end = target.windows(3).position(|w| w == b"://")?;
     let scheme = &target[..scheme_end];
-    if !scheme.eq_ignore_ascii_case(b"http") && !scheme.eq_ignore_ascii_case(b"https") {
+    // RFC 3986: ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ); an origin-form
+    // target ("/a?u=http://b") starts with "/" and is not one.
+    let scheme_ok = scheme.first().is_some_and(u8::is_ascii_alphabetic)
+        && scheme
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    if !scheme_ok {
         return None;
     }
     let rest = &target[scheme_end + 3..];
@@ -586,8 +647,10 @@ mod tests {
         // One record per handshake byte.
         let cuts: Vec<usize> = (1..hs_len).collect();
         let many = reframe(&hello, &cuts);
-        assert_eq!(inspect(&many), Peeked::Tls { sni: None }); // name straddles
-                                                               // A cut just before and just after the name keeps it whole.
+        // The name straddles records: a server reassembles it, sluice does
+        // not guess.
+        assert_eq!(inspect(&many), Peeked::Unreadable { http: false });
+        // A cut just before and just after the name keeps it whole.
         let around = reframe(&hello, &[at, at + "pypi.org".len()]);
         assert_eq!(
             inspect(&around),
@@ -595,9 +658,9 @@ mod tests {
                 sni: Some("pypi.org")
             }
         );
-        // A cut inside the name loses it (safe: decided on the address).
+        // A cut inside the name makes it unreadable (denied).
         let inside = reframe(&hello, &[at + 3]);
-        assert_eq!(inspect(&inside), Peeked::Tls { sni: None });
+        assert_eq!(inspect(&inside), Peeked::Unreadable { http: false });
     }
 
     #[test]
@@ -618,7 +681,7 @@ mod tests {
         let mut two = reframe(&hello, &[10]);
         let second = 5 + 10;
         two[second] = 23;
-        assert_eq!(inspect(&two), Peeked::Tls { sni: None });
+        assert_eq!(inspect(&two), Peeked::Unreadable { http: false });
     }
 
     #[test]
@@ -627,7 +690,7 @@ mod tests {
         // Handshake length larger than 16 KiB.
         let mut huge = hello.clone();
         huge[6..9].copy_from_slice(&[0x01, 0x00, 0x00]);
-        assert_eq!(inspect(&huge), Peeked::Tls { sni: None });
+        assert_eq!(inspect(&huge), Peeked::Unreadable { http: false });
         // Record length 0 or beyond 2^14.
         let mut zero = hello.clone();
         zero[3..5].copy_from_slice(&[0, 0]);
@@ -639,7 +702,7 @@ mod tests {
         let mut short = hello.clone();
         let real = usize::from(hello[7]) << 8 | usize::from(hello[8]);
         short[7..9].copy_from_slice(&((real - 20) as u16).to_be_bytes());
-        assert_eq!(inspect(&short), Peeked::Tls { sni: None });
+        assert_eq!(inspect(&short), Peeked::Unreadable { http: false });
         // Not a ClientHello.
         let mut server_hello = hello.clone();
         server_hello[5] = 2;
@@ -647,7 +710,7 @@ mod tests {
     }
 
     #[test]
-    fn tls_invalid_hostname_yields_none() {
+    fn tls_invalid_hostname_is_unreadable() {
         for bad in ["a..b", "-x_y.com", ".lead", "sp ace.test"] {
             // Same length as "pypi.org.test" so lengths stay right.
             let hello = client_hello("pypi.org.test", true);
@@ -656,7 +719,11 @@ mod tests {
             let mut name = bad.as_bytes().to_vec();
             name.resize(13, b'x');
             mutated[at..at + 13].copy_from_slice(&name);
-            assert_eq!(inspect(&mutated), Peeked::Tls { sni: None }, "{bad}");
+            assert_eq!(
+                inspect(&mutated),
+                Peeked::Unreadable { http: false },
+                "{bad}"
+            );
         }
     }
 
@@ -731,12 +798,45 @@ mod tests {
             }
         );
         let req = b"GET / HTTP/1.1\r\nHost: [2001:db8::1\r\n\r\n";
-        assert_eq!(inspect(req), Peeked::Http { host: None });
+        assert_eq!(inspect(req), Peeked::Unreadable { http: true });
     }
 
     #[test]
     fn http_connect_uses_request_target() {
-        let req = b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: other.test\r\n\r\n";
+        for req in [
+            &b"CONNECT pypi.org:443 HTTP/1.1\r\n\r\n"[..],
+            b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: PyPI.org:443\r\n\r\n",
+        ] {
+            assert_eq!(
+                inspect(req),
+                Peeked::Http {
+                    host: Some("pypi.org")
+                }
+            );
+        }
+        let other = b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: other.test\r\n\r\n";
+        assert_eq!(inspect(other), Peeked::Unreadable { http: true });
+    }
+
+    #[test]
+    fn http_absolute_form_target_names_the_host_whatever_its_scheme() {
+        for req in [
+            &b"GET http://user@pypi.org:80/x HTTP/1.1\r\n\r\n"[..],
+            b"GET http://pypi.org/x HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            b"GET ftp://pypi.org/x HTTP/1.1\r\n\r\n",
+            b"GET svn+ssh://pypi.org HTTP/1.1\r\n\r\n",
+        ] {
+            assert_eq!(
+                inspect(req),
+                Peeked::Http {
+                    host: Some("pypi.org")
+                },
+                "{}",
+                String::from_utf8_lossy(req)
+            );
+        }
+        // A URL in an origin-form target's query is not an authority.
+        let req = b"GET /go?to=http://other.test/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n";
         assert_eq!(
             inspect(req),
             Peeked::Http {
@@ -746,24 +846,53 @@ mod tests {
     }
 
     #[test]
-    fn http_absolute_form_target_wins_over_host_header() {
-        let req = b"GET http://user@pypi.org:80/x HTTP/1.1\r\nHost: other.test\r\n\r\n";
-        assert_eq!(
-            inspect(req),
-            Peeked::Http {
-                host: Some("pypi.org")
-            }
-        );
+    fn http_absolute_form_target_and_host_header_that_differ_are_unreadable() {
+        let req = b"GET http://pypi.org/x HTTP/1.1\r\nHost: other.test\r\n\r\n";
+        assert_eq!(inspect(req), Peeked::Unreadable { http: true });
+        let req = b"GET http://pypi.org:x/ HTTP/1.1\r\n\r\n";
+        assert_eq!(inspect(req), Peeked::Unreadable { http: true });
     }
 
     #[test]
-    fn http_missing_or_duplicate_host_is_none() {
+    fn http_missing_or_empty_host_is_none() {
         let req = b"GET / HTTP/1.1\r\nAccept: */*\r\n\r\n";
         assert_eq!(inspect(req), Peeked::Http { host: None });
-        let req = b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n";
+        let req = b"GET / HTTP/1.1\r\nHost: \r\n\r\n";
         assert_eq!(inspect(req), Peeked::Http { host: None });
-        let req = b"GET / HTTP/1.1\r\nHost: a.test:x\r\n\r\n";
-        assert_eq!(inspect(req), Peeked::Http { host: None });
+    }
+
+    #[test]
+    fn http_duplicate_or_invalid_host_is_unreadable() {
+        for req in [
+            &b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: a.test\r\nhost: a.test\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a.test:x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a.test:123456\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a_b.test\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a.test b.test\r\n\r\n",
+        ] {
+            assert_eq!(
+                inspect(req),
+                Peeked::Unreadable { http: true },
+                "{}",
+                String::from_utf8_lossy(req)
+            );
+        }
+    }
+
+    #[test]
+    fn http_blank_lines_before_the_request_line_are_skipped() {
+        let req = b"\r\n\r\nGET / HTTP/1.1\r\nHost: pypi.org\r\n\r\n";
+        assert_eq!(
+            inspect(req),
+            Peeked::Http {
+                host: Some("pypi.org")
+            }
+        );
+        assert_eq!(inspect(b"\r\n"), Peeked::NeedMore);
+        assert_eq!(inspect(b"\n\nGE"), Peeked::NeedMore);
+        assert_eq!(inspect(b"\r\nSSH-2.0"), Peeked::Other);
+        assert_eq!(inspect(b"\r\n\x16\x03"), Peeked::Other);
     }
 
     #[test]

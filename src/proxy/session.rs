@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use super::connection::{reply_and_close, reply_forbidden};
 use super::decide::decide;
 use super::http1::{self, Body, Chunked, Refusal};
-use super::peek::{inspect, Peeked};
+use super::peek::{inspect, skip_blank_lines, Peeked};
 use super::relay::Relayed;
 use super::ProxyContext;
 use crate::audit::{AuditEvent, Proto};
@@ -43,10 +43,13 @@ pub const FINISH_GRACE: Duration = Duration::from_secs(5);
 /// True if an allowed connection whose first bytes are `first` (a complete
 /// HTTP request head if `http`) takes this path, once the policy says its
 /// requests are decided on their own Host: a complete head, or the start of
-/// one that the peek did not see end (a slow or padded first request).
+/// one that the peek did not see end (a slow or padded first request, or
+/// only the empty lines an origin skips before one).
 pub(super) fn applies(first: &[u8], http: bool) -> bool {
-    http || (first.first().is_some_and(u8::is_ascii_uppercase)
-        && inspect(first) == Peeked::NeedMore)
+    let request = skip_blank_lines(first);
+    http || (!first.is_empty() && request.is_empty())
+        || (request.first().is_some_and(u8::is_ascii_uppercase)
+            && inspect(request) == Peeked::NeedMore)
 }
 
 /// One connection on this path.
@@ -140,26 +143,19 @@ async fn requests(
 ) -> End {
     let limit = c.ctx.limits.peek_bytes;
     let mut decided = c.first_decided;
-    let mut first = true;
     loop {
-        // Empty lines between requests are ignored (RFC 9112 section 2.2),
-        // and not passed on.
-        if !first {
-            loop {
-                let blank = buf
-                    .iter()
-                    .take_while(|&&b| b == b'\r' || b == b'\n')
-                    .count();
-                buf.drain(..blank);
-                if !buf.is_empty() {
-                    break;
-                }
-                if !matches!(fill(from_client, &mut buf).await, Some(1..)) {
-                    return End::Closed;
-                }
+        // Empty lines before and between requests are ignored (RFC 9112
+        // section 2.2), and not passed on.
+        loop {
+            let blank = buf.len() - skip_blank_lines(&buf).len();
+            buf.drain(..blank);
+            if !buf.is_empty() {
+                break;
+            }
+            if !matches!(fill(from_client, &mut buf).await, Some(1..)) {
+                return End::Closed;
             }
         }
-        first = false;
         let host = match read_head(from_client, &mut buf, limit).await {
             Ok(Some(host)) => host,
             Ok(None) => return End::Closed,
@@ -283,21 +279,44 @@ async fn read_head(
     buf: &mut Vec<u8>,
     limit: usize,
 ) -> Result<Option<Option<String>>, Refusal> {
+    // Bytes already looked at: `inspect` reads the head from its start, so
+    // calling it after every read of a head sent a byte at a time would cost
+    // time quadratic in the head's length. It is called only while the
+    // method may still be undecided and once a read brought the head's end
+    // (an empty line), which keeps the whole read linear.
+    let mut seen = 0usize;
     loop {
-        if !buf.is_empty() {
+        if !buf.is_empty() && (seen < METHOD_DECIDED || ends_after(buf, seen)) {
             match inspect(buf) {
                 Peeked::NeedMore => {}
                 Peeked::Http { host } => return Ok(Some(host.map(str::to_ascii_lowercase))),
+                Peeked::Unreadable { .. } => return Err(Refusal::UnreadableHost),
                 Peeked::Tls { .. } | Peeked::Other => return Err(Refusal::NotRequest),
             }
         }
         if buf.len() >= limit {
             return Err(Refusal::HeadTooLarge);
         }
+        seen = buf.len();
         if !matches!(fill(from_client, buf).await, Some(1..)) {
             return Ok(None);
         }
     }
+}
+
+/// Bytes after which `inspect` has decided whether a head's method is one
+/// (the longest method and its space fit in them).
+const METHOD_DECIDED: usize = 8;
+
+/// True if the bytes of `buf` after the first `seen` complete an empty line
+/// (`\n\n` or `\n\r\n`), the end of a head that began before them.
+fn ends_after(buf: &[u8], seen: usize) -> bool {
+    buf[seen.saturating_sub(1)..]
+        .windows(2)
+        .any(|w| w == b"\n\n")
+        || buf[seen.saturating_sub(2)..]
+            .windows(3)
+            .any(|w| w == b"\n\r\n")
 }
 
 /// Pass on the first `n` bytes of `buf`; false if the origin is gone.
@@ -416,4 +435,34 @@ async fn reply_bad_request(client: TcpStream, refusal: Refusal) {
         refusal.as_str()
     );
     reply_and_close(client, "400 Bad Request", refusal.as_str(), &body).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_end_is_seen_in_the_read_that_completes_it_however_the_head_is_split() {
+        for head in [
+            &b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"[..],
+            b"GET / HTTP/1.1\nHost: a.test\n\n",
+        ] {
+            for seen in 0..head.len() {
+                // One read brings head[seen..], the end among it.
+                assert!(ends_after(head, seen), "split at {seen}");
+                // A read that stops short of the end does not bring it.
+                for end in seen + 1..head.len() {
+                    assert!(!ends_after(&head[..end], seen), "end seen in {seen}..{end}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lines_of_a_head_do_not_look_like_its_end() {
+        let partial = b"GET / HTTP/1.1\r\nA: b\r\n\rC: d\r\n";
+        for seen in 0..partial.len() {
+            assert!(!ends_after(partial, seen), "at {seen}");
+        }
+    }
 }

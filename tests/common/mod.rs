@@ -131,6 +131,22 @@ impl World {
         });
     }
 
+    /// An origin that counts the connections it accepts and keeps every
+    /// byte it is sent; it answers nothing.
+    pub fn recording_origin(&self, addr: &str) -> Arc<Recording> {
+        let recording = Arc::new(Recording::default());
+        let seen = recording.clone();
+        self.serve_each(addr, move |mut stream| {
+            seen.accepted
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stream.read(&mut buf) {
+                seen.bytes.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        recording
+    }
+
     /// Listen on `addr` in the outer namespace and run `handle` on a thread
     /// for each connection.
     fn serve_each(
@@ -690,4 +706,21 @@ pub fn nice_in_stat(stat: &str) -> i32 {
 /// This thread's nice value (what a process it starts inherits).
 pub fn own_nice() -> i32 {
     nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").expect("own stat"))
+}
+
+/// What a [`World::recording_origin`] saw.
+#[derive(Default)]
+pub struct Recording {
+    pub accepted: std::sync::atomic::AtomicUsize,
+    pub bytes: std::sync::Mutex<Vec<u8>>,
+}
+
+impl Recording {
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn received(&self) -> Vec<u8> {
+        self.bytes.lock().unwrap().clone()
+    }
 }
