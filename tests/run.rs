@@ -636,7 +636,10 @@ fn ctrl_c_at_a_terminal_reaches_the_command_once_and_sluice_lets_it_carry_on() {
     // marker is the workload's alone.
     let script = "trap 'echo got-int' INT; echo trap-is-set; \
                   i=0; while [ $i -lt 70 ]; do sleep 0.1; i=$((i+1)); done; echo carried-on";
-    let mut cmd = w.run_command(&w.policy(POLICY), &["sh", "-c", script]);
+    let mut cmd = w.run_command(
+        &w.policy(POLICY),
+        &with_sigint_default(&["sh", "-c", script]),
+    );
     let mut master = in_terminal(&mut cmd);
     let child = cmd.spawn().unwrap();
     // Only the child may hold the terminal, or the reader never sees its end.
@@ -677,10 +680,23 @@ fn ctrl_c_at_a_terminal_reaches_the_command_once_and_sluice_lets_it_carry_on() {
     assert!(text.contains("carried-on"), "{text}");
 }
 
+/// `argv` started with SIGINT and SIGQUIT at their defaults. A test run in
+/// the background of a non-interactive shell (`scripts/test &`) inherits
+/// them ignored, sluice passes that on to the workload as a shell would,
+/// and a shell cannot trap a signal that was ignored when it started.
+fn with_sigint_default<'a>(argv: &[&'a str]) -> Vec<&'a str> {
+    let mut with = vec!["env", "--default-signal=INT,QUIT"];
+    with.extend_from_slice(argv);
+    with
+}
+
 /// Start `sh -c script` under sluice and wait until it printed "ready".
 fn start_ready(w: &World, script: &str) -> (std::process::Child, u64) {
     let mut child = w
-        .run_command(&w.policy(POLICY), &["sh", "-c", script])
+        .run_command(
+            &w.policy(POLICY),
+            &with_sigint_default(&["sh", "-c", script]),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
