@@ -14,6 +14,7 @@ use super::relay::{read_now, relay, write_all, Relayed};
 use super::upstream::connect_upstream;
 use super::{original_dst, session, ProxyContext};
 use crate::audit::{AuditEvent, Proto};
+use crate::bundle::ActivePolicy;
 use crate::metrics::{ConnectionMetrics, PathMetrics};
 use crate::policy::{Decision, Mode, Reason, Verdict};
 use crate::timing::ConnectionClock;
@@ -143,12 +144,17 @@ pub(super) async fn serve(
     ctx: &ProxyContext,
 ) {
     let mut outcome = Outcome::start(ctx, dst);
-    let peeked = ctx.policy.current().host_can_matter(dst.port());
+    // One policy decides whether to peek and what the peek saw, even if a
+    // reload swaps it meanwhile.
+    let policy = ctx.policy.current();
+    let peeked = policy.host_can_matter(dst.port());
     let mut first = FirstBytes::default();
     if peeked {
         first = peek(&mut client, ctx).await;
     }
-    let mut admitted = match admit(ctx, peer, dst, &first, peeked, Some(&mut outcome)).await {
+    let admitted = admit(ctx, &policy, peer, dst, &first, peeked, Some(&mut outcome)).await;
+    drop(policy);
+    let mut admitted = match admitted {
         Ok(admitted) => admitted,
         Err(denied) => return refuse(client, first, peeked, denied, ctx).await,
     };
@@ -170,7 +176,8 @@ pub(super) async fn serve(
     // them reaches the origin.
     if first.silent && client_speaks_first(&client, &upstream).await {
         first = peek(&mut client, ctx).await;
-        admitted = match admit(ctx, peer, dst, &first, true, None).await {
+        let policy = ctx.policy.current();
+        admitted = match admit(ctx, &policy, peer, dst, &first, true, None).await {
             Ok(admitted) => admitted,
             Err(denied) => {
                 drop(upstream);
@@ -222,13 +229,13 @@ struct Denied {
 /// counts once).
 async fn admit(
     ctx: &ProxyContext,
+    policy: &ActivePolicy,
     peer: SocketAddr,
     dst: SocketAddr,
     first: &FirstBytes,
     peeked: bool,
     outcome: Option<&mut Outcome<'_>>,
 ) -> Result<Admitted, Denied> {
-    let policy = ctx.policy.current();
     // The name the sandbox resolved for this address matters to the decision
     // only when a hosts rule covers the port; otherwise it is looked up only
     // for the records, and only if there will be one.
@@ -244,7 +251,7 @@ async fn admit(
             reason: Reason::UnreadableName,
         }
     } else {
-        decide(ctx, &policy, dst, host.as_deref()).await
+        decide(ctx, policy, dst, host.as_deref()).await
     };
     let enforce = policy.mode() == Mode::Enforce;
     let verdict = match (decision.verdict, enforce) {
