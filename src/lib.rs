@@ -17,6 +17,7 @@
 //! last step is a short run of it). `app` owns
 //! shutdown: one deadline, which every long-lived task meets through
 //! `drain`. Small leaves that any layer may use: `workload` (the path enum),
+//! `outcome` (how a connection ended, which every record reads),
 //! `drain`, `confine` (root check, capabilities, descriptor limits),
 //! `report` (one-line errors). `policy`
 //! and `bundle` import no tokio and no nftables.
@@ -62,6 +63,8 @@ pub mod mac;
 pub mod metrics;
 #[deny(unsafe_code)]
 pub mod netns;
+#[forbid(unsafe_code)]
+pub mod outcome;
 #[forbid(unsafe_code)]
 pub mod policy;
 #[deny(unsafe_code)]

@@ -458,7 +458,7 @@ fn generated_policies_load_as_written() {
             .iter()
             .map(|r| {
                 (
-                    r.name.clone(),
+                    r.name.to_string(),
                     r.action.as_str(),
                     r.cidrs[0].to_string(),
                     r.hosts[0].clone(),

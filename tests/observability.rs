@@ -14,6 +14,7 @@ use sluice::audit::{
     self, AuditEvent, AuditOptions, AuditRecord, AuditWriter, Genesis, Proto, TailOptions, Tailer,
 };
 use sluice::metrics::{Metrics, ReloadResult};
+use sluice::outcome::{Cause, DenyReason, Outcome, Verdict};
 use sluice::timing::{
     self, compare, compare::two_clusters, ConnectionClock, Input, TimingRecord, TimingWriter,
 };
@@ -100,21 +101,33 @@ fn scrape_until(registry: &Registry, ready: impl Fn(&Samples) -> bool) -> (Strin
 
 /// 3 allowed by `origin`, 1 denied by `no-metadata`, 2 denied by no rule.
 fn known_sequence(metrics: &Metrics) {
+    let outcome = |verdict, rule: Option<&str>, cause| Outcome {
+        verdict,
+        rule: rule.map(Into::into),
+        cause,
+    };
     let host = metrics.path(WorkloadPath::Host);
     for _ in 0..3 {
-        let mut c = host.opened();
-        c.decided("allow", Some("origin"));
+        let c = host.opened();
         c.connected(Duration::from_micros(80));
         c.first_byte(Duration::from_micros(300));
-        c.bytes(100, 1024);
+        c.ended(
+            &outcome(Verdict::Allow, Some("origin"), Cause::Allowed),
+            100,
+            1024,
+        );
     }
-    let mut c = host.opened();
-    c.decided("deny", Some("no-metadata"));
-    drop(c);
+    let c = host.opened();
+    let no_rule = Cause::Denied(DenyReason::Policy(sluice::policy::Reason::NoRule));
+    let deny_rule = Cause::Denied(DenyReason::Policy(sluice::policy::Reason::DenyRule));
+    c.ended(
+        &outcome(Verdict::Deny, Some("no-metadata"), deny_rule),
+        0,
+        0,
+    );
     for _ in 0..2 {
-        let mut c = metrics.path(WorkloadPath::Oci).opened();
-        c.decided("deny", None);
-        c.decided("deny", None); // counted once
+        let c = metrics.path(WorkloadPath::Oci).opened();
+        c.ended(&outcome(Verdict::Deny, None, no_rule), 0, 0);
     }
 }
 
@@ -1205,6 +1218,7 @@ fn rec(id: u64, total: u64) -> TimingRecord {
         total_us: total,
         bytes_up: 10,
         bytes_down: 1024,
+        reason: "allow-rule".into(),
     }
 }
 
@@ -1257,7 +1271,11 @@ fn connection_clock_phases_are_monotone() {
         "host",
         "198.18.0.1:80".parse().unwrap(),
         None,
-        "allow",
+        &Outcome {
+            verdict: Verdict::Allow,
+            rule: None,
+            cause: Cause::Allowed,
+        },
     );
     let (d, c, f) = (
         r.decide_us.unwrap(),

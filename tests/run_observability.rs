@@ -162,7 +162,7 @@ fn the_metrics_endpoint_is_not_reachable_from_the_sandbox() {
     assert!(text.contains("HTTP 403"), "{text}");
     let audit = w.audit();
     assert!(
-        audit.iter().any(|r| r["reason"] == "sluice-internal"),
+        audit.iter().any(|r| r["reason"] == "internal-address"),
         "{audit:?}"
     );
 }

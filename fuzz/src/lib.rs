@@ -469,12 +469,15 @@ fn check_decision(policy: &Policy, dst: SocketAddr, host: Option<&str>) {
         let rule = policy
             .rules()
             .iter()
-            .find(|r| r.name == name)
+            .find(|r| r.name == *name)
             .expect("the decision names a rule of the policy");
         assert!(rule.covers_port(dst.port()), "{name} does not cover {dst}");
         match d.reason {
             Reason::DenyRule => assert_eq!(rule.action, Verdict::Deny),
-            Reason::AllowRule | Reason::PrivateAddress | Reason::HostAddressMismatch => {
+            Reason::AllowRule
+            | Reason::PrivateAddress
+            | Reason::HostAddressMismatch
+            | Reason::LoopbackAddress => {
                 assert_eq!(rule.action, Verdict::Allow)
             }
             other => panic!("policy decided {other:?}"),
@@ -490,7 +493,7 @@ fn to_yaml(policy: &Policy) -> String {
         .iter()
         .map(|r| {
             let mut rule = Map::new();
-            rule.insert("name".into(), json!(r.name));
+            rule.insert("name".into(), json!(&*r.name));
             rule.insert("action".into(), json!(r.action.as_str()));
             if !r.cidrs.is_empty() {
                 let cidrs: Vec<String> = r.cidrs.iter().map(|c| c.to_string()).collect();

@@ -237,15 +237,20 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
         let l = bound.map_err(|source| AttachError::Bind { what, addr, source })?;
         l.set_nonblocking(true)
             .map_err(|source| AttachError::Bind { what, addr, source })?;
-        // Accepted sockets inherit TCP_NODELAY: one system call less per
-        // connection than setting it on each.
-        nix::sys::socket::setsockopt(&l, nix::sys::socket::sockopt::TcpNoDelay, &true).map_err(
-            |e| AttachError::Bind {
+        // Accepted sockets inherit TCP_NODELAY (one system call less per
+        // connection than setting it on each) and SO_OOBINLINE: a TCP
+        // urgent byte arrives in the stream, where the relay reads it and
+        // passes it on as data, instead of waiting out of band, where no
+        // read of the stream sees it and the bytes after it stall.
+        let set = |opt: &dyn Fn(&std::net::TcpListener) -> nix::Result<()>| {
+            opt(&l).map_err(|e| AttachError::Bind {
                 what,
                 addr,
                 source: e.into(),
-            },
-        )?;
+            })
+        };
+        set(&|l| nix::sys::socket::setsockopt(l, nix::sys::socket::sockopt::TcpNoDelay, &true))?;
+        set(&|l| nix::sys::socket::setsockopt(l, nix::sys::socket::sockopt::OobInline, &true))?;
         Ok::<_, AttachError>(l)
     };
     let udp = |addr| {

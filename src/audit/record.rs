@@ -44,6 +44,41 @@ pub struct AuditEvent {
     pub bundle: String,
 }
 
+/// Where a connection's audited outcome happened: the sandbox and path it
+/// came from, its ends and name, and the bundle that decided it.
+#[derive(Debug, Clone, Copy)]
+pub struct Flow<'a> {
+    pub sandbox: &'a str,
+    pub path: crate::workload::WorkloadPath,
+    pub src: std::net::SocketAddr,
+    pub dst: Option<std::net::SocketAddr>,
+    pub bundle: &'a str,
+}
+
+impl AuditEvent {
+    /// The record of how a TCP connection, or a request on one, ended: the
+    /// one builder the proxy uses, so the audit record says exactly what
+    /// the timing record and the metrics say.
+    pub fn of_outcome(
+        flow: Flow<'_>,
+        outcome: &crate::outcome::Outcome,
+        host: Option<String>,
+    ) -> AuditEvent {
+        AuditEvent {
+            sandbox: flow.sandbox.to_string(),
+            path: flow.path,
+            verdict: outcome.verdict.as_str(),
+            rule: outcome.rule_name().map(str::to_string),
+            reason: outcome.reason(),
+            proto: Proto::Tcp,
+            src: Some(flow.src),
+            dst: flow.dst,
+            host,
+            bundle: flow.bundle.to_string(),
+        }
+    }
+}
+
 /// One decision line of the audit log, exactly as serialized (field order
 /// is the contract's order; `hash` is added by [`seal`] when written).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

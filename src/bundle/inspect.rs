@@ -79,7 +79,12 @@ fn rules_table(policy: &Policy) -> String {
                 .map(ToString::to_string)
                 .chain(rule.hosts.iter().cloned()),
         );
-        rows.push([rule.name.clone(), rule.action.to_string(), ports, matches]);
+        rows.push([
+            rule.name.to_string(),
+            rule.action.to_string(),
+            ports,
+            matches,
+        ]);
     }
     let mut width = [0usize; 3];
     for row in &rows {

@@ -66,7 +66,7 @@ pub fn execute_explain(args: ExplainArgs) -> anyhow::Result<i32> {
         println!("host:        {host}");
     }
     println!("verdict:     {}", decision.verdict.as_str());
-    println!("rule:        {}", decision.rule.unwrap_or("(none)"));
+    println!("rule:        {}", decision.rule_name().unwrap_or("(none)"));
     println!("reason:      {}", decision.reason.as_str());
     if policy.mode() == Mode::Audit && decision.verdict == Verdict::Deny {
         println!(

@@ -117,7 +117,7 @@ pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Optio
             }
         }
         if refused {
-            let verdict = if enforce { "deny" } else { "would-deny" };
+            let verdict = crate::outcome::Verdict::of(crate::policy::Verdict::Deny, policy.mode());
             let reason = match asked.limit {
                 Some(limit) if asked.admitted => limit.reason(),
                 _ => "dns-refused",
@@ -128,7 +128,7 @@ pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Optio
                 .record(AuditEvent {
                     sandbox: ctx.sandbox.clone(),
                     path: ctx.path,
-                    verdict,
+                    verdict: verdict.as_str(),
                     rule: None,
                     reason,
                     proto: Proto::Dns,

@@ -23,6 +23,7 @@ use prometheus::{
     Registry,
 };
 
+use crate::outcome::{Cause, Outcome, UpstreamFailure, Verdict};
 use crate::workload::WorkloadPath;
 
 pub use drops::{DropCounts, DropSource, REFRESH as DROPS_REFRESH, SINGLE_REASON};
@@ -74,6 +75,8 @@ pub struct Metrics {
     connection: HistogramVec,
     /// sluice_bytes_total{path,direction}
     bytes: IntCounterVec,
+    /// sluice_upstream_failures_total{path,reason}
+    upstream_failures: IntCounterVec,
     /// sluice_dns_queries_total{verdict}
     dns_queries: IntCounterVec,
     /// sluice_dns_limited_total{limit}
@@ -130,6 +133,13 @@ impl Metrics {
                 "Bytes relayed, by path and direction (up: client to upstream, down: upstream to client).",
             ),
             &["path", "direction"],
+        )?;
+        let upstream_failures = IntCounterVec::new(
+            Opts::new(
+                "sluice_upstream_failures_total",
+                "Allowed connections whose upstream connect failed, by path and reason (refused, timeout, reset, unreachable).",
+            ),
+            &["path", "reason"],
         )?;
         let dns_queries = IntCounterVec::new(
             Opts::new(
@@ -200,6 +210,7 @@ impl Metrics {
         registry.register(Box::new(first_byte.clone()))?;
         registry.register(Box::new(connection.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(upstream_failures.clone()))?;
         registry.register(Box::new(dns_queries.clone()))?;
         registry.register(Box::new(dns_limited.clone()))?;
         registry.register(Box::new(hostname_lookups.clone()))?;
@@ -228,6 +239,7 @@ impl Metrics {
             first_byte,
             connection,
             bytes,
+            upstream_failures,
             dns_queries,
             dns_limited,
             hostname_lookups,
@@ -254,6 +266,12 @@ impl Metrics {
             connection: self.connection.with_label_values(&[path]),
             bytes_up: self.bytes.with_label_values(&[path, "up"]),
             bytes_down: self.bytes.with_label_values(&[path, "down"]),
+            // Resolved here, so each path exports every reason at 0 from
+            // its first scrape.
+            upstream_failures: UpstreamFailure::ALL.map(|f| {
+                self.upstream_failures
+                    .with_label_values(&[path, f.as_str()])
+            }),
         }
     }
 
@@ -376,12 +394,12 @@ impl SandboxTally {
         }
     }
 
-    fn decided(&self, verdict: &str) {
+    fn ended(&self, verdict: Verdict) {
         use std::sync::atomic::Ordering::Relaxed;
         match verdict {
-            "allow" => &self.allowed,
-            "would-deny" => &self.would_deny,
-            _ => &self.denied,
+            Verdict::Allow => &self.allowed,
+            Verdict::WouldDeny => &self.would_deny,
+            Verdict::Deny => &self.denied,
         }
         .fetch_add(1, Relaxed);
     }
@@ -400,6 +418,8 @@ pub struct PathMetrics {
     connection: Histogram,
     bytes_up: IntCounter,
     bytes_down: IntCounter,
+    /// In [`UpstreamFailure::ALL`]'s order.
+    upstream_failures: [IntCounter; 4],
 }
 
 impl PathMetrics {
@@ -423,7 +443,6 @@ impl PathMetrics {
         ConnectionMetrics {
             metrics: self.clone(),
             accepted: std::time::Instant::now(),
-            decided: false,
         }
     }
 }
@@ -432,23 +451,31 @@ impl PathMetrics {
 pub struct ConnectionMetrics {
     metrics: PathMetrics,
     accepted: std::time::Instant,
-    decided: bool,
 }
 
 impl ConnectionMetrics {
-    /// After the decision: counts `sluice_connections_total{path,verdict,rule}`
-    /// once (later calls are ignored). `rule` is `None` for the default deny.
-    pub fn decided(&mut self, verdict: &str, rule: Option<&str>) {
-        if std::mem::replace(&mut self.decided, true) {
-            return;
+    /// Where the connection ends (once; then drop it): counts
+    /// `sluice_connections_total{path,verdict,rule}` as `outcome` says, its
+    /// upstream failure if it had one, and the bytes relayed.
+    pub fn ended(self, outcome: &Outcome, up: u64, down: u64) {
+        let m = &self.metrics;
+        if let Some(tally) = &m.tally {
+            tally.ended(outcome.verdict);
         }
-        if let Some(tally) = &self.metrics.tally {
-            tally.decided(verdict);
-        }
-        self.metrics
-            .connections
-            .with_label_values(&[self.metrics.path, verdict, rule.unwrap_or(NO_RULE)])
+        m.connections
+            .with_label_values(&[
+                m.path,
+                outcome.verdict.as_str(),
+                outcome.rule_name().unwrap_or(NO_RULE),
+            ])
             .inc();
+        if let Cause::Upstream(failure) = outcome.cause {
+            let index = UpstreamFailure::ALL.iter().position(|f| *f == failure);
+            if let Some(counter) = index.and_then(|i| m.upstream_failures.get(i)) {
+                counter.inc();
+            }
+        }
+        self.bytes(up, down);
     }
 
     /// Upstream connected, `since_accept` after accept.
@@ -461,8 +488,8 @@ impl ConnectionMetrics {
         self.metrics.first_byte.observe(since_accept.as_secs_f64());
     }
 
-    /// Bytes relayed (call once at close, or as they go).
-    pub fn bytes(&self, up: u64, down: u64) {
+    /// Bytes relayed.
+    fn bytes(&self, up: u64, down: u64) {
         if up > 0 {
             self.metrics.bytes_up.inc_by(up);
         }

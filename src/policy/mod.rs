@@ -28,15 +28,16 @@ mod tests;
 
 pub use error::{PolicyError, Violation};
 pub use model::{
-    query_type_name, DnsConfig, DnsLimits, Mode, PortRange, Reason, Rule, Verdict,
+    query_type_name, DnsConfig, DnsLimits, Limits, Mode, PortRange, Reason, Rule, Verdict,
     DEFAULT_QUERY_TYPES, QUERY_TYPES,
 };
-pub use net::{canonical, embedded_v4, is_private};
+pub use net::{canonical, embedded_v4, is_local_host, is_private, names_loopback};
 
 use matcher::Matcher;
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::sync::Arc;
 
 /// At most this many violations are reported; the rest are counted.
 const MAX_REPORTED: usize = 100;
@@ -61,13 +62,21 @@ impl ResolvedNames for AnyResolution {
     }
 }
 
-/// The outcome for one connection. `rule` borrows the rule name from the
-/// policy; it is `None` only for [`Reason::NoRule`].
+/// The decision for one connection. `rule` borrows the rule name from the
+/// policy; it is `None` only for [`Reason::NoRule`] and the reasons the
+/// proxy decides itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision<'p> {
     pub verdict: Verdict,
-    pub rule: Option<&'p str>,
+    pub rule: Option<&'p Arc<str>>,
     pub reason: Reason,
+}
+
+impl Decision<'_> {
+    /// The rule's name, if a rule decided.
+    pub fn rule_name(&self) -> Option<&str> {
+        self.rule.map(|r| &**r)
+    }
 }
 
 /// A validated, compiled policy.
@@ -76,6 +85,7 @@ pub struct Policy {
     name: String,
     mode: Mode,
     dns: DnsConfig,
+    limits: Limits,
     rules: Vec<Rule>,
     matcher: Matcher,
 }
@@ -103,6 +113,7 @@ impl Policy {
             name: v.name,
             mode: v.mode,
             dns: v.dns,
+            limits: v.limits,
             rules: v.rules,
         })
     }
@@ -150,6 +161,11 @@ impl Policy {
         &self.dns
     }
 
+    /// `limits`: what one connection may hold.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The validated rules in file order.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
@@ -173,6 +189,14 @@ impl Policy {
             return self.decision(Verdict::Deny, r, Reason::DenyRule);
         }
         if let Some(r) = self.matcher.allow_cidr(ip, port) {
+            if net::is_local_host(ip) {
+                // sluice's own host: a broad rule (0.0.0.0/0, ::/0,
+                // 64:ff9b::/96) never reaches it; a rule naming loopback does.
+                return match self.allow_loopback(ip, port) {
+                    Some(named) => self.decision(Verdict::Allow, named, Reason::AllowRule),
+                    None => self.decision(Verdict::Deny, r, Reason::LoopbackAddress),
+                };
+            }
             return self.decision(Verdict::Allow, r, Reason::AllowRule);
         }
         if let Some(name) = name {
@@ -191,6 +215,21 @@ impl Policy {
             rule: None,
             reason: Reason::NoRule,
         }
+    }
+
+    /// The first allow rule covering `port` with a prefix inside loopback
+    /// that holds `ip` (only plain 127.0.0.0/8 and `::1` can be held: an
+    /// embedded or unspecified form never is). Destinations on sluice's own
+    /// host are rare: a scan of the rules costs them alone.
+    fn allow_loopback(&self, ip: IpAddr, port: u16) -> Option<u32> {
+        let index = self.rules.iter().position(|r| {
+            r.action == Verdict::Allow
+                && r.covers_port(port)
+                && r.cidrs
+                    .iter()
+                    .any(|net| net::names_loopback(net) && net.contains(&ip))
+        })?;
+        u32::try_from(index).ok()
     }
 
     /// Whether `name` resolves to `ip` as far as hosts rules are concerned:

@@ -54,10 +54,14 @@ pub enum Reason {
     /// Only a hosts rule matched, and the address is loopback, private,
     /// link-local or otherwise internal.
     PrivateAddress,
-    /// The destination is sluice itself (its sandbox addresses or its own
-    /// endpoints such as /metrics); no policy can allow it. Decided by the
-    /// proxy, never by `Policy::decide`.
-    SluiceInternal,
+    /// The destination is sluice itself (its sandbox and gateway addresses
+    /// or its own endpoints such as /metrics); no policy can allow it.
+    /// Decided by the proxy, never by `Policy::decide`.
+    InternalAddress,
+    /// A cidrs rule matched a destination on sluice's own host (loopback,
+    /// unspecified, or an IPv6 form embedding them), and no allow rule
+    /// names loopback itself (a prefix inside 127.0.0.0/8, or `::1/128`).
+    LoopbackAddress,
     /// The connection's first bytes name a host that cannot be read for
     /// certain (a malformed, split or oversized ClientHello, two Host
     /// headers, a Host that is not a host and port): an origin might read
@@ -74,7 +78,8 @@ impl Reason {
             Reason::NoRule => "no-rule",
             Reason::HostAddressMismatch => "host-address-mismatch",
             Reason::PrivateAddress => "private-address",
-            Reason::SluiceInternal => "sluice-internal",
+            Reason::InternalAddress => "internal-address",
+            Reason::LoopbackAddress => "loopback-address",
             Reason::UnreadableName => "unreadable-name",
         }
     }
@@ -119,7 +124,9 @@ impl fmt::Display for PortRange {
 /// form, IPv4-mapped IPv6 networks turned into IPv4; `ports` empty = any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
-    pub name: String,
+    /// Shared, so that a connection's record can hold it past a reload
+    /// without a copy.
+    pub name: std::sync::Arc<str>,
     pub action: Verdict,
     pub cidrs: Vec<IpNet>,
     pub hosts: Vec<String>,
@@ -144,6 +151,23 @@ pub struct DnsConfig {
     pub hosts: HashMap<String, Vec<IpAddr>>,
     /// What may be forwarded to the upstreams, per sandbox.
     pub limits: DnsLimits,
+}
+
+/// `limits`: bounds on what one connection may hold of sluice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a request head on a connection whose every request is
+    /// checked may take to arrive, from its first byte (the first
+    /// request's: from accept). Past it: 408 and an audit record.
+    pub request_head: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            request_head: std::time::Duration::from_secs(10),
+        }
+    }
 }
 
 /// `dns.limits`: bounds on what a sandbox's queries may carry to the

@@ -45,6 +45,33 @@ pub fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
     }
 }
 
+/// True if a connection to `ip` (canonical) stays on the machine that makes
+/// it: loopback (127.0.0.0/8, `::1`), the unspecified and "this network"
+/// addresses (0.0.0.0/8, `::`), which the kernel sends to the local host,
+/// and every IPv6 form that embeds one of those ([`embedded_v4`]). From the
+/// proxy's side that is sluice's own host, never the workload's.
+pub fn is_local_host(ip: IpAddr) -> bool {
+    let v4_local = |v4: Ipv4Addr| matches!(v4.octets()[0], 0 | 127);
+    match ip {
+        IpAddr::V4(v4) => v4_local(v4),
+        IpAddr::V6(v6) => {
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.to_ipv4_mapped().is_some_and(v4_local)
+                || embedded_v4(v6).into_iter().flatten().any(v4_local)
+        }
+    }
+}
+
+/// True if `net` names loopback itself: a prefix inside 127.0.0.0/8, or
+/// `::1/128`. Only such a rule admits a loopback destination.
+pub fn names_loopback(net: &ipnet::IpNet) -> bool {
+    match net {
+        ipnet::IpNet::V4(n) => n.prefix_len() >= 8 && n.network().octets()[0] == 127,
+        ipnet::IpNet::V6(n) => n.prefix_len() == 128 && n.network().is_loopback(),
+    }
+}
+
 /// True for addresses a hostname rule must not admit: loopback, RFC 1918,
 /// link-local, unspecified and "this network" (0/8), CGNAT 100.64/10,
 /// multicast, broadcast, IPv6 ULA fc00::/7, fe80::/10, ::1, ::, and any
@@ -93,6 +120,58 @@ mod tests {
 
     fn p(s: &str) -> bool {
         is_private(s.parse().unwrap())
+    }
+
+    fn local(s: &str) -> bool {
+        is_local_host(canonical(s.parse().unwrap()))
+    }
+
+    #[test]
+    fn loopback_and_unspecified_in_every_spelling_are_the_local_host() {
+        for a in [
+            "127.0.0.1",
+            "127.255.255.254",
+            "0.0.0.0",
+            "0.1.2.3",
+            "::1",
+            "::",
+            "::ffff:127.0.0.1",
+            "::ffff:0.0.0.0",
+            "64:ff9b::7f00:1",
+            "64:ff9b:1:7f00:0:100::",
+            "2002:7f00:1::1",
+            "2001:0:7f00:1::",
+            "::127.0.0.1",
+        ] {
+            assert!(local(a), "{a} reaches the local host");
+        }
+        for a in [
+            "198.18.0.1",
+            "2001:db8::1",
+            "10.0.0.1",
+            "::ffff:198.18.0.1",
+            "fe80::1",
+        ] {
+            assert!(!local(a), "{a} is not the local host");
+        }
+    }
+
+    #[test]
+    fn only_prefixes_inside_loopback_name_it() {
+        let n = |s: &str| names_loopback(&s.parse().unwrap());
+        for yes in ["127.0.0.1/32", "127.0.0.0/8", "127.1.0.0/16", "::1/128"] {
+            assert!(n(yes), "{yes}");
+        }
+        for no in [
+            "0.0.0.0/0",
+            "::/0",
+            "64:ff9b::/96",
+            "126.0.0.0/7",
+            "::/127",
+            "0.0.0.0/8",
+        ] {
+            assert!(!n(no), "{no}");
+        }
     }
 
     #[test]

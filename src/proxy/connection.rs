@@ -13,10 +13,11 @@ use super::peek::{inspect, Peeked, TLS_HANDSHAKE};
 use super::relay::{read_now, relay, write_all, Relayed};
 use super::upstream::connect_upstream;
 use super::{original_dst, session, ProxyContext};
-use crate::audit::{AuditEvent, Proto};
+use crate::audit::{AuditEvent, Flow};
 use crate::bundle::ActivePolicy;
 use crate::metrics::{ConnectionMetrics, PathMetrics};
-use crate::policy::{Decision, Mode, Reason, Verdict};
+use crate::outcome::{Cause, DenyReason, Outcome, UpstreamFailure, Verdict};
+use crate::policy::{Mode, Reason};
 use crate::timing::ConnectionClock;
 
 /// What the first bytes told us, kept only as long as the decision needs.
@@ -31,38 +32,58 @@ struct FirstBytes {
     silent: bool,
 }
 
-/// The one place a connection's outcome is recorded (metrics and timing),
-/// on drop, so connections that end early, fail or are cut at shutdown are
-/// counted exactly once too (ztunnel's `ConnectionResult`).
-struct Outcome<'c> {
+/// The one place a connection's records are made (metrics and timing), on
+/// drop, from its one [`Outcome`], so connections that end early, fail or
+/// are cut at shutdown are recorded exactly once too, and every record
+/// says the same (ztunnel's `ConnectionResult`). The audit record of the
+/// same outcome is written where it is decided ([`audit`]).
+struct Record<'c> {
     ctx: &'c ProxyContext,
     clock: ConnectionClock,
     metrics: Option<ConnectionMetrics>,
     dst: SocketAddr,
     host: Option<String>,
-    verdict: &'static str,
+    outcome: Outcome,
+    /// The connection reached its end by itself (not cut at the drain).
+    finished: bool,
     relayed: Relayed,
 }
 
-impl<'c> Outcome<'c> {
-    fn start(ctx: &'c ProxyContext, dst: SocketAddr) -> Outcome<'c> {
-        Outcome {
+impl<'c> Record<'c> {
+    fn start(ctx: &'c ProxyContext, dst: SocketAddr) -> Record<'c> {
+        Record {
             ctx,
             clock: ConnectionClock::start(),
             metrics: ctx.metrics.as_ref().map(PathMetrics::opened),
             dst,
             host: None,
-            verdict: "deny",
+            // What a connection cut before its decision reports.
+            outcome: Outcome {
+                verdict: Verdict::Deny,
+                rule: None,
+                cause: Cause::Drained,
+            },
+            finished: false,
             relayed: Relayed::default(),
         }
     }
 
-    fn decided(&mut self, verdict: &'static str, rule: Option<&str>) {
-        self.verdict = verdict;
+    /// The connection is decided (a later decision replaces an earlier).
+    fn decided(&mut self, outcome: Outcome, host: Option<String>) {
+        self.outcome = outcome;
+        self.host = host;
         self.clock.decided();
-        if let Some(m) = self.metrics.as_mut() {
-            m.decided(verdict, rule);
-        }
+    }
+
+    /// It ends here, as `outcome` says.
+    fn ended(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
+        self.finished = true;
+    }
+
+    /// When it was accepted, on tokio's clock.
+    fn accepted(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() - self.clock.elapsed()
     }
 
     fn connected(&mut self) {
@@ -74,6 +95,7 @@ impl<'c> Outcome<'c> {
 
     fn relayed(&mut self, relayed: Relayed) {
         self.relayed = relayed;
+        self.finished = true;
         if let Some(at) = relayed.first_byte_down {
             let since = self.clock.first_byte_at(at);
             if let Some(m) = self.metrics.as_ref() {
@@ -83,11 +105,14 @@ impl<'c> Outcome<'c> {
     }
 }
 
-impl Drop for Outcome<'_> {
+impl Drop for Record<'_> {
     fn drop(&mut self) {
+        if !self.finished {
+            self.outcome.ended_by(Cause::Drained);
+        }
         let (up, down) = (self.relayed.bytes_up, self.relayed.bytes_down);
-        if let Some(m) = self.metrics.as_ref() {
-            m.bytes(up, down);
+        if let Some(m) = self.metrics.take() {
+            m.ended(&self.outcome, up, down);
         }
         if self.ctx.timings.is_enabled() {
             let id = self.ctx.next_id.fetch_add(1, Ordering::Relaxed);
@@ -97,7 +122,7 @@ impl Drop for Outcome<'_> {
                 self.ctx.path.as_str(),
                 self.dst,
                 self.host.as_deref(),
-                self.verdict,
+                &self.outcome,
             );
             record.bytes_up = up;
             record.bytes_down = down;
@@ -124,11 +149,23 @@ pub(super) async fn handle(
     let dst = match original_dst(&client, local) {
         Ok(dst) if dst != local => dst,
         _ => {
-            let mut outcome = Outcome::start(ctx, local);
-            outcome.decided("deny", None);
             // Not redirected by our rules: someone connected straight to the
             // listener. There is no destination to decide on.
-            deny_without_destination(client, peer, ctx).await;
+            tracing::warn!(%peer, "connection straight to sluice's listener (no original destination): refused");
+            let mut record = Record::start(ctx, local);
+            let outcome = Outcome::refused(DenyReason::NoOriginalDestination, Mode::Enforce);
+            audit(
+                ctx,
+                ctx.policy.current().label(),
+                peer,
+                Some(local),
+                &outcome,
+                None,
+            )
+            .await;
+            record.decided(outcome, None);
+            record.finished = true;
+            reset(client);
             return;
         }
     };
@@ -143,7 +180,7 @@ pub(super) async fn serve(
     dst: SocketAddr,
     ctx: &ProxyContext,
 ) {
-    let mut outcome = Outcome::start(ctx, dst);
+    let mut record = Record::start(ctx, dst);
     // One policy decides whether to peek and what the peek saw, even if a
     // reload swaps it meanwhile.
     let policy = ctx.policy.current();
@@ -152,54 +189,81 @@ pub(super) async fn serve(
     if peeked {
         first = peek(&mut client, ctx).await;
     }
-    let admitted = admit(ctx, &policy, peer, dst, &first, peeked, Some(&mut outcome)).await;
+    let mut each_request = admit(ctx, &policy, peer, dst, &first, peeked, &mut record).await;
+    let head_limit = policy.limits().request_head;
+    let mut label = policy.label().to_string();
     drop(policy);
-    let mut admitted = match admitted {
-        Ok(admitted) => admitted,
-        Err(denied) => return refuse(client, first, peeked, denied, ctx).await,
-    };
+    if record.outcome.is_denied() {
+        record.finished = true;
+        return refuse(client, first, peeked, &record.outcome, ctx).await;
+    }
 
     let upstream = match connect_upstream(dst, ctx.limits.connect_timeout).await {
         Ok(upstream) => upstream,
         Err(err) => {
-            tracing::debug!(%dst, %err, "upstream connect failed");
+            let failure = UpstreamFailure::of(&err);
+            tracing::debug!(%dst, %err, reason = failure.as_str(), "upstream connect failed");
+            let mut outcome = record.outcome.clone();
+            outcome.ended_by(Cause::Upstream(failure));
+            if ctx.audit_allows {
+                audit(ctx, &label, peer, Some(dst), &outcome, record.host.clone()).await;
+            }
+            record.ended(outcome);
             reset(client);
             return;
         }
     };
-    outcome.connected();
+    record.connected();
     // A client silent through the peek was decided on its address and the
     // name it resolved: it may be waiting for a server-first protocol's
     // greeting, or it may be hiding its ClientHello or request head from
     // the peek. Whoever speaks first says which: if the client does, its
     // first bytes are read and decided like a first peek's, before any of
-    // them reaches the origin.
+    // them reaches the origin; that decision is the connection's.
     if first.silent && client_speaks_first(&client, &upstream).await {
         first = peek(&mut client, ctx).await;
         let policy = ctx.policy.current();
-        admitted = match admit(ctx, &policy, peer, dst, &first, true, None).await {
-            Ok(admitted) => admitted,
-            Err(denied) => {
-                drop(upstream);
-                return refuse(client, first, true, denied, ctx).await;
-            }
-        };
-        if ctx.timings.is_enabled() {
-            outcome.host = admitted.host.clone();
+        each_request = admit(ctx, &policy, peer, dst, &first, true, &mut record).await;
+        label = policy.label().to_string();
+        drop(policy);
+        if record.outcome.is_denied() {
+            drop(upstream);
+            record.finished = true;
+            return refuse(client, first, true, &record.outcome, ctx).await;
         }
     }
-    if admitted.each_request {
+    // An allowed connection is audited (when asked) once all is decided,
+    // with the name it was decided on.
+    if ctx.audit_allows && record.outcome.verdict == Verdict::Allow {
+        audit(
+            ctx,
+            &label,
+            peer,
+            Some(dst),
+            &record.outcome,
+            record.host.clone(),
+        )
+        .await;
+    }
+    if each_request {
         let checked = session::Checked {
             ctx,
             peer,
             dst,
-            host: admitted.host,
+            host: record.host.clone(),
             first_decided: first.http && !first.unreadable,
+            head_limit,
+            accepted: record.accepted(),
         };
-        outcome.relayed(session::relay(client, upstream, first.buf, checked).await);
+        let (relayed, ended) = session::relay(client, upstream, first.buf, checked).await;
+        if let Some(outcome) = ended {
+            record.outcome = outcome;
+        }
+        record.relayed(relayed);
         return;
     }
     if !first.buf.is_empty() && !write_all(&upstream, &first.buf).await {
+        record.finished = true;
         reset(client);
         return;
     }
@@ -207,26 +271,13 @@ pub(super) async fn serve(
     drop(first);
     let mut relayed = relay(&client, &upstream).await;
     relayed.bytes_up += peeked_bytes;
-    outcome.relayed(relayed);
-}
-
-/// An allowed connection: the name it was decided on, and whether each of
-/// its requests is decided on its own Host.
-struct Admitted {
-    host: Option<String>,
-    each_request: bool,
-}
-
-/// A denied connection: why, owned past the policy's lifetime.
-struct Denied {
-    rule: Option<String>,
-    reason: Reason,
+    record.relayed(relayed);
 }
 
 /// Decide a connection on its first bytes (or its address and the name it
-/// resolved), audit the decision as the policy asks, and record it in
-/// `outcome` (`None` for a second decision on the same connection, which
-/// counts once).
+/// resolved) and record the decision in `record`; a deny or would-deny is
+/// audited here. Returns whether each of its requests is decided on its
+/// own Host (only for an allowed connection).
 async fn admit(
     ctx: &ProxyContext,
     policy: &ActivePolicy,
@@ -234,8 +285,8 @@ async fn admit(
     dst: SocketAddr,
     first: &FirstBytes,
     peeked: bool,
-    outcome: Option<&mut Outcome<'_>>,
-) -> Result<Admitted, Denied> {
+    record: &mut Record<'_>,
+) -> bool {
     // The name the sandbox resolved for this address matters to the decision
     // only when a hosts rule covers the port; otherwise it is looked up only
     // for the records, and only if there will be one.
@@ -244,57 +295,28 @@ async fn admit(
     if host.is_none() && peeked {
         host = resolved_name();
     }
-    let decision = if first.unreadable {
-        Decision {
-            verdict: Verdict::Deny,
-            rule: None,
-            reason: Reason::UnreadableName,
-        }
+    let outcome = if first.unreadable {
+        Outcome::refused(Reason::UnreadableName, policy.mode())
     } else {
-        decide(ctx, policy, dst, host.as_deref()).await
+        Outcome::decided(
+            &decide(ctx, policy, dst, host.as_deref()).await,
+            policy.mode(),
+        )
     };
-    let enforce = policy.mode() == Mode::Enforce;
-    let verdict = match (decision.verdict, enforce) {
-        (Verdict::Allow, _) => "allow",
-        (Verdict::Deny, true) => "deny",
-        (Verdict::Deny, false) => "would-deny",
-    };
-    let mut outcome = outcome;
-    if let Some(outcome) = outcome.as_deref_mut() {
-        outcome.decided(verdict, decision.rule);
-    }
-    let audited = decision.verdict == Verdict::Deny || (ctx.audit_allows && outcome.is_some());
-    if host.is_none() && !peeked && (audited || ctx.timings.is_enabled()) {
+    let allowed = outcome.verdict == Verdict::Allow;
+    let recorded = !allowed || ctx.audit_allows || ctx.timings.is_enabled();
+    if host.is_none() && !peeked && recorded {
         host = resolved_name();
     }
-    if let Some(outcome) = outcome.filter(|_| ctx.timings.is_enabled()) {
-        outcome.host = host.clone();
+    if !allowed {
+        tracing::debug!(%peer, %dst, rule = ?outcome.rule, reason = outcome.reason(), "{}", outcome.verdict);
+        audit(ctx, policy.label(), peer, Some(dst), &outcome, host.clone()).await;
     }
-    if audited {
-        ctx.audit
-            .record(event(
-                ctx,
-                verdict,
-                &decision,
-                peer,
-                Some(dst),
-                host.clone(),
-                policy.label(),
-            ))
-            .await;
-    }
-    if verdict == "deny" {
-        tracing::debug!(%peer, %dst, rule = ?decision.rule, reason = decision.reason.as_str(), "deny");
-        return Err(Denied {
-            rule: decision.rule.map(str::to_string),
-            reason: decision.reason,
-        });
-    }
+    let denied = outcome.is_denied();
+    record.decided(outcome, host);
     // A plain-HTTP connection whose Host could change the verdict has each
     // of its requests decided; any other keeps the plain relay.
-    let each_request =
-        session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst);
-    Ok(Admitted { host, each_request })
+    !denied && session::applies(&first.buf, first.http) && policy.host_decides_each_request(dst)
 }
 
 /// Answer a denied connection: a plain-HTTP client gets a readable 403
@@ -304,19 +326,14 @@ async fn refuse(
     mut client: TcpStream,
     mut first: FirstBytes,
     peeked: bool,
-    denied: Denied,
+    outcome: &Outcome,
     ctx: &ProxyContext,
 ) {
     if !peeked {
         first = peek(&mut client, ctx).await;
     }
     if first.http {
-        let decision = Decision {
-            verdict: Verdict::Deny,
-            rule: denied.rule.as_deref(),
-            reason: denied.reason,
-        };
-        reply_forbidden(client, &decision).await;
+        reply_forbidden(client, outcome).await;
     } else {
         reset(client);
     }
@@ -412,59 +429,39 @@ fn unfinished(mut first: FirstBytes) -> FirstBytes {
     first
 }
 
-fn event(
+/// Write the audit record of `outcome` for a connection (or a request on
+/// one) from `peer` to `dst`, decided under the bundle `label`.
+pub(super) async fn audit(
     ctx: &ProxyContext,
-    verdict: &'static str,
-    decision: &Decision<'_>,
+    label: &str,
     peer: SocketAddr,
     dst: Option<SocketAddr>,
+    outcome: &Outcome,
     host: Option<String>,
-    bundle: &str,
-) -> AuditEvent {
-    AuditEvent {
-        sandbox: ctx.sandbox.clone(),
+) {
+    let flow = Flow {
+        sandbox: &ctx.sandbox,
         path: ctx.path,
-        verdict,
-        rule: decision.rule.map(str::to_string),
-        reason: decision.reason.as_str(),
-        proto: Proto::Tcp,
-        src: Some(peer),
+        src: peer,
         dst,
-        host,
-        bundle: bundle.to_string(),
-    }
-}
-
-async fn deny_without_destination(client: TcpStream, peer: SocketAddr, ctx: &ProxyContext) {
-    tracing::warn!(%peer, "connection straight to sluice's listener (no original destination): refused");
+        bundle: label,
+    };
     ctx.audit
-        .record(AuditEvent {
-            sandbox: ctx.sandbox.clone(),
-            path: ctx.path,
-            verdict: "deny",
-            rule: None,
-            reason: "no-original-destination",
-            proto: Proto::Tcp,
-            src: Some(peer),
-            dst: client.local_addr().ok(),
-            host: None,
-            bundle: ctx.policy.label().to_string(),
-        })
+        .record(AuditEvent::of_outcome(flow, outcome, host))
         .await;
-    reset(client);
 }
 
 /// A plain-HTTP client gets a readable answer instead of a bare reset.
-pub(super) async fn reply_forbidden(client: TcpStream, decision: &Decision<'_>) {
+pub(super) async fn reply_forbidden(client: TcpStream, outcome: &Outcome) {
     let body = format!(
         "sluice: denied by {} ({})\n",
-        decision
-            .rule
+        outcome
+            .rule_name()
             .map(|r| format!("rule \"{r}\""))
             .unwrap_or_else(|| "default deny".to_string()),
-        decision.reason.as_str()
+        outcome.reason()
     );
-    reply_and_close(client, "403 Forbidden", decision.reason.as_str(), &body).await;
+    reply_and_close(client, "403 Forbidden", outcome.reason(), &body).await;
 }
 
 /// Answers with `status`, the reason in `X-Sluice-Reason` and `body`, then

@@ -22,7 +22,7 @@ pub(super) async fn decide<'p>(
         return Decision {
             verdict: Verdict::Deny,
             rule: None,
-            reason: Reason::SluiceInternal,
+            reason: Reason::InternalAddress,
         };
     }
     let decision = policy.decide(dst, host, &*ctx.resolver);

@@ -35,56 +35,8 @@ pub enum Body {
     Chunked,
 }
 
-/// Why a request is not relayed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// A line ends in a bare LF, or a bare CR is inside a line.
-    BareLineEnding,
-    /// A NUL or other control byte in the head.
-    ControlByte,
-    /// Both Content-Length and Transfer-Encoding, or differing lengths.
-    ConflictingLength,
-    /// A Content-Length that is not a decimal number.
-    BadLength,
-    /// A transfer coding whose last step is not `chunked`, `chunked` twice,
-    /// or any Transfer-Encoding on an HTTP/1.0 request.
-    BadTransferEncoding,
-    /// An `Upgrade` request (WebSocket over ws://, h2c): after the switch
-    /// the bytes are no longer requests sluice can decide.
-    Upgrade,
-    /// A CONNECT request: the same, for a tunnel.
-    Connect,
-    /// A chunk-size line, a chunk's end or the trailer section is malformed
-    /// or too long.
-    BadChunk,
-    /// The bytes where a request should start are not an HTTP/1 request.
-    NotRequest,
-    /// A request head longer than the peek's limit.
-    HeadTooLarge,
-    /// A request whose host cannot be read for certain: two Host headers,
-    /// a Host that is not a host and port, or a target whose host differs
-    /// from the Host header's.
-    UnreadableHost,
-}
-
-impl Refusal {
-    /// The audit record's `reason` and the deny reply's.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Refusal::BareLineEnding => "http-bare-line-ending",
-            Refusal::ControlByte => "http-control-byte",
-            Refusal::ConflictingLength => "http-conflicting-length",
-            Refusal::BadLength => "http-bad-length",
-            Refusal::BadTransferEncoding => "http-bad-transfer-encoding",
-            Refusal::Upgrade => "http-upgrade",
-            Refusal::Connect => "http-connect",
-            Refusal::BadChunk => "http-bad-chunk",
-            Refusal::NotRequest => "http-not-a-request",
-            Refusal::HeadTooLarge => "http-head-too-large",
-            Refusal::UnreadableHost => "http-unreadable-host",
-        }
-    }
-}
+/// Why a request is not relayed (the words are shared with every record).
+pub use crate::outcome::Refusal;
 
 /// Frame the request head at the start of `buf`, which
 /// [`super::peek::inspect`] found complete (`Peeked::Http`). Its end is the

@@ -68,9 +68,11 @@ thread_local! {
     static COPY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-struct Pumped {
-    bytes: u64,
-    first_write: Option<Instant>,
+/// What one direction moved.
+#[derive(Debug, Default)]
+pub(super) struct Pumped {
+    pub bytes: u64,
+    pub first_write: Option<Instant>,
 }
 
 impl Pumped {
@@ -143,6 +145,38 @@ async fn pump(from: &TcpStream, to: &TcpStream, finished: &AtomicBool, first: Re
         }
     }
     pumped
+}
+
+/// One direction `from` -> `to`, copied through the thread's buffer until
+/// the source ends or the destination goes, counted in `pumped` (which
+/// holds what was moved if the copy is cut short). No half-close: that is
+/// the caller's (the checked session's responses).
+pub(super) async fn copy_to_end(from: &TcpStream, to: &TcpStream, pumped: &mut Pumped) {
+    copy(from, to, pumped, Read::WhenReady).await;
+}
+
+/// Wait until `from` is readable, then append what one read brings to
+/// `buf`: the byte count (0 at the end), `None` on an error. The read goes
+/// through the thread's buffer, so `buf` grows only by what came: a
+/// connection holds no buffer of its own beyond the bytes it keeps.
+pub(super) async fn read_appending(from: &TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        from.readable().await.ok()?;
+        let read = COPY.with(|copy| {
+            let mut copy = copy.borrow_mut();
+            if copy.is_empty() {
+                copy.resize(COPY_BUF, 0);
+            }
+            let n = read_draining(from, &mut copy, Read::WhenReady)?;
+            buf.extend_from_slice(&copy[..n]);
+            Ok::<_, std::io::Error>(n)
+        });
+        match read {
+            Ok(n) => return Some(n),
+            Err(e) if again(&e) || e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
 }
 
 /// Copy until the source ends or the destination goes.

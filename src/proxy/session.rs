@@ -18,24 +18,22 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use super::connection::{reply_and_close, reply_forbidden};
+use super::connection::{audit, reply_and_close, reply_forbidden};
 use super::decide::decide;
 use super::http1::{self, Body, Chunked, Refusal};
 use super::peek::{inspect, skip_blank_lines, Peeked};
-use super::relay::Relayed;
+use super::relay::{copy_to_end, read_appending, write_all, Pumped, Relayed};
 use super::ProxyContext;
-use crate::audit::{AuditEvent, Proto};
-use crate::policy::{Decision, Mode, Reason, Verdict};
+use crate::outcome::{Cause, DenyReason, Outcome, Verdict};
 
-/// Bytes read or copied at a time.
-const CHUNK: usize = 64 * 1024;
+/// A buffer emptied of a larger capacity than this is given back, so that
+/// a connection idle between requests holds no more than the plain relay.
+const KEPT_CAPACITY: usize = 4 * 1024;
 /// How long the origin gets, once a request was refused, to finish the
 /// responses to the requests before it.
 pub const FINISH_GRACE: Duration = Duration::from_secs(5);
@@ -62,42 +60,44 @@ pub(super) struct Checked<'c> {
     /// The first request head in `first` was decided already (the peek saw
     /// all of it).
     pub first_decided: bool,
+    /// How long a request head may take, from its first byte (the first
+    /// request's: from `accepted`).
+    pub head_limit: Duration,
+    pub accepted: tokio::time::Instant,
 }
 
 /// How the requests ended.
 enum End {
     /// The client closed (or failed), or the origin stopped reading.
     Closed,
-    /// A request was denied: the decision, owned.
-    Denied {
-        rule: Option<String>,
-        reason: Reason,
-    },
-    /// A request could not be framed safely.
-    Refused(Refusal),
+    /// A request was refused (a deny, or one that cannot be framed
+    /// safely): the connection ends with this outcome.
+    Refused(Outcome),
 }
 
 /// Relay `client` and `upstream` (connected, nothing sent yet), `first`
-/// being the bytes the peek read.
+/// being the bytes the peek read. Returns what was relayed and, if a
+/// request changed the connection's outcome (refused, or would-deny in
+/// audit mode), the new one.
 pub(super) async fn relay(
-    mut client: TcpStream,
-    mut upstream: TcpStream,
+    client: TcpStream,
+    upstream: TcpStream,
     first: Vec<u8>,
     checked: Checked<'_>,
-) -> Relayed {
+) -> (Relayed, Option<Outcome>) {
     let refusing = AtomicBool::new(false);
     let stop = Notify::new();
     let mut bytes_up = 0u64;
-    let (end, (bytes_down, first_byte_down)) = {
-        let (mut from_client, mut to_client) = client.split();
-        let (mut from_origin, mut to_origin) = upstream.split();
+    let mut noted = None;
+    let (end, down) = {
         let up = async {
             let end = requests(
-                &mut from_client,
-                &mut to_origin,
+                &client,
+                &upstream,
                 first,
                 &checked,
                 &mut bytes_up,
+                &mut noted,
             )
             .await;
             if !matches!(end, End::Closed) {
@@ -106,64 +106,74 @@ pub(super) async fn relay(
             }
             // The origin sees the end of the stream, finishes what it was
             // asked and (typically) closes.
-            let _ = to_origin.shutdown().await;
+            half_close(&upstream);
             end
         };
-        let down = responses(&mut from_origin, &mut to_client, &refusing, &stop);
+        let down = responses(&upstream, &client, &refusing, &stop);
         tokio::join!(up, down)
     };
     drop(upstream);
-    match end {
-        End::Closed => {}
-        End::Denied { rule, reason } => {
-            let decision = Decision {
-                verdict: Verdict::Deny,
-                rule: rule.as_deref(),
-                reason,
-            };
-            reply_forbidden(client, &decision).await;
+    let ended = match end {
+        End::Closed => noted,
+        End::Refused(outcome) => {
+            match outcome.cause {
+                Cause::Denied(DenyReason::Request(refusal)) => reply_refused(client, refusal).await,
+                _ => reply_forbidden(client, &outcome).await,
+            }
+            Some(outcome)
         }
-        End::Refused(refusal) => reply_bad_request(client, refusal).await,
-    }
-    Relayed {
+    };
+    let relayed = Relayed {
         bytes_up,
-        bytes_down,
-        first_byte_down,
-    }
+        bytes_down: down.bytes,
+        first_byte_down: down.first_write,
+    };
+    (relayed, ended)
+}
+
+/// Shut down the write side of `to`: it sees the end of the stream.
+fn half_close(to: &TcpStream) {
+    let _ = nix::sys::socket::shutdown(
+        std::os::fd::AsRawFd::as_raw_fd(to),
+        nix::sys::socket::Shutdown::Write,
+    );
 }
 
 /// Client to origin, request by request, until the client closes or a
-/// request is refused.
+/// request is refused. A would-deny (audit mode) is noted in `noted`.
 async fn requests(
-    from_client: &mut ReadHalf<'_>,
-    to_origin: &mut WriteHalf<'_>,
+    from_client: &TcpStream,
+    to_origin: &TcpStream,
     mut buf: Vec<u8>,
     c: &Checked<'_>,
     sent: &mut u64,
+    noted: &mut Option<Outcome>,
 ) -> End {
     let limit = c.ctx.limits.peek_bytes;
     let mut decided = c.first_decided;
+    // The first head began at accept at the latest.
+    let mut deadline = c.accepted + c.head_limit;
     loop {
-        // Empty lines before and between requests are ignored (RFC 9112
-        // section 2.2), and not passed on.
-        loop {
-            let blank = buf.len() - skip_blank_lines(&buf).len();
-            buf.drain(..blank);
-            if !buf.is_empty() {
-                break;
-            }
+        if buf.is_empty() {
+            // Between requests the client may be reading a long response:
+            // the next head's deadline starts with its first byte.
             if !matches!(fill(from_client, &mut buf).await, Some(1..)) {
                 return End::Closed;
             }
+            deadline = tokio::time::Instant::now() + c.head_limit;
         }
-        let host = match read_head(from_client, &mut buf, limit).await {
-            Ok(Some(host)) => host,
-            Ok(None) => return End::Closed,
-            Err(refusal) => return refuse(c, refusal, from_client, to_origin, buf, sent).await,
+        let head = tokio::time::timeout_at(deadline, next_head(from_client, &mut buf, limit)).await;
+        let host = match head {
+            Ok(Ok(Some(host))) => host,
+            Ok(Ok(None)) => return End::Closed,
+            Ok(Err(refusal)) => return refuse(c, refusal, from_client, to_origin, buf, sent).await,
+            Err(_) => {
+                return refuse(c, Refusal::HeadTimeout, from_client, to_origin, buf, sent).await
+            }
         };
         if !std::mem::take(&mut decided) {
             let host = host.or_else(|| c.ctx.resolver.name_for(c.dst.ip()));
-            if let Some(denied) = decide_request(c, host).await {
+            if let Some(denied) = decide_request(c, host, noted).await {
                 return denied;
             }
         }
@@ -184,37 +194,54 @@ async fn requests(
             Ok(false) => return End::Closed,
             Err(refusal) => return refuse(c, refusal, from_client, to_origin, buf, sent).await,
         }
+        // A pipelined request's head is already here: its deadline starts now.
+        deadline = tokio::time::Instant::now() + c.head_limit;
     }
 }
 
+/// Skip the empty lines before a request (RFC 9112 section 2.2; they are
+/// not passed on), then read its head, as [`read_head`].
+async fn next_head(
+    from_client: &TcpStream,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> Result<Option<Option<String>>, Refusal> {
+    loop {
+        let blank = buf.len() - skip_blank_lines(buf).len();
+        buf.drain(..blank);
+        if !buf.is_empty() {
+            break;
+        }
+        if !matches!(fill(from_client, buf).await, Some(1..)) {
+            return Ok(None);
+        }
+    }
+    read_head(from_client, buf, limit).await
+}
+
 /// Decide one later request on `host`; `Some` ends the connection.
-async fn decide_request(c: &Checked<'_>, host: Option<String>) -> Option<End> {
+async fn decide_request(
+    c: &Checked<'_>,
+    host: Option<String>,
+    noted: &mut Option<Outcome>,
+) -> Option<End> {
     let ctx = c.ctx;
     let policy = ctx.policy.current();
     let decision = decide(ctx, &policy, c.dst, host.as_deref()).await;
-    let enforce = policy.mode() == Mode::Enforce;
-    let verdict = match (decision.verdict, enforce) {
-        (Verdict::Allow, _) => "allow",
-        (Verdict::Deny, true) => "deny",
-        (Verdict::Deny, false) => "would-deny",
-    };
+    let outcome = Outcome::decided(&decision, policy.mode());
     let changed = host != c.host;
-    if decision.verdict == Verdict::Deny || (ctx.audit_allows && changed) {
-        tracing::debug!(peer = %c.peer, dst = %c.dst, ?host, rule = ?decision.rule, reason = decision.reason.as_str(), "request {verdict}");
-        let event = event(
-            c,
-            verdict,
-            decision.rule,
-            decision.reason.as_str(),
-            host,
-            policy.label(),
-        );
-        ctx.audit.record(event).await;
+    let allowed = outcome.verdict == Verdict::Allow;
+    if !allowed || (ctx.audit_allows && changed) {
+        tracing::debug!(peer = %c.peer, dst = %c.dst, ?host, rule = ?outcome.rule, reason = outcome.reason(), "request {}", outcome.verdict);
+        audit(ctx, policy.label(), c.peer, Some(c.dst), &outcome, host).await;
     }
-    (verdict == "deny").then(|| End::Denied {
-        rule: decision.rule.map(str::to_string),
-        reason: decision.reason,
-    })
+    if outcome.is_denied() {
+        return Some(End::Refused(outcome));
+    }
+    if !allowed {
+        *noted = Some(outcome);
+    }
+    None
 }
 
 /// A request that cannot be framed: refused in enforce mode; in audit mode
@@ -222,21 +249,26 @@ async fn decide_request(c: &Checked<'_>, host: Option<String>) -> Option<End> {
 async fn refuse(
     c: &Checked<'_>,
     refusal: Refusal,
-    from_client: &mut ReadHalf<'_>,
-    to_origin: &mut WriteHalf<'_>,
+    from_client: &TcpStream,
+    to_origin: &TcpStream,
     mut buf: Vec<u8>,
     sent: &mut u64,
 ) -> End {
     let policy = c.ctx.policy.current();
-    let enforce = policy.mode() == Mode::Enforce;
-    let verdict = if enforce { "deny" } else { "would-deny" };
-    tracing::debug!(peer = %c.peer, dst = %c.dst, reason = refusal.as_str(), "request {verdict}");
-    let host = c.host.clone();
-    let event = event(c, verdict, None, refusal.as_str(), host, policy.label());
+    let outcome = Outcome::refused(refusal, policy.mode());
+    tracing::debug!(peer = %c.peer, dst = %c.dst, reason = refusal.as_str(), "request {}", outcome.verdict);
+    audit(
+        c.ctx,
+        policy.label(),
+        c.peer,
+        Some(c.dst),
+        &outcome,
+        c.host.clone(),
+    )
+    .await;
     drop(policy);
-    c.ctx.audit.record(event).await;
-    if enforce {
-        return End::Refused(refusal);
+    if outcome.is_denied() {
+        return End::Refused(outcome);
     }
     loop {
         let len = buf.len();
@@ -249,33 +281,11 @@ async fn refuse(
     }
 }
 
-fn event(
-    c: &Checked<'_>,
-    verdict: &'static str,
-    rule: Option<&str>,
-    reason: &'static str,
-    host: Option<String>,
-    bundle: &str,
-) -> AuditEvent {
-    AuditEvent {
-        sandbox: c.ctx.sandbox.clone(),
-        path: c.ctx.path,
-        verdict,
-        rule: rule.map(str::to_string),
-        reason,
-        proto: Proto::Tcp,
-        src: Some(c.peer),
-        dst: Some(c.dst),
-        host,
-        bundle: bundle.to_string(),
-    }
-}
-
 /// Read until `buf` starts with a complete request head: `Ok(Some(host))`
 /// with the Host it names (lowercased, if any), `Ok(None)` if the client
 /// closed first (what it sent of a head is not passed on).
 async fn read_head(
-    from_client: &mut ReadHalf<'_>,
+    from_client: &TcpStream,
     buf: &mut Vec<u8>,
     limit: usize,
 ) -> Result<Option<Option<String>>, Refusal> {
@@ -320,22 +330,25 @@ fn ends_after(buf: &[u8], seen: usize) -> bool {
 }
 
 /// Pass on the first `n` bytes of `buf`; false if the origin is gone.
-async fn send(to_origin: &mut WriteHalf<'_>, buf: &mut Vec<u8>, n: usize, sent: &mut u64) -> bool {
+async fn send(to_origin: &TcpStream, buf: &mut Vec<u8>, n: usize, sent: &mut u64) -> bool {
     if n == 0 {
         return true;
     }
-    if to_origin.write_all(&buf[..n]).await.is_err() {
+    if !write_all(to_origin, &buf[..n]).await {
         return false;
     }
     *sent += n as u64;
     buf.drain(..n);
+    if buf.is_empty() && buf.capacity() > KEPT_CAPACITY {
+        *buf = Vec::new();
+    }
     true
 }
 
 /// Pass on a body of `left` bytes; `Ok(false)` if either side closed first.
 async fn send_length(
-    from_client: &mut ReadHalf<'_>,
-    to_origin: &mut WriteHalf<'_>,
+    from_client: &TcpStream,
+    to_origin: &TcpStream,
     buf: &mut Vec<u8>,
     mut left: u64,
     sent: &mut u64,
@@ -358,8 +371,8 @@ async fn send_length(
 /// Pass on a chunked body up to its end; `Ok(false)` if either side closed
 /// first.
 async fn send_chunked(
-    from_client: &mut ReadHalf<'_>,
-    to_origin: &mut WriteHalf<'_>,
+    from_client: &TcpStream,
+    to_origin: &TcpStream,
     buf: &mut Vec<u8>,
     sent: &mut u64,
 ) -> Result<bool, Refusal> {
@@ -379,62 +392,47 @@ async fn send_chunked(
 }
 
 /// Read what the client sent next onto the end of `buf`: the byte count,
-/// `None` on an error.
-async fn fill(from_client: &mut ReadHalf<'_>, buf: &mut Vec<u8>) -> Option<usize> {
-    buf.reserve(CHUNK);
-    from_client.read_buf(buf).await.ok()
+/// `None` on an error. `buf` grows only by what came.
+async fn fill(from_client: &TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    read_appending(from_client, buf).await
 }
 
 /// Origin to client, as it comes, until the origin closes; once a request
 /// was refused (`stop`), for at most [`FINISH_GRACE`] more. The client's
 /// side is half-closed at the end unless a refusal is still to be written.
+/// The copy goes through the thread's buffer, as the plain relay's.
 async fn responses(
-    from_origin: &mut ReadHalf<'_>,
-    to_client: &mut WriteHalf<'_>,
+    from_origin: &TcpStream,
+    to_client: &TcpStream,
     refusing: &AtomicBool,
     stop: &Notify,
-) -> (u64, Option<Instant>) {
-    let mut buf = vec![0u8; CHUNK];
-    let mut copied = 0u64;
-    let mut first_byte = None;
-    let mut deadline: Option<tokio::time::Instant> = None;
-    loop {
-        let cutoff = async {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
+) -> Pumped {
+    let mut pumped = Pumped::default();
+    {
+        let copying = copy_to_end(from_origin, to_client, &mut pumped);
+        tokio::pin!(copying);
+        let stopped = tokio::select! {
+            _ = &mut copying => false,
+            _ = stop.notified() => true,
         };
-        let n = tokio::select! {
-            read = from_origin.read(&mut buf) => match read {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            },
-            _ = stop.notified(), if deadline.is_none() => {
-                deadline = Some(tokio::time::Instant::now() + FINISH_GRACE);
-                continue;
-            }
-            _ = cutoff => break,
-        };
-        if to_client.write_all(&buf[..n]).await.is_err() {
-            break;
+        if stopped {
+            let _ = tokio::time::timeout(FINISH_GRACE, &mut copying).await;
         }
-        copied += n as u64;
-        first_byte.get_or_insert_with(Instant::now);
     }
     if !refusing.load(Ordering::Relaxed) {
-        let _ = to_client.shutdown().await;
+        half_close(to_client);
     }
-    (copied, first_byte)
+    pumped
 }
 
-/// A request sluice will not frame gets a readable answer, then the end.
-async fn reply_bad_request(client: TcpStream, refusal: Refusal) {
+/// A request sluice will not relay gets a readable answer (400, or 431 for
+/// a head too large, 408 for one too slow), then the end.
+async fn reply_refused(client: TcpStream, refusal: Refusal) {
     let body = format!(
         "sluice: refused a request it cannot relay safely on a connection whose every request is checked ({})\n",
         refusal.as_str()
     );
-    reply_and_close(client, "400 Bad Request", refusal.as_str(), &body).await;
+    reply_and_close(client, refusal.status(), refusal.as_str(), &body).await;
 }
 
 #[cfg(test)]

@@ -55,8 +55,11 @@ fn start_connect(dst: SocketAddr) -> io::Result<(OwnedFd, bool)> {
         SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
         None,
     )?;
-    // Set before the connect: no system call after it.
+    // Set before the connect: no system call after it. SO_OOBINLINE: an
+    // urgent byte from the origin is relayed as data, as the client's is
+    // (the listeners set it).
     setsockopt(&socket, sockopt::TcpNoDelay, &true)?;
+    setsockopt(&socket, sockopt::OobInline, &true)?;
     match connect(
         std::os::fd::AsRawFd::as_raw_fd(&socket),
         &SockaddrStorage::from(dst),

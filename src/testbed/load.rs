@@ -217,6 +217,7 @@ impl Batch {
                 total_us: f.total_us,
                 bytes_up: f.bytes_up,
                 bytes_down: f.body.len() as u64,
+                reason: String::new(),
             })
             .collect();
         records.sort_by_key(|r| r.start);

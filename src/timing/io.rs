@@ -25,7 +25,7 @@ pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(50
 const FLUSH_AT: usize = 60 * 1024;
 
 /// The CSV header (DESIGN.md's field order).
-pub const CSV_HEADER: &str = "id,sandbox,path,dst,host,verdict,start,decide_us,connect_us,first_byte_us,total_us,bytes_up,bytes_down";
+pub const CSV_HEADER: &str = "id,sandbox,path,dst,host,verdict,start,decide_us,connect_us,first_byte_us,total_us,bytes_up,bytes_down,reason";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TimingError {
@@ -253,7 +253,7 @@ pub fn push_csv(buf: &mut String, r: &TimingRecord) {
     let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
     let _ = writeln!(
         buf,
-        "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
         r.id,
         csv_field(&r.sandbox),
         csv_field(&r.path),
@@ -266,7 +266,8 @@ pub fn push_csv(buf: &mut String, r: &TimingRecord) {
         opt(r.first_byte_us),
         r.total_us,
         r.bytes_up,
-        r.bytes_down
+        r.bytes_down,
+        csv_field(&r.reason)
     );
 }
 
@@ -329,6 +330,7 @@ pub fn read_file(path: &Path) -> Result<Vec<TimingRecord>, TimingError> {
         "first_byte_us",
         "bytes_up",
         "bytes_down",
+        "reason",
     ]
     .map(col);
     let mut out = Vec::with_capacity(rows.len());
@@ -347,7 +349,7 @@ pub fn read_file(path: &Path) -> Result<Vec<TimingRecord>, TimingError> {
                 .map(Some)
                 .map_err(|_| parse_err(line, format!("`{name}` is `{v}`, not a whole number")))
         };
-        let [sandbox, path_c, dst, host, verdict, start, decide, connect, first, up, down] =
+        let [sandbox, path_c, dst, host, verdict, start, decide, connect, first, up, down, reason] =
             opt_cols;
         out.push(TimingRecord {
             id: num(Some(cols[0]), "id")?.unwrap_or(0),
@@ -364,6 +366,7 @@ pub fn read_file(path: &Path) -> Result<Vec<TimingRecord>, TimingError> {
                 .ok_or_else(|| parse_err(line, "`total_us` is empty".into()))?,
             bytes_up: num(up, "bytes_up")?.unwrap_or(0),
             bytes_down: num(down, "bytes_down")?.unwrap_or(0),
+            reason: get(reason).to_string(),
         });
     }
     Ok(out)
@@ -419,6 +422,7 @@ mod tests {
             dst: "198.18.0.1:8080".into(),
             host: None,
             verdict: "allow".into(),
+            reason: "allow-rule".into(),
             start: 0,
             decide_us: Some(1),
             connect_us: Some(2),

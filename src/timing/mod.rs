@@ -46,6 +46,12 @@ pub struct TimingRecord {
     pub total_us: u64,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// Why the connection ended as it did: the decision's reason
+    /// (`allow-rule`, `no-rule`, ...), `upstream-refused` and the other
+    /// upstream failures, or `drained`. Empty in files written before it,
+    /// and for direct clients.
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// Measures one connection's phases from accept (monotonic clock).
@@ -112,7 +118,8 @@ impl ConnectionClock {
         d
     }
 
-    /// The finished record (total = now). Set `bytes_up`/`bytes_down` on it.
+    /// The finished record of a connection that ended with `outcome`
+    /// (total = now). Set `bytes_up`/`bytes_down` on it.
     pub fn record(
         &self,
         id: u64,
@@ -120,7 +127,7 @@ impl ConnectionClock {
         path: &str,
         dst: SocketAddr,
         host: Option<&str>,
-        verdict: &str,
+        outcome: &crate::outcome::Outcome,
     ) -> TimingRecord {
         TimingRecord {
             id,
@@ -128,7 +135,8 @@ impl ConnectionClock {
             path: path.to_string(),
             dst: dst.to_string(),
             host: host.map(str::to_string),
-            verdict: verdict.to_string(),
+            verdict: outcome.verdict.as_str().to_string(),
+            reason: outcome.reason().to_string(),
             start: self.start_us,
             decide_us: self.decide_us,
             connect_us: self.connect_us,

@@ -325,14 +325,73 @@ fn whole_address_space_rules_match_extremes() {
         "version: 1\nname: t\nrules: [{name: all, action: allow, cidrs: [\"0.0.0.0/0\", \"::/0\"]}]\n",
     );
     for dst in [
-        "0.0.0.0:1",
         "255.255.255.255:1",
-        "[::]:1",
         "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:1",
     ] {
         assert_eq!(
             show(p.decide(sa(dst), None, &AnyResolution)),
             "allow/allow-rule/all",
+            "{dst}"
+        );
+    }
+    // The unspecified addresses reach the local host: not through this rule.
+    for dst in ["0.0.0.0:1", "[::]:1"] {
+        assert_eq!(
+            show(p.decide(sa(dst), None, &AnyResolution)),
+            "deny/loopback-address/all",
+            "{dst}"
+        );
+    }
+}
+
+const EVERYWHERE: &str =
+    "version: 1\nname: t\nrules: [{name: all, action: allow, cidrs: [\"0.0.0.0/0\", \"::/0\", \"64:ff9b::/96\"]}]\n";
+
+#[test]
+fn a_rule_for_everywhere_never_admits_loopback_in_any_spelling() {
+    let p = policy(EVERYWHERE);
+    for dst in [
+        "127.0.0.1:11434",
+        "127.1.2.3:11434",
+        "[::1]:11434",
+        "[::ffff:127.0.0.1]:11434",
+        "[64:ff9b::7f00:1]:11434",
+        "[2002:7f00:1::1]:11434",
+        "[::127.0.0.1]:11434",
+        "[2001:0:7f00:1::]:11434",
+        "0.0.0.0:11434",
+        "[::]:11434",
+        "[::ffff:0.0.0.0]:11434",
+    ] {
+        assert_eq!(
+            show(p.decide(sa(dst), None, &AnyResolution)),
+            "deny/loopback-address/all",
+            "{dst}"
+        );
+    }
+}
+
+#[test]
+fn a_rule_naming_loopback_admits_it_and_only_there() {
+    let p = policy(
+        "version: 1\nname: t\nrules:\n  - {name: all, action: allow, cidrs: [\"0.0.0.0/0\", \"::/0\"]}\n  - {name: ollama, action: allow, cidrs: [\"127.0.0.1/32\", \"::1/128\"], ports: [11434]}\n",
+    );
+    for dst in ["127.0.0.1:11434", "[::ffff:127.0.0.1]:11434", "[::1]:11434"] {
+        assert_eq!(
+            show(p.decide(sa(dst), None, &AnyResolution)),
+            "allow/allow-rule/ollama",
+            "{dst}"
+        );
+    }
+    for dst in [
+        "127.0.0.1:22",
+        "127.0.0.2:11434",
+        "[64:ff9b::7f00:1]:11434",
+        "0.0.0.0:11434",
+    ] {
+        assert_eq!(
+            show(p.decide(sa(dst), None, &AnyResolution)),
+            "deny/loopback-address/all",
             "{dst}"
         );
     }

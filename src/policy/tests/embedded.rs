@@ -152,8 +152,9 @@ fn loopback_and_unspecified_ipv6_are_not_read_as_ipv4_compatible() {
     let p = policy(
         "version: 1\nname: t\nrules:\n  - {name: all, action: allow, cidrs: [\"::/0\"]}\n  - {name: zero, action: deny, cidrs: [\"0.0.0.0/8\"]}\n",
     );
+    // (::/0 does not admit them either: they are the local host.)
     for ip in ["::1", "::"] {
         let d = p.decide(sa(&format!("[{ip}]:80")), None, &AnyResolution);
-        assert_eq!(show(d), "allow/allow-rule/all", "{ip}");
+        assert_eq!(show(d), "deny/loopback-address/all", "{ip}");
     }
 }

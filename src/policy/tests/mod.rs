@@ -51,6 +51,6 @@ fn show(d: Decision<'_>) -> String {
         "{}/{}/{}",
         d.verdict.as_str(),
         d.reason.as_str(),
-        d.rule.unwrap_or("-")
+        d.rule_name().unwrap_or("-")
     )
 }

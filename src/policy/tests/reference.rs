@@ -83,22 +83,50 @@ fn naive(
         .iter()
         .find(|r| r.action == Verdict::Deny && (deny_by_cidr(r) || by_host(r)))
     {
-        return (Verdict::Deny, Reason::DenyRule, Some(r.name.clone()));
+        return (Verdict::Deny, Reason::DenyRule, Some(r.name.to_string()));
     }
     if let Some(r) = rules
         .iter()
         .find(|r| r.action == Verdict::Allow && by_cidr(r))
     {
-        return (Verdict::Allow, Reason::AllowRule, Some(r.name.clone()));
+        // sluice's own host: only a rule naming loopback admits it.
+        let v4_local =
+            |ip: &IpAddr| matches!(ip, IpAddr::V4(v4) if matches!(v4.octets()[0], 0 | 127));
+        let local = v4_local(&ip)
+            || matches!(ip, IpAddr::V6(v6) if v6.is_loopback() || v6.is_unspecified())
+            || inside.iter().any(v4_local);
+        if local {
+            let named = |c: &ipnet::IpNet| match c {
+                ipnet::IpNet::V4(n) => n.prefix_len() >= 8 && n.network().octets()[0] == 127,
+                ipnet::IpNet::V6(n) => n.prefix_len() == 128 && n.network().is_loopback(),
+            };
+            return match rules.iter().find(|r| {
+                r.action == Verdict::Allow
+                    && r.covers_port(port)
+                    && r.cidrs.iter().any(|c| named(c) && c.contains(&ip))
+            }) {
+                Some(n) => (Verdict::Allow, Reason::AllowRule, Some(n.name.to_string())),
+                None => (
+                    Verdict::Deny,
+                    Reason::LoopbackAddress,
+                    Some(r.name.to_string()),
+                ),
+            };
+        }
+        return (Verdict::Allow, Reason::AllowRule, Some(r.name.to_string()));
     }
     if let Some(r) = rules
         .iter()
         .find(|r| r.action == Verdict::Allow && by_host(r))
     {
         if is_private(ip) {
-            return (Verdict::Deny, Reason::PrivateAddress, Some(r.name.clone()));
+            return (
+                Verdict::Deny,
+                Reason::PrivateAddress,
+                Some(r.name.to_string()),
+            );
         }
-        return (Verdict::Allow, Reason::AllowRule, Some(r.name.clone()));
+        return (Verdict::Allow, Reason::AllowRule, Some(r.name.to_string()));
     }
     (Verdict::Deny, Reason::NoRule, None)
 }
@@ -210,7 +238,7 @@ fn compiled_matcher_agrees_with_plain_reading() {
             };
             let want = naive(p.rules(), canon, port, host);
             assert_eq!(
-                (got.verdict, got.reason, got.rule.map(str::to_string)),
+                (got.verdict, got.reason, got.rule.map(|r| r.to_string())),
                 want,
                 "{ip} port {port} host {host:?}\n{yaml}"
             );

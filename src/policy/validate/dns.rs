@@ -153,7 +153,7 @@ impl Checker {
 
     /// The fields of a section that may be left out (null: `None`, no
     /// error) or be a mapping of `keys`; anything else is an error, `None`.
-    fn optional_mapping<'n>(
+    pub(super) fn optional_mapping<'n>(
         &mut self,
         v: &'n Node,
         keys: &[&'static str],
@@ -206,7 +206,7 @@ impl Checker {
     }
 
     /// A whole number in 1..=`max`.
-    fn bounded(&mut self, v: &Node, what: &str, max: i128) -> Option<i128> {
+    pub(super) fn bounded(&mut self, v: &Node, what: &str, max: i128) -> Option<i128> {
         match &v.value {
             Value::Int(n) if (1..=max).contains(n) => Some(*n),
             Value::Int(n) => {

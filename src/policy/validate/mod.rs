@@ -5,7 +5,7 @@
 mod dns;
 
 use super::hostname::{self, Pattern};
-use super::model::{DnsConfig, Mode, PortRange, Rule, Verdict};
+use super::model::{DnsConfig, Limits, Mode, PortRange, Rule, Verdict};
 use super::yaml::{self, list, Node, Pos, Problem, Value};
 use ipnet::{IpNet, Ipv4Net};
 use std::collections::HashMap;
@@ -18,9 +18,13 @@ pub(crate) struct Validated {
     pub mode: Mode,
     pub rules: Vec<Rule>,
     pub dns: DnsConfig,
+    pub limits: Limits,
 }
 
-const TOP_KEYS: &[&str] = &["version", "name", "mode", "rules", "dns"];
+const TOP_KEYS: &[&str] = &["version", "name", "mode", "rules", "dns", "limits"];
+const LIMIT_KEYS: &[&str] = &["request_head_seconds"];
+/// The longest `limits.request_head_seconds` accepted (an hour).
+const MAX_REQUEST_HEAD_SECONDS: i128 = 3600;
 const RULE_KEYS: &[&str] = &["name", "action", "cidrs", "hosts", "ports"];
 
 /// Validates a parsed policy document.
@@ -61,6 +65,7 @@ impl Checker {
             mode: Mode::Enforce,
             rules: Vec::new(),
             dns: DnsConfig::default(),
+            limits: Limits::default(),
         };
         let entries = match &root.value {
             Value::Map(entries) => entries,
@@ -122,6 +127,25 @@ impl Checker {
         if let Some(v) = f.get("dns") {
             out.dns = self.dns(v);
         }
+        if let Some(v) = f.get("limits") {
+            out.limits = self.limits(v);
+        }
+        out
+    }
+
+    /// `limits`: bounds on what one connection may hold.
+    fn limits(&mut self, v: &Node) -> Limits {
+        let mut out = Limits::default();
+        let Some(f) = self.optional_mapping(v, LIMIT_KEYS, "`limits`") else {
+            return out;
+        };
+        if let Some(n) = f.get("request_head_seconds") {
+            if let Some(n) =
+                self.bounded(n, "`limits.request_head_seconds`", MAX_REQUEST_HEAD_SECONDS)
+            {
+                out.request_head = std::time::Duration::from_secs(n as u64);
+            }
+        }
         out
     }
 
@@ -166,7 +190,7 @@ impl Checker {
                 continue;
             };
             if let Some(name_at) = name_at {
-                if let Some(first) = names.get(&rule.name) {
+                if let Some(first) = names.get(&*rule.name) {
                     self.err(
                         name_at,
                         format!(
@@ -176,7 +200,7 @@ impl Checker {
                     );
                     continue;
                 }
-                names.insert(rule.name.clone(), name_at);
+                names.insert(rule.name.to_string(), name_at);
             }
             rules.push(rule);
         }
@@ -338,7 +362,7 @@ impl Checker {
         if self.problems.len() != before {
             // Keep checking the name for duplicates even if the rule is bad.
             let rule = Rule {
-                name,
+                name: name.into(),
                 action,
                 cidrs,
                 hosts,
@@ -348,7 +372,7 @@ impl Checker {
         }
         Some((
             Rule {
-                name,
+                name: name.into(),
                 action,
                 cidrs,
                 hosts,
