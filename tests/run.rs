@@ -841,7 +841,7 @@ def left():
     for p in pids:
         try:
             out.append((p, stat(p)[0]))
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             pass
     return out
 deadline = time.monotonic() + 20
@@ -853,7 +853,7 @@ for e in os.listdir("/proc"):
     try:
         if e.isdigit() and stat(e)[0] == "Z":
             zombies.append(e)
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         pass
 print("zombies", len(zombies), flush=True)
 "#;
