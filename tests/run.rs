@@ -1677,3 +1677,32 @@ fn a_client_hello_whose_name_straddles_two_records_is_denied_as_unreadable() {
     let last = audit.last().expect("an audit record");
     assert_eq!(last["reason"], "unreadable-name", "{last}");
 }
+
+/// Sends "ab", an urgent "c" (MSG_OOB) and "de" to the echo origin, then
+/// prints what came back.
+const URGENT: &str = r#"
+import socket
+s = socket.create_connection(("198.18.0.1", 7000))
+s.send(b"ab")
+s.send(b"c", socket.MSG_OOB)
+s.send(b"de")
+s.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = s.recv(100)
+    if not b:
+        break
+    got += b
+print(got.decode())
+"#;
+
+#[test]
+fn an_urgent_byte_from_the_workload_reaches_the_origin_in_the_stream() {
+    let Some(w) = World::new() else { return };
+    w.echo_origin("198.18.0.1:7000");
+    let out = w.run(&w.policy(POLICY), &["python3", "-c", URGENT]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Without SO_OOBINLINE on sluice's side the urgent byte waited out of
+    // band, where the relay's reads never see it: the origin got "abde".
+    assert_eq!(stdout(&out).trim(), "echo:abcde", "{}", stderr(&out));
+}

@@ -536,3 +536,196 @@ async fn a_drain_accepts_no_new_connection_relays_a_held_one_until_overdue_then_
     // The upstream side was closed too.
     origin_closed.recv().await.unwrap();
 }
+
+/// Everything is allowed by address, loopback named by no rule.
+const EVERYWHERE: &str = r#"
+version: 1
+name: everywhere
+rules:
+  - name: anywhere
+    action: allow
+    cidrs: ["0.0.0.0/0", "::/0", "64:ff9b::/96"]
+"#;
+
+#[tokio::test]
+async fn a_rule_for_everywhere_never_reaches_a_loopback_listener_in_any_spelling() {
+    // What listens on sluice's own loopback (a model server, a database)
+    // is no destination of a workload's, whatever the spelling.
+    let v4 = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let port = v4.local_addr().unwrap().port();
+    let arrivals = tokio::spawn(first_arrival(v4));
+    let proxy = Proxy::new(EVERYWHERE, InternalAddrs::default());
+    let spellings = [
+        format!("127.0.0.1:{port}"),
+        format!("[::ffff:127.0.0.1]:{port}"),
+        format!("[::1]:{port}"),
+        format!("0.0.0.0:{port}"),
+        format!("[::]:{port}"),
+        format!("[::ffff:0.0.0.0]:{port}"),
+        format!("[64:ff9b::7f00:1]:{port}"),
+        format!("[::127.0.0.1]:{port}"),
+    ];
+    for dst in &spellings {
+        let got = proxy
+            .connect(dst.parse().unwrap(), get("a.test").as_bytes())
+            .await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 403 "), "{dst}: {got}");
+        assert!(got.contains("loopback-address"), "{dst}: {got}");
+    }
+    // The canary: had the proxy connected, its connection came first.
+    let mut canary = TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+        .await
+        .unwrap();
+    canary.write_all(b"canary").await.unwrap();
+    drop(canary);
+    assert_eq!(arrivals.await.unwrap(), b"canary");
+    let records = proxy.audit().await;
+    assert_eq!(records.len(), spellings.len(), "{records:?}");
+    for (record, dst) in records.iter().zip(&spellings) {
+        assert_eq!(
+            (record.verdict.as_str(), record.rule.as_deref(), record.reason.as_str()),
+            ("deny", Some("anywhere"), "loopback-address"),
+            "{dst}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_rule_naming_loopback_reaches_a_loopback_listener() {
+    let origin = Origin::start().await;
+    let policy = format!(
+        "{EVERYWHERE}  - name: local-model\n    action: allow\n    cidrs: [\"127.0.0.1/32\"]\n    ports: [{}]\n",
+        origin.addr.port()
+    );
+    let proxy = Proxy::new(&policy, InternalAddrs::default());
+    let got = Client::open(&proxy, origin.addr)
+        .await
+        .finish(get("a.test").as_bytes())
+        .await;
+    assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
+    assert_eq!(origin.hosts().await, ["a.test"]);
+}
+
+/// DENY_B with a request head deadline of one second.
+fn deny_b_with_head_deadline() -> String {
+    format!("{DENY_B}limits:\n  request_head_seconds: 1\n")
+}
+
+#[tokio::test]
+async fn a_head_sent_too_slowly_gets_408_and_a_record_while_another_client_is_served() {
+    let slow_origin = Origin::start().await;
+    let proxy = Proxy::new(&deny_b_with_head_deadline(), InternalAddrs::default());
+    let mut slow = Client::open(&proxy, slow_origin.addr).await;
+    // A head begun, never finished: the peek sees a request starting.
+    slow.stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: a.te")
+        .await
+        .unwrap();
+    // Meanwhile another client of the same sandbox is served.
+    let origin = Origin::start().await;
+    let other = Client::open(&proxy, origin.addr)
+        .await
+        .finish(get("a.test").as_bytes())
+        .await;
+    assert!(other.starts_with("HTTP/1.1 200 "), "{other}");
+    // The slow one is answered when its deadline passes, and never relayed.
+    let mut got = Vec::new();
+    let _ = slow.stream.read_to_end(&mut got).await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 408 "), "{got}");
+    assert!(got.contains("http-head-timeout"), "{got}");
+    slow.served.await.unwrap();
+    drop(slow_origin);
+    let records = proxy.audit().await;
+    let timeouts: Vec<_> = records
+        .iter()
+        .filter(|r| r.reason == "http-head-timeout")
+        .collect();
+    assert_eq!(timeouts.len(), 1, "{records:?}");
+    assert_eq!(timeouts[0].verdict, "deny");
+}
+
+#[tokio::test]
+async fn a_later_head_sent_too_slowly_gets_408_after_the_first_was_relayed() {
+    let origin = Origin::start().await;
+    let proxy = Proxy::new(&deny_b_with_head_deadline(), InternalAddrs::default());
+    let mut client = Client::open(&proxy, origin.addr).await;
+    client.exchange(get("a.test").as_bytes(), 1).await;
+    // The second head's first byte starts its deadline.
+    client.stream.write_all(b"GET /").await.unwrap();
+    let mut rest = Vec::new();
+    let _ = client.stream.read_to_end(&mut rest).await;
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.starts_with("HTTP/1.1 408 "), "{rest}");
+    assert_eq!(origin.hosts().await, ["a.test"]);
+}
+
+#[tokio::test]
+async fn a_head_larger_than_the_limit_gets_431_and_a_record() {
+    let origin = Origin::start().await;
+    let proxy = Proxy::new(DENY_B, InternalAddrs::default());
+    let mut client = Client::open(&proxy, origin.addr).await;
+    client.exchange(get("a.test").as_bytes(), 1).await;
+    let padding = "x".repeat(proxy.ctx.limits.peek_bytes);
+    let huge = format!("GET / HTTP/1.1\r\nHost: a.test\r\nX-Pad: {padding}\r\n\r\n");
+    let got = client.finish(huge.as_bytes()).await;
+    let (_, after_first) = got.split_once("<END>").unwrap();
+    assert!(after_first.starts_with("HTTP/1.1 431 "), "{got}");
+    assert!(after_first.contains("http-head-too-large"), "{got}");
+    assert_eq!(origin.hosts().await, ["a.test"]);
+    let records = proxy.audit().await;
+    let last = records.last().unwrap();
+    assert_eq!(
+        (last.verdict.as_str(), last.reason.as_str()),
+        ("deny", "http-head-too-large")
+    );
+}
+
+#[tokio::test]
+async fn an_allowed_connection_whose_origin_refuses_is_audited_with_the_cause() {
+    // A port just released: nothing listens there.
+    let dst = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut proxy = Proxy::new(OPEN, InternalAddrs::default());
+    Arc::get_mut(&mut proxy.ctx).unwrap().audit_allows = true;
+    let got = proxy.connect(dst, b"hello").await;
+    assert!(got.is_empty(), "{got:?}");
+    let records = proxy.audit().await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        (
+            records[0].verdict.as_str(),
+            records[0].rule.as_deref(),
+            records[0].reason.as_str()
+        ),
+        ("allow", Some("loopback-origins"), "upstream-refused")
+    );
+}
+
+#[tokio::test]
+async fn an_urgent_byte_from_the_origin_reaches_the_client_in_the_stream() {
+    use nix::sys::socket::{send, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let origin = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let dst = origin.local_addr().unwrap();
+    let sent = std::thread::spawn(move || {
+        let (stream, _) = origin.accept().unwrap();
+        let fd = stream.as_raw_fd();
+        for (bytes, flags) in [
+            (&b"ab"[..], MsgFlags::empty()),
+            (b"c", MsgFlags::MSG_OOB),
+            (b"de", MsgFlags::empty()),
+        ] {
+            send(fd, bytes, flags).unwrap();
+        }
+    });
+    let proxy = Proxy::new(OPEN, InternalAddrs::default());
+    let got = proxy.connect(dst, b"").await;
+    sent.join().unwrap();
+    // Without SO_OOBINLINE upstream the urgent byte waited out of band,
+    // where no read of the stream sees it: the client got "abde".
+    assert_eq!(String::from_utf8_lossy(&got), "abcde");
+}
