@@ -1706,3 +1706,46 @@ fn an_urgent_byte_from_the_workload_reaches_the_origin_in_the_stream() {
     // band, where the relay's reads never see it: the origin got "abde".
     assert_eq!(stdout(&out).trim(), "echo:abcde", "{}", stderr(&out));
 }
+
+/// Every destination allowed on 7000, loopback named by no rule.
+const EVERYWHERE: &str = r#"
+version: 1
+name: everywhere
+rules:
+  - name: anywhere
+    action: allow
+    cidrs: ["0.0.0.0/0", "::/0", "64:ff9b::/96"]
+    ports: [7000]
+"#;
+
+#[test]
+fn a_rule_for_everywhere_never_reaches_sluices_loopback_from_a_host_command() {
+    let Some(w) = World::new() else { return };
+    // A service on the loopback of sluice's side (a model server, say).
+    let served = w.http_origin("127.0.0.1:7000");
+    // Plain 127.0.0.1 is the sandbox's own loopback; these spellings leave
+    // the sandbox by its default route and reach sluice.
+    // (Records print the IPv4-compatible form as [::7f00:1].)
+    let spellings = [
+        "[64:ff9b::7f00:1]:7000",
+        "[::7f00:1]:7000",
+        "[2002:7f00:1::1]:7000",
+    ];
+    let script: Vec<String> = spellings
+        .iter()
+        .map(|dst| format!("{} probe tcp '{dst}' --send x || true", sluice_bin()))
+        .collect();
+    let out = w.run(&w.policy(EVERYWHERE), &["sh", "-c", &script.join("; ")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let audit = w.audit();
+    for dst in spellings {
+        let record = audit
+            .iter()
+            .find(|r| r["dst"] == dst)
+            .unwrap_or_else(|| panic!("no record for {dst}: {audit:?}"));
+        assert_eq!(record["verdict"], "deny", "{record}");
+        assert_eq!(record["reason"], "loopback-address", "{record}");
+        assert_eq!(record["rule"], "anywhere", "{record}");
+    }
+}

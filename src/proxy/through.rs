@@ -584,7 +584,11 @@ async fn a_rule_for_everywhere_never_reaches_a_loopback_listener_in_any_spelling
     assert_eq!(records.len(), spellings.len(), "{records:?}");
     for (record, dst) in records.iter().zip(&spellings) {
         assert_eq!(
-            (record.verdict.as_str(), record.rule.as_deref(), record.reason.as_str()),
+            (
+                record.verdict.as_str(),
+                record.rule.as_deref(),
+                record.reason.as_str()
+            ),
             ("deny", Some("anywhere"), "loopback-address"),
             "{dst}"
         );
