@@ -182,17 +182,15 @@ pub(super) async fn serve(
 ) {
     let mut record = Record::start(ctx, dst);
     // One policy decides whether to peek and what the peek saw, even if a
-    // reload swaps it meanwhile.
-    let policy = ctx.policy.current();
+    // reload swaps it meanwhile. It is kept (an Arc, no copy) until the
+    // allowed connection's record names it, and dropped before the relay.
+    let mut policy = ctx.policy.current();
     let peeked = policy.host_can_matter(dst.port());
     let mut first = FirstBytes::default();
     if peeked {
         first = peek(&mut client, ctx).await;
     }
     let mut each_request = admit(ctx, &policy, peer, dst, &first, peeked, &mut record).await;
-    let head_limit = policy.limits().request_head;
-    let mut label = policy.label().to_string();
-    drop(policy);
     if record.outcome.is_denied() {
         record.finished = true;
         return refuse(client, first, peeked, &record.outcome, ctx).await;
@@ -206,7 +204,15 @@ pub(super) async fn serve(
             let mut outcome = record.outcome.clone();
             outcome.ended_by(Cause::Upstream(failure));
             if ctx.audit_allows {
-                audit(ctx, &label, peer, Some(dst), &outcome, record.host.clone()).await;
+                audit(
+                    ctx,
+                    policy.label(),
+                    peer,
+                    Some(dst),
+                    &outcome,
+                    record.host.clone(),
+                )
+                .await;
             }
             record.ended(outcome);
             reset(client);
@@ -222,10 +228,8 @@ pub(super) async fn serve(
     // them reaches the origin; that decision is the connection's.
     if first.silent && client_speaks_first(&client, &upstream).await {
         first = peek(&mut client, ctx).await;
-        let policy = ctx.policy.current();
+        policy = ctx.policy.current();
         each_request = admit(ctx, &policy, peer, dst, &first, true, &mut record).await;
-        label = policy.label().to_string();
-        drop(policy);
         if record.outcome.is_denied() {
             drop(upstream);
             record.finished = true;
@@ -237,7 +241,7 @@ pub(super) async fn serve(
     if ctx.audit_allows && record.outcome.verdict == Verdict::Allow {
         audit(
             ctx,
-            &label,
+            policy.label(),
             peer,
             Some(dst),
             &record.outcome,
@@ -245,6 +249,8 @@ pub(super) async fn serve(
         )
         .await;
     }
+    let head_limit = policy.limits().request_head;
+    drop(policy);
     if each_request {
         let checked = session::Checked {
             ctx,
