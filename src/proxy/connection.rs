@@ -1,4 +1,9 @@
-//! One redirected connection, from accept to close.
+//! One redirected connection, from accept to close: the peek, the
+//! decision, the upstream connect, the relay, and the connection's one
+//! [`Outcome`], which its [`Record`] turns into the metrics and the timing
+//! record when it ends and [`audit`] into its audit record. It never
+//! formats a verdict or a reason itself (`crate::outcome` does), and never
+//! lets a denied connection's bytes reach the origin.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

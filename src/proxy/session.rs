@@ -12,6 +12,11 @@
 //! comes. Connections admitted by their address alone never come here: they
 //! keep the plain relay (`relay`).
 //!
+//! Each head is bounded in size (the peek's limit: past it a 431) and in
+//! time (the policy's `limits.request_head_seconds` from its first byte:
+//! past it a 408). The session holds no buffer of its own beyond the bytes
+//! it keeps: reads go through the relay's per-thread buffer.
+//!
 //! In audit mode a request that would be denied is audited `would-deny`
 //! and passed on; one that cannot be framed is audited and the rest of the
 //! connection is relayed unchecked.
