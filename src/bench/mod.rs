@@ -485,7 +485,9 @@ fn audited_denies(path: &Path) -> Option<usize> {
         Ok(text) => Some(
             text.lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter(|v| v["verdict"] == "deny" && v["dst"] == FORBIDDEN)
+                .filter(|v| {
+                    v["verdict"] == crate::outcome::Verdict::Deny.as_str() && v["dst"] == FORBIDDEN
+                })
                 .count(),
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(0),

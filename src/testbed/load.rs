@@ -209,7 +209,7 @@ impl Batch {
                 path: label.to_string(),
                 dst: f.dst.to_string(),
                 host: None,
-                verdict: "allow".to_string(),
+                verdict: crate::outcome::Verdict::Allow.as_str().to_string(),
                 start: f.start_us,
                 decide_us: None,
                 connect_us: Some(f.connect_us),

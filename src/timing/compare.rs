@@ -19,6 +19,7 @@
 //! resamples of the d_i, ChaCha8 seeded with `BOOTSTRAP_SEED`, so the same
 //! inputs always give the same interval). It needs two pairs or more.
 
+use crate::outcome::Verdict;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -72,7 +73,7 @@ impl Input {
     /// `batch_size` in `start` order.
     pub fn from_records(label: &str, mut records: Vec<TimingRecord>, batch_size: usize) -> Input {
         let before = records.len();
-        records.retain(|r| r.verdict != "deny");
+        records.retain(|r| r.verdict != Verdict::Deny.as_str());
         let excluded = before - records.len();
         records.sort_by_key(|r| (r.start, r.id));
         let batches = records
@@ -93,7 +94,7 @@ impl Input {
             .into_iter()
             .map(|mut b| {
                 let before = b.len();
-                b.retain(|r| r.verdict != "deny");
+                b.retain(|r| r.verdict != Verdict::Deny.as_str());
                 excluded += before - b.len();
                 b
             })
