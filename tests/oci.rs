@@ -1736,3 +1736,36 @@ fn start_time_of_plain_podman_wrapper_and_hook() {
         ms(h) - ms(p)
     );
 }
+
+#[test]
+fn a_rule_for_everywhere_never_reaches_sluices_loopback_whichever_way_in() {
+    both_ways(|w, env, via| {
+        let served = w.http_origin("127.0.0.1:7000");
+        let policy = w.policy(
+            "version: 1\nname: everywhere\nrules:\n  - name: anywhere\n    action: allow\n    cidrs: [\"0.0.0.0/0\", \"::/0\", \"64:ff9b::/96\"]\n    ports: [7000]\n",
+        );
+        // Plain 127.0.0.1 is the container's own loopback; these spellings
+        // leave it by its default route and reach sluice.
+        let spellings = [
+            "[64:ff9b::7f00:1]:7000",
+            "[::7f00:1]:7000",
+            "[2002:7f00:1::1]:7000",
+        ];
+        let script: Vec<String> = spellings
+            .iter()
+            .map(|dst| format!("sluice probe tcp '{dst}' --send x; echo rc=$?"))
+            .collect();
+        let ran = run_container(w, env, via, &policy, &[], &script.join("; "));
+        assert_eq!(ran.stdout().matches("rc=1").count(), 3, "{}", ran.stdout());
+        assert_eq!(served.load(Ordering::Relaxed), 0, "{}", which(via));
+        let audit = audit_of(w, via);
+        for dst in spellings {
+            let record = audit
+                .iter()
+                .find(|r| r["dst"] == dst)
+                .unwrap_or_else(|| panic!("{}: no record for {dst}: {audit:?}", which(via)));
+            assert_eq!(record["reason"], "loopback-address", "{record}");
+            assert_eq!(record["verdict"], "deny", "{record}");
+        }
+    });
+}

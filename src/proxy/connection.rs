@@ -267,8 +267,9 @@ pub(super) async fn serve(
             accepted: record.accepted(),
         };
         let (relayed, ended) = session::relay(client, upstream, first.buf, checked).await;
-        if let Some(outcome) = ended {
-            record.outcome = outcome;
+        if let Some(ended) = ended {
+            record.outcome = ended.outcome;
+            record.host = ended.host;
         }
         record.relayed(relayed);
         return;

@@ -76,20 +76,27 @@ enum End {
     /// The client closed (or failed), or the origin stopped reading.
     Closed,
     /// A request was refused (a deny, or one that cannot be framed
-    /// safely): the connection ends with this outcome.
-    Refused(Outcome),
+    /// safely): the connection ends so.
+    Refused(Ended),
+}
+
+/// A request's outcome that became the connection's, with the name that
+/// request was decided on.
+pub(super) struct Ended {
+    pub outcome: Outcome,
+    pub host: Option<String>,
 }
 
 /// Relay `client` and `upstream` (connected, nothing sent yet), `first`
 /// being the bytes the peek read. Returns what was relayed and, if a
 /// request changed the connection's outcome (refused, or would-deny in
-/// audit mode), the new one.
+/// audit mode), the new one and the name it was decided on.
 pub(super) async fn relay(
     client: TcpStream,
     upstream: TcpStream,
     first: Vec<u8>,
     checked: Checked<'_>,
-) -> (Relayed, Option<Outcome>) {
+) -> (Relayed, Option<Ended>) {
     let refusing = AtomicBool::new(false);
     let stop = Notify::new();
     let mut bytes_up = 0u64;
@@ -120,12 +127,12 @@ pub(super) async fn relay(
     drop(upstream);
     let ended = match end {
         End::Closed => noted,
-        End::Refused(outcome) => {
-            match outcome.cause {
+        End::Refused(ended) => {
+            match ended.outcome.cause {
                 Cause::Denied(DenyReason::Request(refusal)) => reply_refused(client, refusal).await,
-                _ => reply_forbidden(client, &outcome).await,
+                _ => reply_forbidden(client, &ended.outcome).await,
             }
-            Some(outcome)
+            Some(ended)
         }
     };
     let relayed = Relayed {
@@ -152,7 +159,7 @@ async fn requests(
     mut buf: Vec<u8>,
     c: &Checked<'_>,
     sent: &mut u64,
-    noted: &mut Option<Outcome>,
+    noted: &mut Option<Ended>,
 ) -> End {
     let limit = c.ctx.limits.peek_bytes;
     let mut decided = c.first_decided;
@@ -228,7 +235,7 @@ async fn next_head(
 async fn decide_request(
     c: &Checked<'_>,
     host: Option<String>,
-    noted: &mut Option<Outcome>,
+    noted: &mut Option<Ended>,
 ) -> Option<End> {
     let ctx = c.ctx;
     let policy = ctx.policy.current();
@@ -238,14 +245,17 @@ async fn decide_request(
     let allowed = outcome.verdict == Verdict::Allow;
     if !allowed || (ctx.audit_allows && changed) {
         tracing::debug!(peer = %c.peer, dst = %c.dst, ?host, rule = ?outcome.rule, reason = outcome.reason(), "request {}", outcome.verdict);
-        audit(ctx, policy.label(), c.peer, Some(c.dst), &outcome, host).await;
+        let label = policy.label();
+        audit(ctx, label, c.peer, Some(c.dst), &outcome, host.clone()).await;
     }
-    if outcome.is_denied() {
-        return Some(End::Refused(outcome));
+    if allowed {
+        return None;
     }
-    if !allowed {
-        *noted = Some(outcome);
+    let ended = Ended { outcome, host };
+    if ended.outcome.is_denied() {
+        return Some(End::Refused(ended));
     }
+    *noted = Some(ended);
     None
 }
 
@@ -273,7 +283,10 @@ async fn refuse(
     .await;
     drop(policy);
     if outcome.is_denied() {
-        return End::Refused(outcome);
+        return End::Refused(Ended {
+            outcome,
+            host: c.host.clone(),
+        });
     }
     loop {
         let len = buf.len();
