@@ -1551,24 +1551,6 @@ fn a_later_request_with_two_host_headers_is_refused_before_the_origin() {
     );
 }
 
-/// A bash workload that connects to 198.18.0.1:8081, says "connected",
-/// and, once told to go on, sends `file`'s bytes and then reads to the end.
-const LATE_SENDER: &str = r#"
-    exec 3<>/dev/tcp/198.18.0.1/8081
-    echo connected
-    read -r line
-    cat "$1" >&3
-    cat <&3
-    echo "ended"
-"#;
-
-/// `bytes` in a file of the test's own directory, for a workload to send.
-fn test_file(w: &World, name: &str, bytes: &[u8]) -> std::path::PathBuf {
-    let file = w.audit_path().with_file_name(name);
-    std::fs::write(&file, bytes).unwrap();
-    file
-}
-
 /// The client stays silent until sluice has connected upstream (so the
 /// peek is over and it was decided on its address), then sends `first`.
 /// Returns what the workload printed.
@@ -1614,23 +1596,6 @@ fn a_request_sent_after_the_peek_is_decided_on_its_host_before_the_origin_sees_i
     let origin = w.recording_origin("198.18.0.1:8081");
     let text = send_after_the_peek(&w, &origin, b"GET / HTTP/1.1\r\nHost: bank.test\r\n\r\n");
     assert_denied_before_the_origin(&w, &origin, &text, "deny-rule");
-}
-
-/// A ClientHello for `name`, as rustls sends it.
-fn client_hello(name: &str) -> Vec<u8> {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
-    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
-    let mut out = Vec::new();
-    while conn.wants_write() {
-        conn.write_tls(&mut out).unwrap();
-    }
-    out
 }
 
 #[test]

@@ -15,7 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod daemon;
+mod late;
+pub mod records;
 pub mod vm;
+
+pub use late::{client_hello, test_file, LATE_SENDER};
 
 pub use sluice::testbed::{pattern, OuterNetns};
 
