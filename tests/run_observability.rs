@@ -142,6 +142,29 @@ fn metrics_count_allowed_and_denied_connections_by_rule() {
 }
 
 #[test]
+fn the_first_scrape_of_sluice_run_already_has_the_drop_counters() {
+    let Some(w) = World::new() else { return };
+    let script = format!("echo ready; {}", w.wait_for_go());
+    let (child, _) = start(&w, &["--metrics", "127.0.0.1:19468"], &script);
+    let sandbox = format!(r#"sandbox="host-{}""#, child.id());
+    // One scrape, as a one-off `curl /metrics` or an absent() alert sees it.
+    let text = w
+        .http_get_outer("127.0.0.1:19468", "/metrics")
+        .expect("scrape");
+    let _ = finish(&w, child);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(
+        metric_value(
+            &text,
+            "sluice_dropped_packets_total",
+            &[&sandbox, r#"reason="output""#]
+        ),
+        Some(0.0),
+        "{text}"
+    );
+}
+
+#[test]
 fn the_metrics_endpoint_is_not_reachable_from_the_sandbox() {
     let Some(w) = World::new() else { return };
     // Listening on the origin's address, on a port the policy allows: the

@@ -149,6 +149,9 @@ impl Services {
         let mut drain = Drain::new("services");
 
         if let Some(addr) = opts.metrics {
+            // Every sandbox's drop counters are read as it starts, so that
+            // the first scrape has them (docs/observability.md).
+            metrics.read_drops_from_start();
             // Bound here, in sluice's own namespace: the sandbox cannot reach it.
             let listener = crate::metrics::bind(addr)
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
