@@ -17,6 +17,7 @@
 //! last step is a short run of it). `app` owns
 //! shutdown: one deadline, which every long-lived task meets through
 //! `drain`. Small leaves that any layer may use: `workload` (the path enum),
+//! `sandbox_id` (the one rule for sandbox ids),
 //! `drain`, `confine` (root check, capabilities, descriptor limits),
 //! `report` (one-line errors). `policy`
 //! and `bundle` import no tokio and no nftables.
@@ -72,6 +73,8 @@ pub mod proxy;
 pub mod reload;
 #[forbid(unsafe_code)]
 pub mod report;
+#[forbid(unsafe_code)]
+pub mod sandbox_id;
 #[forbid(unsafe_code)]
 pub mod testbed;
 #[forbid(unsafe_code)]

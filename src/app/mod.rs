@@ -376,7 +376,11 @@ impl Session {
     }
 
     /// Serve `sandbox` as sandbox `id` under this session's policy.
-    pub(crate) fn serve(&self, sandbox: attach::Sandbox, id: String) -> Result<ServedSandbox> {
+    pub(crate) fn serve(
+        &self,
+        sandbox: attach::Sandbox,
+        id: crate::sandbox_id::SandboxId,
+    ) -> Result<ServedSandbox> {
         tracing::info!(
             netns_inode = sandbox.netns.inode(),
             sandbox = %id,
@@ -486,7 +490,8 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    let served = session.serve(sandbox, format!("host-{}", std::process::id()))?;
+    let id = crate::sandbox_id::SandboxId::numbered("host", std::process::id());
+    let served = session.serve(sandbox, id)?;
 
     // The workload comes from the init, forked before this thread got its
     // lead, so it keeps the priority sluice was started with.

@@ -39,6 +39,10 @@ pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
     secrets.extend(args.secret);
     match hook::plan(&state, &secrets).map_err(refusal)? {
         HookStep::Release { id } => {
+            // An id that is no sandbox id was never attached.
+            let Ok(id) = id.parse::<crate::sandbox_id::SandboxId>() else {
+                return Ok(0);
+            };
             match client.detach(&id) {
                 Ok(Some(_)) => tracing::info!(container = %id, "sandbox released"),
                 Ok(None) => {}
@@ -48,7 +52,12 @@ pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
         }
         HookStep::Wrapped => Ok(0),
         HookStep::Attach(container) => {
-            let request = crate::daemon::api::AttachRequest::from(&container);
+            let request = crate::daemon::api::AttachRequest::try_from(&container).map_err(|e| {
+                BadInput(anyhow::Error::from(e).context(format!(
+                    "container {} was not started: the daemon knows sandboxes by id",
+                    container.id
+                )))
+            })?;
             let info = client
                 .attach(&request, container.netns.as_fd())
                 .with_context(|| format!("container {} was not started", container.id))?;

@@ -85,10 +85,12 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
         "PATH", "ID", "POLICY", "ALLOWED", "DENIED", "WOULD-DENY", "ACTIVE", "DROPPED"
     );
     for s in &sandboxes {
-        let id = if args.no_trunc || s.id.len() <= 12 {
-            s.id.as_str()
+        let id = s.id.as_str();
+        // ASCII (the id's rule): any byte is a character boundary.
+        let id = if args.no_trunc || id.len() <= 12 {
+            id
         } else {
-            &s.id[..12]
+            &id[..12]
         };
         println!(
             "{:<5} {:<12} {:<24} {:>8} {:>8} {:>10} {:>7} {:>8}  {}",
