@@ -54,6 +54,37 @@ fn the_first_scrape_after_an_attach_has_the_sandboxs_drop_counters() {
 }
 
 #[test]
+fn a_bundles_revision_series_goes_when_its_last_sandbox_is_detached() {
+    let Some(w) = World::new() else { return };
+    let daemon = Daemon::start_with_metrics(&w, METRICS);
+    let (bundle, trust) = signed_bundle(w.dir.path(), POLICY, 7);
+    let (ns_a, a) = container("sluice-dm-a");
+    let (ns_b, b) = container("sluice-dm-b");
+    let with_bundle = || Some((bundle.clone(), trust.clone()));
+    daemon.attach_container("ctr-a", &ns_a.path(), a.pid(), None, with_bundle());
+    daemon.attach_container("ctr-b", &ns_b.path(), b.pid(), None, with_bundle());
+    let revision =
+        |text: &str| metric_value(text, "sluice_bundle_revision", &[r#"bundle="scraped""#]);
+    let text = scrape(&w);
+    assert_eq!(revision(&text), Some(7.0), "{text}");
+
+    let client = sluice::daemon::Client::new(&daemon.socket);
+    let detach = |id: &str| {
+        client
+            .detach(&id.parse().unwrap())
+            .unwrap_or_else(|e| panic!("detach {id}: {e}"))
+            .unwrap_or_else(|| panic!("{id} was not attached"));
+    };
+    detach("ctr-a");
+    // ctr-b still enforces the bundle.
+    let text = scrape(&w);
+    assert_eq!(revision(&text), Some(7.0), "{text}");
+    detach("ctr-b");
+    let text = scrape(&w);
+    assert_eq!(revision(&text), None, "{text}");
+}
+
+#[test]
 fn the_daemon_refuses_an_attach_of_a_bad_sandbox_id_naming_the_rule() {
     let Some(w) = World::new() else { return };
     let daemon = Daemon::start(&w);

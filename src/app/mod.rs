@@ -334,11 +334,16 @@ impl Reloading {
 
 /// `name@revision` -> sluice_bundle_revision{bundle="name"} = revision.
 fn set_revision(metrics: &Metrics, label: &str) {
-    if let Some((name, rev)) = label.rsplit_once('@') {
-        if let Ok(rev) = rev.parse() {
-            metrics.set_bundle_revision(name, rev);
-        }
+    if let Some((name, rev)) = bundle_of(label) {
+        metrics.set_bundle_revision(name, rev);
     }
+}
+
+/// The bundle name and revision of a policy label (`name@revision`);
+/// `None` for a plain policy file's (its name alone).
+pub(crate) fn bundle_of(label: &str) -> Option<(&str, u64)> {
+    let (name, rev) = label.rsplit_once('@')?;
+    Some((name, rev.parse().ok()?))
 }
 
 /// What every enforced workload of one process shares: the services, the

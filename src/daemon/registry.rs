@@ -514,7 +514,9 @@ impl Registry {
         }
         let netns = entry.netns.clone();
         let vm = entry.vm.take();
+        let label = entry.served.policy.label();
         entry.stop(deadline).await;
+        self.forget_bundle_unless_used(&label);
         let mut unfenced = Ok(());
         if let Some((net, added)) = vm {
             // Unless asked to go, the fence stays: the guest reaches nothing
@@ -552,6 +554,35 @@ impl Registry {
         }
         tracing::info!(sandbox = %id, why, "sandbox released");
         unfenced.map(|()| info)
+    }
+
+    /// A sandbox under the policy `label` is gone: when it was a bundle's
+    /// and no other sandbox enforces that bundle, its
+    /// `sluice_bundle_revision` series goes too; otherwise it shows the
+    /// highest revision still enforced.
+    fn forget_bundle_unless_used(&self, label: &str) {
+        let (Some(metrics), Some((bundle, _))) =
+            (self.shared.metrics.as_ref(), crate::app::bundle_of(label))
+        else {
+            return;
+        };
+        let still = self
+            .lock()
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Ready(entry) => Some(entry.served.policy.label()),
+                Slot::Pending { .. } => None,
+            })
+            .filter_map(|label| {
+                crate::app::bundle_of(&label)
+                    .filter(|(name, _)| *name == bundle)
+                    .map(|(_, rev)| rev)
+            })
+            .max();
+        match still {
+            Some(revision) => metrics.set_bundle_revision(bundle, revision),
+            None => metrics.clear_bundle_revision(bundle),
+        }
     }
 
     /// Release everything (daemon shutdown), every sandbox's connections
