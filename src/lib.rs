@@ -19,7 +19,7 @@
 //! `drain`. Small leaves that any layer may use: `workload` (the path enum),
 //! `sandbox_id` (the one rule for sandbox ids),
 //! `drain`, `confine` (root check, capabilities, descriptor limits),
-//! `report` (one-line errors). `policy`
+//! `report` (one-line errors), `exit_class` (what kind of failure an error is). `policy`
 //! and `bundle` import no tokio and no nftables.
 //!
 //! `unsafe` is forbidden in every module but the five where an API
@@ -57,6 +57,8 @@ pub mod dns;
 pub mod drain;
 #[deny(unsafe_code)]
 pub mod enforce;
+#[forbid(unsafe_code)]
+pub mod exit_class;
 #[forbid(unsafe_code)]
 pub mod mac;
 #[forbid(unsafe_code)]

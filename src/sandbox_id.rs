@@ -104,6 +104,13 @@ impl<'de> serde::Deserialize<'de> for SandboxId {
     }
 }
 
+impl crate::exit_class::Classified for BadSandboxId {
+    /// An id that breaks the rule is the user's to fix.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::BadInput
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

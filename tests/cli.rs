@@ -692,3 +692,35 @@ fn a_sandbox_id_of_the_longest_length_is_taken() {
     ]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
 }
+
+// ------------------------------------------------- exit statuses (README)
+// One per documented status; the others are pinned where their cause is:
+// 1 `audit_verify_of_a_checkpoint_under_another_key_exits_1_naming_its_line`,
+// 2 `check_reports_every_error_with_its_line_and_column_and_exits_2`,
+// 4 `status_without_a_daemon_says_to_start_one_and_exits_4`; tests/run.rs
+// has 0, 1 and 2 of `sluice run`, 126, 127 and 128+N.
+
+#[test]
+fn exit_status_0_when_the_policy_checks() {
+    let out = sluice(&["check", "--policy", "policies/dev.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[test]
+fn exit_status_3_when_sluice_run_is_not_root() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(sluice_bin());
+    cmd.args(["run", "--policy", "policies/dev.yaml", "--", "true"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if nix::unistd::geteuid().is_root() {
+        // As nobody: the real cause, not a stand-in for it.
+        cmd.uid(65534).gid(65534);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("sluice run needs root"),
+        "{}",
+        stderr(&out)
+    );
+}

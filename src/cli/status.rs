@@ -130,3 +130,10 @@ fn audit_line(head: &crate::audit::AuditHead) -> String {
         head.key.as_deref().unwrap_or("none")
     )
 }
+
+impl crate::exit_class::Classified for NoDaemon {
+    /// Nothing answers at the socket.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::NoDaemon
+    }
+}

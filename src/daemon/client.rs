@@ -197,3 +197,16 @@ impl Client {
             .map_err(|m| self.protocol(m))
     }
 }
+
+impl crate::exit_class::Classified for ClientError {
+    /// No daemon: 4; a request it refused as bad (4xx): bad input; its own failure or a broken exchange: cannot enforce.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        match self {
+            ClientError::Connect { .. } => crate::exit_class::ExitClass::NoDaemon,
+            ClientError::Refused {
+                status: 400..=499, ..
+            } => crate::exit_class::ExitClass::BadInput,
+            _ => crate::exit_class::ExitClass::CannotEnforce,
+        }
+    }
+}

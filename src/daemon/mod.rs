@@ -25,6 +25,7 @@ use tokio::time::Instant;
 pub use client::{socket_path, Client, ClientError};
 pub use config::DaemonConfig;
 pub use registry::{ApiError, Registry};
+pub use server::SocketError;
 
 use crate::app::{host_nameservers, ServiceOptions, Services, DRAIN_DEADLINE, DRAIN_GRACE};
 use crate::drain::Drain;

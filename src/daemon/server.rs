@@ -242,3 +242,13 @@ fn respond(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
+
+impl crate::exit_class::Classified for SocketError {
+    /// Another daemon on the socket: pick another (bad input); the rest: the host.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        match self {
+            SocketError::InUse { .. } => crate::exit_class::ExitClass::BadInput,
+            _ => crate::exit_class::ExitClass::CannotEnforce,
+        }
+    }
+}

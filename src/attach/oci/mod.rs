@@ -426,6 +426,17 @@ pub fn shown(argv: &[impl AsRef<OsStr>]) -> String {
         .join(" ")
 }
 
+impl crate::exit_class::Classified for OciError {
+    /// As [`OciError::is_bad_input`] says.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        if self.is_bad_input() {
+            crate::exit_class::ExitClass::BadInput
+        } else {
+            crate::exit_class::ExitClass::CannotEnforce
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
