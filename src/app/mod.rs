@@ -8,10 +8,10 @@
 //!
 //! Every long-lived task is started here and awaited here; none is detached.
 
-pub mod oci;
-pub mod runtime;
+pub(crate) mod oci;
+pub(crate) mod runtime;
 mod sandbox;
-pub mod vm;
+pub(crate) mod vm;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -24,7 +24,7 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
-pub use sandbox::{ServedSandbox, Shared, DRAIN_GRACE};
+pub(crate) use sandbox::{ServedSandbox, Shared, DRAIN_GRACE};
 
 use crate::attach::{self, host};
 use crate::audit::{AuditOptions, AuditWriter};

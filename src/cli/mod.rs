@@ -175,18 +175,6 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
 #[error(transparent)]
 pub struct BadInput(#[from] anyhow::Error);
 
-impl From<crate::daemon::config::ConfigError> for BadInput {
-    fn from(e: crate::daemon::config::ConfigError) -> BadInput {
-        BadInput(e.into())
-    }
-}
-
-impl From<crate::attach::oci::OciError> for BadInput {
-    fn from(e: crate::attach::oci::OciError) -> BadInput {
-        BadInput(e.into())
-    }
-}
-
 /// The exit status for one of sluice's own failures: the class its
 /// outermost classified cause says ([`exit`]).
 pub fn exit_status(err: &anyhow::Error) -> i32 {

@@ -655,10 +655,6 @@ impl Registry {
         self.lock().len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn info_of(&self, id: &SandboxId, entry: &Entry) -> SandboxInfo {
         let tally = entry.served.tally.snapshot();
         SandboxInfo {
