@@ -18,8 +18,9 @@
 //! shutdown: one deadline, which every long-lived task meets through
 //! `drain`. Small leaves that any layer may use: `workload` (the path enum),
 //! `outcome` (how a connection ended, which every record reads),
+//! `sandbox_id` (the one rule for sandbox ids),
 //! `drain`, `confine` (root check, capabilities, descriptor limits),
-//! `report` (one-line errors). `policy`
+//! `report` (one-line errors), `exit_class` (what kind of failure an error is). `policy`
 //! and `bundle` import no tokio and no nftables.
 //!
 //! `unsafe` is forbidden in every module but the five where an API
@@ -58,6 +59,8 @@ pub mod drain;
 #[deny(unsafe_code)]
 pub mod enforce;
 #[forbid(unsafe_code)]
+pub mod exit_class;
+#[forbid(unsafe_code)]
 pub mod mac;
 #[forbid(unsafe_code)]
 pub mod metrics;
@@ -75,6 +78,8 @@ pub mod proxy;
 pub mod reload;
 #[forbid(unsafe_code)]
 pub mod report;
+#[forbid(unsafe_code)]
+pub mod sandbox_id;
 #[forbid(unsafe_code)]
 pub mod testbed;
 #[forbid(unsafe_code)]

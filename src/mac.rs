@@ -115,6 +115,13 @@ impl fmt::Debug for MacAddr {
     }
 }
 
+impl crate::exit_class::Classified for MacError {
+    /// A MAC address that does not parse or is not unicast.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::BadInput
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

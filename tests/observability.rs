@@ -303,7 +303,90 @@ fn drop_counts_are_exported_per_reason_and_a_single_count_as_output() {
 }
 
 #[test]
-fn a_scrape_never_waits_for_a_drop_counter_being_read() {
+fn the_first_scrape_has_every_registered_drop_source() {
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry).unwrap();
+    metrics.register_drop_source("sb-1".into(), Box::new(|| Some(4)));
+    metrics.register_drop_counts("vm-1".into(), Box::new(|| Some(vec![("arp", 2)])));
+    let name = "sluice_dropped_packets_total";
+    let (text, s) = scrape(&registry);
+    assert_eq!(
+        value(&s, name, &[("sandbox", "sb-1"), ("reason", "output")]),
+        Some(4.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&s, name, &[("sandbox", "vm-1"), ("reason", "arp")]),
+        Some(2.0),
+        "{text}"
+    );
+}
+
+#[test]
+fn read_from_start_reads_a_drop_source_as_it_is_registered_without_a_scrape() {
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry).unwrap();
+    metrics.read_drops_from_start();
+    let (read_tx, read) = std::sync::mpsc::channel::<()>();
+    let read_tx = std::sync::Mutex::new(read_tx);
+    metrics.register_drop_source(
+        "sb-1".into(),
+        Box::new(move || {
+            let _ = read_tx.lock().unwrap().send(());
+            Some(1)
+        }),
+    );
+    read.recv_timeout(Duration::from_secs(20))
+        .expect("the source was never read without a scrape");
+}
+
+#[test]
+fn a_scrape_never_waits_for_a_refresh_of_a_drop_counter() {
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry).unwrap();
+    let name = "sluice_dropped_packets_total";
+    // A source whose first read is quick and whose later reads block (as
+    // entering a namespace and asking nft can) until the test lets them go.
+    let (reading_tx, reading) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = std::sync::Mutex::new(released);
+    let reads = std::sync::atomic::AtomicU64::new(0);
+    metrics.register_drop_source(
+        "sb-slow".into(),
+        Box::new(move || {
+            let n = reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n > 0 {
+                let _ = reading_tx.send(());
+                let _ = released.lock().unwrap().recv();
+            }
+            Some(5 + n)
+        }),
+    );
+    let (_, s) = scrape_until(&registry, |s| {
+        value(s, name, &[("sandbox", "sb-slow"), ("reason", "output")]).is_some()
+    });
+    assert_eq!(
+        value(&s, name, &[("sandbox", "sb-slow"), ("reason", "output")]),
+        Some(5.0)
+    );
+    reading.recv().unwrap();
+    // The refresher is stuck in the second read: scrapes still answer at
+    // once, with the last values read.
+    let (_, s) = scrape(&registry);
+    assert_eq!(
+        value(&s, name, &[("sandbox", "sb-slow"), ("reason", "output")]),
+        Some(5.0)
+    );
+    release.send(()).unwrap();
+    scrape_until(&registry, |s| {
+        value(s, name, &[("sandbox", "sb-slow"), ("reason", "output")]) == Some(6.0)
+    });
+    // Unblock any later read, so the refresher can stop.
+    drop(release);
+}
+
+#[test]
+fn a_scrape_waits_no_longer_than_the_bound_for_a_first_read_that_hangs() {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
     metrics.register_drop_source("sb-fast".into(), Box::new(|| Some(1)));
@@ -311,13 +394,11 @@ fn a_scrape_never_waits_for_a_drop_counter_being_read() {
     scrape_until(&registry, |s| {
         value(s, name, &[("sandbox", "sb-fast"), ("reason", "output")]) == Some(1.0)
     });
-    // A source that blocks (as entering a namespace and asking nft can)
-    // until the test lets it go.
     let (reading_tx, reading) = std::sync::mpsc::channel::<()>();
     let (release, released) = std::sync::mpsc::channel::<()>();
     let released = std::sync::Mutex::new(released);
     metrics.register_drop_source(
-        "sb-slow".into(),
+        "sb-hung".into(),
         Box::new(move || {
             let _ = reading_tx.send(());
             let _ = released.lock().unwrap().recv();
@@ -325,22 +406,25 @@ fn a_scrape_never_waits_for_a_drop_counter_being_read() {
         }),
     );
     reading.recv().unwrap();
-    // The refresher is stuck in that read: scrapes still answer at once,
-    // with the last values read.
+    let started = std::time::Instant::now();
     let (_, s) = scrape(&registry);
+    assert!(
+        started.elapsed() < sluice::metrics::DROPS_FIRST_READ_WAIT + Duration::from_secs(5),
+        "the scrape waited {:?}",
+        started.elapsed()
+    );
     assert_eq!(
         value(&s, name, &[("sandbox", "sb-fast"), ("reason", "output")]),
         Some(1.0)
     );
     assert_eq!(
-        value(&s, name, &[("sandbox", "sb-slow"), ("reason", "output")]),
+        value(&s, name, &[("sandbox", "sb-hung"), ("reason", "output")]),
         None
     );
     release.send(()).unwrap();
     scrape_until(&registry, |s| {
-        value(s, name, &[("sandbox", "sb-slow"), ("reason", "output")]) == Some(5.0)
+        value(s, name, &[("sandbox", "sb-hung"), ("reason", "output")]) == Some(5.0)
     });
-    // Unblock any later read, so the refresher can stop.
     drop(release);
 }
 

@@ -565,6 +565,20 @@ fn a_connection_straight_to_the_v6_listener_is_refused_and_audited() {
 }
 
 #[test]
+fn exit_status_0_when_the_command_succeeds() {
+    let Some(w) = World::new() else { return };
+    let out = w.run(&w.policy(POLICY), &["true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[test]
+fn exit_status_1_when_the_command_fails_with_1() {
+    let Some(w) = World::new() else { return };
+    let out = w.run(&w.policy(POLICY), &["false"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
+
+#[test]
 fn exit_status_of_the_command_passes_through() {
     let Some(w) = World::new() else { return };
     let out = w.run(&w.policy(POLICY), &["sh", "-c", "exit 7"]);

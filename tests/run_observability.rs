@@ -142,6 +142,50 @@ fn metrics_count_allowed_and_denied_connections_by_rule() {
 }
 
 #[test]
+fn the_first_scrape_of_sluice_run_already_has_the_drop_counters() {
+    let Some(w) = World::new() else { return };
+    let script = format!("echo ready; {}", w.wait_for_go());
+    let (child, _) = start(&w, &["--metrics", "127.0.0.1:19468"], &script);
+    let sandbox = format!(r#"sandbox="host-{}""#, child.id());
+    // One scrape, as a one-off `curl /metrics` or an absent() alert sees it.
+    let text = w
+        .http_get_outer("127.0.0.1:19468", "/metrics")
+        .expect("scrape");
+    let _ = finish(&w, child);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(
+        metric_value(
+            &text,
+            "sluice_dropped_packets_total",
+            &[&sandbox, r#"reason="output""#]
+        ),
+        Some(0.0),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_metrics_address_in_use_is_bad_input_and_exits_2() {
+    let Some(w) = World::new() else { return };
+    let taken = w
+        .outer
+        .run_in(|| std::net::TcpListener::bind("127.0.0.1:19469"))
+        .unwrap()
+        .expect("take the port");
+    let marker = w.dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let out = run_with(&w, &["--metrics", "127.0.0.1:19469"], &["sh", "-c", &touch]);
+    drop(taken);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("pick a free address for --metrics"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!marker.exists(), "the command ran without its metrics");
+}
+
+#[test]
 fn the_metrics_endpoint_is_not_reachable_from_the_sandbox() {
     let Some(w) = World::new() else { return };
     // Listening on the origin's address, on a port the policy allows: the

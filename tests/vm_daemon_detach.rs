@@ -94,7 +94,7 @@ fn a_release_through_the_daemon_keeps_the_vms_fence() {
     attach(&w, &daemon, &vmm, "vm-kept");
 
     let released = sluice::daemon::Client::new(&daemon.socket)
-        .detach("vm-kept")
+        .detach(&"vm-kept".parse().unwrap())
         .expect("DELETE /v1/sandboxes/vm-kept")
         .expect("vm-kept was attached");
     assert_eq!(released.path, "vm");
@@ -171,7 +171,7 @@ fn sluice_vm_detach_through_the_daemon_of_a_container_exits_2_and_leaves_it_atta
     let process = StandInVmm::start(&ns);
     let netns = std::fs::File::open(ns.path()).unwrap();
     let request = sluice::daemon::api::AttachRequest {
-        id: "ctr-1".into(),
+        id: "ctr-1".parse().unwrap(),
         pid: Some(process.pid() as i32),
         policy: Some(w.policy(POLICY)),
         bundle: None,

@@ -8,10 +8,10 @@
 //!
 //! Every long-lived task is started here and awaited here; none is detached.
 
-pub mod oci;
-pub mod runtime;
+pub(crate) mod oci;
+pub(crate) mod runtime;
 mod sandbox;
-pub mod vm;
+pub(crate) mod vm;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -24,7 +24,7 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
-pub use sandbox::{ServedSandbox, Shared, DRAIN_GRACE};
+pub(crate) use sandbox::{ServedSandbox, Shared, DRAIN_GRACE};
 
 use crate::attach::{self, host};
 use crate::audit::{AuditOptions, AuditWriter};
@@ -149,6 +149,9 @@ impl Services {
         let mut drain = Drain::new("services");
 
         if let Some(addr) = opts.metrics {
+            // Every sandbox's drop counters are read as it starts, so that
+            // the first scrape has them (docs/observability.md).
+            metrics.read_drops_from_start();
             // Bound here, in sluice's own namespace: the sandbox cannot reach it.
             let listener = crate::metrics::bind(addr)
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
@@ -331,11 +334,16 @@ impl Reloading {
 
 /// `name@revision` -> sluice_bundle_revision{bundle="name"} = revision.
 fn set_revision(metrics: &Metrics, label: &str) {
-    if let Some((name, rev)) = label.rsplit_once('@') {
-        if let Ok(rev) = rev.parse() {
-            metrics.set_bundle_revision(name, rev);
-        }
+    if let Some((name, rev)) = bundle_of(label) {
+        metrics.set_bundle_revision(name, rev);
     }
+}
+
+/// The bundle name and revision of a policy label (`name@revision`);
+/// `None` for a plain policy file's (its name alone).
+pub(crate) fn bundle_of(label: &str) -> Option<(&str, u64)> {
+    let (name, rev) = label.rsplit_once('@')?;
+    Some((name, rev.parse().ok()?))
 }
 
 /// What every enforced workload of one process shares: the services, the
@@ -373,7 +381,11 @@ impl Session {
     }
 
     /// Serve `sandbox` as sandbox `id` under this session's policy.
-    pub(crate) fn serve(&self, sandbox: attach::Sandbox, id: String) -> Result<ServedSandbox> {
+    pub(crate) fn serve(
+        &self,
+        sandbox: attach::Sandbox,
+        id: crate::sandbox_id::SandboxId,
+    ) -> Result<ServedSandbox> {
         tracing::info!(
             netns_inode = sandbox.netns.inode(),
             sandbox = %id,
@@ -483,7 +495,8 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    let served = session.serve(sandbox, format!("host-{}", std::process::id()))?;
+    let id = crate::sandbox_id::SandboxId::numbered("host", std::process::id());
+    let served = session.serve(sandbox, id)?;
 
     // The workload comes from the init, forked before this thread got its
     // lead, so it keeps the priority sluice was started with.

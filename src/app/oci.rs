@@ -166,7 +166,7 @@ async fn contain(
     if !run.detach || status != 0 {
         return Ok((status, Some(served)));
     }
-    match wait_detached(session, run, &served.id).await {
+    match wait_detached(session, run, served.id.as_str()).await {
         Ok(status) => Ok((status, Some(served))),
         Err(err) => Err((err, Some(served))),
     }

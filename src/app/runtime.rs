@@ -232,6 +232,20 @@ pub fn many_sandboxes() -> Result<tokio::runtime::Runtime> {
     build(workers)
 }
 
+impl crate::exit_class::Classified for BadWorkers {
+    /// SLUICE_WORKERS out of range.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::BadInput
+    }
+}
+
+impl crate::exit_class::Classified for BadNice {
+    /// A nice value out of range.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::BadInput
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

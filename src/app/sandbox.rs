@@ -16,6 +16,7 @@ use crate::drain::Drain;
 use crate::metrics::{Metrics, SandboxTally};
 use crate::policy::ResolvedNames;
 use crate::proxy::{InternalAddrs, Limits, ProxyContext, Resolver, Verifying};
+use crate::sandbox_id::SandboxId;
 use crate::timing::TimingLog;
 
 /// How long connections get to finish once a sandbox is stopping.
@@ -40,7 +41,7 @@ pub struct ServedSandbox {
     pub sandbox: Sandbox,
     /// The `sandbox` field of audit and timing records (the container id,
     /// or `host-<pid>`); the path is the sandbox's attachment's.
-    pub id: String,
+    pub id: SandboxId,
     pub policy: PolicyHandle,
     /// This sandbox's own connection counts (`sluice status`).
     pub tally: Arc<SandboxTally>,
@@ -55,7 +56,7 @@ impl ServedSandbox {
     /// Start serving `sandbox`'s sockets under `policy`.
     pub fn start(
         sandbox: Sandbox,
-        id: String,
+        id: SandboxId,
         policy: PolicyHandle,
         shared: &Shared,
     ) -> Result<ServedSandbox> {
@@ -65,7 +66,7 @@ impl ServedSandbox {
             policy.clone(),
             cache,
             shared.audit.clone(),
-            id.clone(),
+            id.to_string(),
             path,
         );
         dns_ctx.default_upstream = shared.default_upstream.clone();
@@ -75,7 +76,7 @@ impl ServedSandbox {
             policy.clone(),
             Arc::new(SandboxResolver(dns_ctx.clone())) as Arc<dyn Resolver>,
             shared.audit.clone(),
-            id.clone(),
+            id.to_string(),
             path,
             shared.limits.clone(),
         );
@@ -147,7 +148,7 @@ impl ServedSandbox {
             let netns = sandbox.netns.clone_handle()?;
             let spec = sandbox.attachment.spec.clone();
             metrics.register_drop_counts(
-                id.clone(),
+                id.to_string(),
                 Box::new(move || {
                     let spec = spec.clone();
                     let counts = netns
@@ -219,7 +220,7 @@ impl ServedSandbox {
     /// goes with `self`.
     pub async fn stop(self, deadline: Instant) {
         if let Some(metrics) = self.metrics.as_ref() {
-            metrics.unregister_drop_source(&self.id);
+            metrics.unregister_drop_source(self.id.as_str());
         }
         let drained = self.drain.drain(deadline).await;
         tracing::debug!(sandbox = %self.id, ?drained, "sandbox drained");

@@ -26,7 +26,7 @@ pub struct VmOptions {
     pub services: ServiceOptions,
     pub net: VmNet,
     /// The `sandbox` field of its records.
-    pub id: String,
+    pub id: crate::sandbox_id::SandboxId,
     /// Who the VMM runs as (and who owns the tap); root when absent.
     pub user: Option<String>,
     pub command: Vec<OsString>,
@@ -107,7 +107,7 @@ pub struct AttachOptions {
     /// The namespace the tap is in.
     pub netns: SandboxNetns,
     pub net: VmNet,
-    pub id: String,
+    pub id: crate::sandbox_id::SandboxId,
 }
 
 /// Fence and serve a tap someone else made until SIGINT or SIGTERM; the

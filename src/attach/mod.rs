@@ -288,6 +288,21 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
     Ok(sockets)
 }
 
+impl crate::exit_class::Classified for AttachError {
+    /// A command that cannot start: 127 or 126; a user that does not exist: bad input; the rest as the cause says.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        match self {
+            AttachError::Spawn { source, .. } => crate::exit_class::ExitClass::of_spawn(source),
+            AttachError::UnknownUser(_) => crate::exit_class::ExitClass::BadInput,
+            AttachError::Confine(e) => e.exit_class(),
+            AttachError::Netns(e) => e.exit_class(),
+            AttachError::Enforce(e) => e.exit_class(),
+            AttachError::Dhcp(e) => e.exit_class(),
+            AttachError::Bind { .. } => crate::exit_class::ExitClass::CannotEnforce,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -343,6 +343,13 @@ fn regex_escape(text: &str) -> String {
         .collect()
 }
 
+impl crate::exit_class::Classified for Refusal {
+    /// A container whose config could leave its namespace: the user's to change.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::BadInput
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

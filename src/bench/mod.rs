@@ -504,6 +504,16 @@ pub fn which(tool: &str) -> Option<PathBuf> {
     })
 }
 
+impl crate::exit_class::Classified for BenchError {
+    /// A plan that cannot be run: bad input; the rest: the machine.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        match self {
+            BenchError::BadPlan(_) => crate::exit_class::ExitClass::BadInput,
+            _ => crate::exit_class::ExitClass::CannotEnforce,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

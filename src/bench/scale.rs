@@ -27,6 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::daemon::api::AttachRequest;
 use crate::daemon::Client;
+use crate::sandbox_id::SandboxId;
 use crate::testbed::topology::OuterNetns;
 
 /// The echo origin the connections reach.
@@ -172,7 +173,7 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
         let fd = std::fs::File::open(ns.path())?;
         wait_until_inside(pid, &fd)?;
         let request = AttachRequest {
-            id: format!("scale-{i}"),
+            id: SandboxId::numbered("scale", i as u32),
             pid: Some(pid),
             policy: Some(policy.clone()),
             bundle: None,
@@ -241,7 +242,10 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
     drop(runtime);
 
     for i in 0..plan.sandboxes {
-        if client.detach(&format!("scale-{i}"))?.is_none() {
+        if client
+            .detach(&SandboxId::numbered("scale", i as u32))?
+            .is_none()
+        {
             bail!("sandbox scale-{i} was not attached any more at the end");
         }
     }

@@ -160,3 +160,10 @@ pub(crate) const TRUST_HINT: &str =
 /// What to give instead of a bundle that cannot be read.
 pub(crate) const BUNDLE_HINT: &str =
     "give a bundle directory or .tar.gz that `sluice bundle sign` wrote";
+
+impl crate::exit_class::Classified for BundleError {
+    /// A bundle or trust file that does not verify or load.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::BadInput
+    }
+}

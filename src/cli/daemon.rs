@@ -4,8 +4,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::BadInput;
-
 pub const AFTER_HELP: &str =
     "The config (YAML) names the control socket (default /run/sluice/daemon.sock, \
 mode 0600), the metrics address, audit and timing files (and when the audit log is signed), and \
@@ -21,7 +19,7 @@ pub struct DaemonArgs {
 }
 
 pub fn execute(args: DaemonArgs) -> anyhow::Result<i32> {
-    let config = crate::daemon::DaemonConfig::load(&args.config).map_err(BadInput::from)?;
+    let config = crate::daemon::DaemonConfig::load(&args.config)?;
     crate::confine::require_root("sluice daemon")?;
     crate::app::runtime::many_sandboxes()?.block_on(crate::daemon::run(config))
 }

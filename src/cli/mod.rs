@@ -12,6 +12,7 @@ pub mod check;
 pub mod compare;
 pub mod daemon;
 pub mod demo;
+pub mod exit;
 pub mod oci;
 pub mod oci_hook;
 pub mod probe;
@@ -22,22 +23,6 @@ pub mod vm;
 use std::ffi::OsString;
 
 use clap::{Args, FromArgMatches, Parser, Subcommand};
-
-/// Exit statuses of sluice's own failures (a wrapped command's status is
-/// passed through unchanged).
-pub mod exit {
-    /// Bad input: a malformed policy, bad arguments.
-    pub const BAD_INPUT: i32 = 2;
-    /// The environment cannot enforce: not root, libnftables missing, the
-    /// ruleset did not read back as applied.
-    pub const CANNOT_ENFORCE: i32 = 3;
-    /// `sluice status`: no daemon answers at the control socket.
-    pub const NO_DAEMON: i32 = 4;
-    /// The wrapped command exists but cannot be run (as `env` and shells say).
-    pub const COMMAND_CANNOT_RUN: i32 = 126;
-    /// The wrapped command was not found.
-    pub const COMMAND_NOT_FOUND: i32 = 127;
-}
 
 /// The program's name, as its help and errors say it.
 const NAME: &str = "sluice";
@@ -51,11 +36,14 @@ const NAME: &str = "sluice";
 nftables steers every TCP connection and DNS query to sluice and drops everything else;\n\
 sluice decides each connection against a policy, audits every deny, and relays what is allowed.\n\n\
 Start with `sluice demo` (as root) to see it work.",
-    after_help = "Exit status: `sluice run` exits with the wrapped command's status (128+N if signal N \
-ended it; 127 if it was not found, 126 if it could not be run). sluice's own failures: 2 bad \
-input (policy, bundle, arguments, an audit or timings file that cannot be written), 3 cannot \
-enforce (not root, libnftables (the nftables package) missing, ruleset read-back mismatch), 4 no daemon answers (`sluice \
-status`).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
+    after_help = "Exit status: `sluice run` (and `sluice vm`, `sluice oci`) exits with the wrapped \
+command's status (128+N if signal N ended it; 127 if it was not found, 126 if it could not be run). \
+Otherwise 0 done, 1 a check found a problem (`audit verify`: a broken chain; `bench`: a content \
+or deny check). sluice's own failures, as the error's class says: 2 bad input (policy, bundle, \
+arguments, a sandbox id, an audit, timings or metrics address that cannot be used, a request the \
+daemon refused as bad), 3 cannot enforce (not root, libnftables (the nftables package) missing, \
+ruleset read-back mismatch, or the machine or sluice itself failed), 4 no daemon answers at the \
+control socket (`sluice status`, `--daemon`).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -187,61 +175,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
 #[error(transparent)]
 pub struct BadInput(#[from] anyhow::Error);
 
-impl From<crate::daemon::config::ConfigError> for BadInput {
-    fn from(e: crate::daemon::config::ConfigError) -> BadInput {
-        BadInput(e.into())
-    }
-}
-
-impl From<crate::attach::oci::OciError> for BadInput {
-    fn from(e: crate::attach::oci::OciError) -> BadInput {
-        BadInput(e.into())
-    }
-}
-
-/// The exit status for one of sluice's own failures.
+/// The exit status for one of sluice's own failures: the class its
+/// outermost classified cause says ([`exit`]).
 pub fn exit_status(err: &anyhow::Error) -> i32 {
-    use crate::attach::AttachError;
-    for cause in err.chain() {
-        match cause.downcast_ref::<AttachError>() {
-            Some(AttachError::Spawn { source, .. }) => {
-                return match source.kind() {
-                    std::io::ErrorKind::NotFound => exit::COMMAND_NOT_FOUND,
-                    _ => exit::COMMAND_CANNOT_RUN,
-                }
-            }
-            Some(AttachError::UnknownUser(_)) => return exit::BAD_INPUT,
-            Some(AttachError::Confine(e)) if e.is_bad_input() => return exit::BAD_INPUT,
-            _ => {}
-        }
-        if cause.is::<status::NoDaemon>() {
-            return exit::NO_DAEMON;
-        }
-    }
-    use crate::attach::oci::OciError;
-    let refused_container = err.chain().any(|e| {
-        matches!(
-            e.downcast_ref::<OciError>(),
-            Some(OciError::RefusedByHook(_) | OciError::Unconfined(_))
-        )
-    });
-    if refused_container {
-        return exit::BAD_INPUT;
-    }
-    let bad_input = err.chain().any(|e| {
-        e.is::<crate::policy::PolicyError>()
-            || e.is::<crate::bundle::BundleError>()
-            || e.is::<BadInput>()
-            || e.is::<crate::audit::AuditError>()
-            || e.is::<crate::timing::TimingError>()
-            || e.is::<crate::app::runtime::BadWorkers>()
-            || e.is::<crate::app::runtime::BadNice>()
-    });
-    if bad_input {
-        exit::BAD_INPUT
-    } else {
-        exit::CANNOT_ENFORCE
-    }
+    exit::class_of(err).code()
 }
 
 #[cfg(test)]

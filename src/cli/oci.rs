@@ -6,7 +6,6 @@ use std::ffi::OsString;
 use clap::Args;
 
 use super::args::{policy_source, PolicySourceArgs, RecordArgs};
-use super::BadInput;
 
 pub const AFTER_HELP: &str = "Example:\n  sluice oci --policy policies/dev.yaml -- podman run --rm IMAGE wget -qO- http://origin.test:8080/\n\n\
 sluice creates the sandbox namespace as `sluice run` does and adds `--network ns:<it>` to podman's \
@@ -32,7 +31,7 @@ pub struct OciArgs {
 }
 
 pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
-    let podman = crate::attach::oci::PodmanRun::parse(&args.podman).map_err(BadInput::from)?;
+    let podman = crate::attach::oci::PodmanRun::parse(&args.podman)?;
     let policy = policy_source(&args.source, crate::workload::WorkloadPath::Oci)?;
     crate::confine::require_root("sluice oci")?;
     // Before the sandbox, whose listeners (one per worker) may be bound

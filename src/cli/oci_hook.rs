@@ -7,9 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use super::BadInput;
 use crate::attach::oci::hook::{self, HookStep, OciState};
-use crate::attach::oci::OciError;
 
 pub const AFTER_HELP: &str = "Install containers/hooks.d/sluice.json in podman's hooks dir. The hook runs for \
 containers annotated io.sluice.policy=FILE or io.sluice.bundle=PATH (+ io.sluice.trust=FILE), sends \
@@ -31,14 +29,18 @@ pub struct OciHookArgs {
 }
 
 pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
-    let state = OciState::read(std::io::stdin().lock()).map_err(refusal)?;
+    let state = OciState::read(std::io::stdin().lock())?;
     let socket = crate::daemon::socket_path(state.socket().or(args.socket.as_deref()));
     let client = crate::daemon::Client::new(socket);
     let mut secrets =
         crate::audit::checkpoint::key_paths(std::path::Path::new(crate::bundle::DEFAULT_STATE_DIR));
     secrets.extend(args.secret);
-    match hook::plan(&state, &secrets).map_err(refusal)? {
+    match hook::plan(&state, &secrets)? {
         HookStep::Release { id } => {
+            // An id that is no sandbox id was never attached.
+            let Ok(id) = id.parse::<crate::sandbox_id::SandboxId>() else {
+                return Ok(0);
+            };
             match client.detach(&id) {
                 Ok(Some(_)) => tracing::info!(container = %id, "sandbox released"),
                 Ok(None) => {}
@@ -48,7 +50,13 @@ pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
         }
         HookStep::Wrapped => Ok(0),
         HookStep::Attach(container) => {
-            let request = crate::daemon::api::AttachRequest::from(&container);
+            let request =
+                crate::daemon::api::AttachRequest::try_from(&container).with_context(|| {
+                    format!(
+                        "container {} was not started: the daemon knows sandboxes by id",
+                        container.id
+                    )
+                })?;
             let info = client
                 .attach(&request, container.netns.as_fd())
                 .with_context(|| format!("container {} was not started", container.id))?;
@@ -60,14 +68,5 @@ pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
             );
             Ok(0)
         }
-    }
-}
-
-/// The user's input is at fault (exit 2), or the environment (exit 3).
-fn refusal(err: OciError) -> anyhow::Error {
-    if err.is_bad_input() {
-        BadInput::from(err).into()
-    } else {
-        err.into()
     }
 }

@@ -85,10 +85,12 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
         "PATH", "ID", "POLICY", "ALLOWED", "DENIED", "WOULD-DENY", "ACTIVE", "DROPPED"
     );
     for s in &sandboxes {
-        let id = if args.no_trunc || s.id.len() <= 12 {
-            s.id.as_str()
+        let id = s.id.as_str();
+        // ASCII (the id's rule): any byte is a character boundary.
+        let id = if args.no_trunc || id.len() <= 12 {
+            id
         } else {
-            &s.id[..12]
+            &id[..12]
         };
         println!(
             "{:<5} {:<12} {:<24} {:>8} {:>8} {:>10} {:>7} {:>8}  {}",
@@ -127,4 +129,11 @@ fn audit_line(head: &crate::audit::AuditHead) -> String {
         anchor(&head.checkpoint),
         head.key.as_deref().unwrap_or("none")
     )
+}
+
+impl crate::exit_class::Classified for NoDaemon {
+    /// Nothing answers at the socket.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::NoDaemon
+    }
 }

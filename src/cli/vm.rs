@@ -16,6 +16,7 @@ use crate::attach::vm::{
 };
 use crate::mac::MacAddr;
 use crate::netns::SandboxNetns;
+use crate::sandbox_id::SandboxId;
 use crate::workload::WorkloadPath;
 
 pub const AFTER_HELP: &str = "Examples:\n  \
@@ -85,9 +86,9 @@ pub struct GuestArgs {
     #[arg(long)]
     pub no_ipv6: bool,
     /// The `sandbox` field of the VM's records and its name in metrics
-    /// (1-64 of [A-Za-z0-9._-]; default vm-<sluice's pid>).
+    /// (1-128 of [A-Za-z0-9._-]; default vm-<sluice's pid>).
     #[arg(long, value_name = "ID")]
-    pub id: Option<String>,
+    pub id: Option<SandboxId>,
 }
 
 /// Where an existing tap is.
@@ -189,7 +190,7 @@ pub struct DetachArgs {
     /// With --daemon: the VM's id, as `sluice vm attach --daemon --id` gave it
     /// (`sluice status` lists them).
     #[arg(long, value_name = "ID", requires = "daemon", conflicts_with_all = ["tap", "netns", "pid"])]
-    pub id: Option<String>,
+    pub id: Option<SandboxId>,
     /// With --daemon: its control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
     #[arg(long, value_name = "PATH", requires = "daemon", conflicts_with_all = ["tap", "netns", "pid"])]
     pub socket: Option<PathBuf>,
@@ -213,7 +214,7 @@ pub fn execute(args: VmArgs) -> anyhow::Result<i32> {
 
 fn wrap(args: WrapArgs) -> anyhow::Result<i32> {
     let net = vm_net(&args.tap, &args.guest, true)?;
-    let id = sandbox_id(&args.guest)?;
+    let id = sandbox_id(&args.guest);
     let policy = policy_source(&args.source, WorkloadPath::Vm)?;
     crate::confine::require_root("sluice vm")?;
     // First, while sluice is one thread and small (see PreparedInit).
@@ -240,7 +241,7 @@ fn attach(args: AttachArgs) -> anyhow::Result<i32> {
         .into());
     }
     let net = vm_net(&args.tap, &args.guest, false)?;
-    let id = sandbox_id(&args.guest)?;
+    let id = sandbox_id(&args.guest);
     let policy = policy_source(&args.source, WorkloadPath::Vm)?;
     if args.daemon {
         return attach_through_daemon(&args, id);
@@ -259,7 +260,7 @@ fn attach(args: AttachArgs) -> anyhow::Result<i32> {
 
 /// `sluice vm attach --daemon`: the daemon fences the tap in the namespace
 /// this process opens and sends along; prints the daemon's view of the VM.
-fn attach_through_daemon(args: &AttachArgs, id: String) -> anyhow::Result<i32> {
+fn attach_through_daemon(args: &AttachArgs, id: SandboxId) -> anyhow::Result<i32> {
     use std::os::fd::AsFd;
     let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let path = args.namespace.path();
@@ -317,22 +318,9 @@ fn detach(args: DetachArgs) -> anyhow::Result<i32> {
 /// removes its fence; prints the daemon's view of the VM.
 fn detach_through_daemon(args: &DetachArgs) -> anyhow::Result<i32> {
     use crate::daemon::ClientError;
-    let id = args
-        .id
-        .as_deref()
-        .expect("clap requires --id with --daemon");
+    let id = args.id.as_ref().expect("clap requires --id with --daemon");
     let socket = crate::daemon::socket_path(args.socket.as_deref());
     let status_hint = format!("`sluice status --socket {}`", socket.display());
-    if id.is_empty()
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        return Err(BadInput(anyhow::anyhow!(
-            "--id {id:?} is not a sandbox id (letters, digits, '.', '_', '-'): {status_hint} lists the VMs the daemon serves"
-        ))
-        .into());
-    }
     match crate::daemon::Client::new(socket.clone()).detach_removing_fence(id) {
         Ok(Some(info)) => {
             let line = serde_json::to_string(&info)
@@ -378,23 +366,12 @@ fn vm_net(tap: &str, guest: &GuestArgs, defaults: bool) -> anyhow::Result<VmNet>
         .map_err(|e| BadInput(anyhow::Error::from(e).context("bad VM addressing")).into())
 }
 
-fn sandbox_id(guest: &GuestArgs) -> anyhow::Result<String> {
-    let id = guest
+/// --id (checked as clap parsed it), else `vm-<sluice's pid>`.
+fn sandbox_id(guest: &GuestArgs) -> SandboxId {
+    guest
         .id
         .clone()
-        .unwrap_or_else(|| format!("vm-{}", std::process::id()));
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if !ok {
-        return Err(BadInput(anyhow::anyhow!(
-            "--id {id:?}: use 1-64 characters of [A-Za-z0-9._-]"
-        )))
-        .context("bad VM id");
-    }
-    Ok(id)
+        .unwrap_or_else(|| SandboxId::numbered("vm", std::process::id()))
 }
 
 #[cfg(test)]
@@ -419,7 +396,7 @@ mod tests {
     fn detach_through_the_daemon_takes_an_id_and_a_socket() {
         let args = detach_args(&["--daemon", "--id", "vm-a", "--socket", "/s"]).unwrap();
         assert!(args.daemon);
-        assert_eq!(args.id.as_deref(), Some("vm-a"));
+        assert_eq!(args.id.as_ref().map(SandboxId::as_str), Some("vm-a"));
         assert_eq!(args.socket, Some(PathBuf::from("/s")));
         assert!(args.tap.is_none() && args.netns.is_none() && args.pid.is_none());
     }

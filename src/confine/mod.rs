@@ -152,13 +152,35 @@ fn rotated_set(path: &Path) -> Vec<PathBuf> {
 }
 
 /// Fail early, with what to do, instead of a confusing EPERM later.
-pub fn require_root(what: &str) -> anyhow::Result<()> {
+pub fn require_root(what: &'static str) -> Result<(), NotRoot> {
     if !nix::unistd::geteuid().is_root() {
-        anyhow::bail!(
-            "{what} needs root (it creates a network namespace and nftables rules): run it with sudo or as root"
-        );
+        return Err(NotRoot(what));
     }
     Ok(())
+}
+
+/// A command that needs root was started without it (exit 3: this process
+/// cannot enforce).
+#[derive(Debug, thiserror::Error)]
+#[error("{0} needs root (it creates a network namespace and nftables rules): run it with sudo or as root")]
+pub struct NotRoot(&'static str);
+
+impl crate::exit_class::Classified for NotRoot {
+    /// Without root nothing can be enforced.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::CannotEnforce
+    }
+}
+
+impl crate::exit_class::Classified for ConfineError {
+    /// A command that cannot start: 127 or 126; records beside the workload: bad input; the rest: the host.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        match self {
+            ConfineError::Exec { source, .. } => crate::exit_class::ExitClass::of_spawn(source),
+            e if e.is_bad_input() => crate::exit_class::ExitClass::BadInput,
+            _ => crate::exit_class::ExitClass::CannotEnforce,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -365,6 +365,13 @@ fn unescape(field: &[u8]) -> Vec<u8> {
     out
 }
 
+impl crate::exit_class::Classified for MountError {
+    /// The workload's mount namespace could not be set up.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::CannotEnforce
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -409,6 +409,13 @@ fn syscall_name(nr: libc::c_long) -> &'static str {
     "?"
 }
 
+impl crate::exit_class::Classified for SeccompError {
+    /// The seccomp filter could not be built or installed.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::CannotEnforce
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,7 +73,7 @@ impl Records {
         std::fs::create_dir_all(&self.dir)?;
         let tmp = self.dir.join(format!(".{}.tmp", request.id));
         std::fs::write(&tmp, serde_json::to_vec_pretty(&record)?)?;
-        std::fs::rename(&tmp, self.path(&request.id))
+        std::fs::rename(&tmp, self.path(request.id.as_str()))
     }
 
     /// Forget `id` (its container ended, or it was detached on request).
@@ -190,7 +190,7 @@ mod tests {
 
     fn request(id: &str, pid: i32) -> AttachRequest {
         AttachRequest {
-            id: id.to_string(),
+            id: id.parse().expect("a sandbox id"),
             pid: Some(pid),
             policy: Some(PathBuf::from("/etc/sluice/p.yaml")),
             bundle: None,

@@ -24,6 +24,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::sandbox_id::SandboxId;
+
 /// Where the daemon listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/sluice/daemon.sock";
 /// Environment variable naming the socket (hook and `sluice status`).
@@ -84,8 +86,9 @@ impl Fence {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttachRequest {
-    /// The container id: the `sandbox` of its audit and timing records.
-    pub id: String,
+    /// The container id: the `sandbox` of its audit and timing records
+    /// (checked as it is deserialised: [`SandboxId::RULE`]).
+    pub id: SandboxId,
     /// The container's process; the sandbox is released when it exits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
@@ -134,25 +137,30 @@ pub struct VmInfo {
     pub guest: String,
 }
 
-impl From<&crate::attach::oci::hook::ContainerAttach> for AttachRequest {
-    /// What the OCI hook asks for a starting container.
-    fn from(c: &crate::attach::oci::hook::ContainerAttach) -> AttachRequest {
-        AttachRequest {
-            id: c.id.clone(),
+impl TryFrom<&crate::attach::oci::hook::ContainerAttach> for AttachRequest {
+    type Error = crate::sandbox_id::BadSandboxId;
+
+    /// What the OCI hook asks for a starting container; refused when the
+    /// runtime's container id is no sandbox id.
+    fn try_from(
+        c: &crate::attach::oci::hook::ContainerAttach,
+    ) -> Result<AttachRequest, Self::Error> {
+        Ok(AttachRequest {
+            id: c.id.parse()?,
             pid: Some(c.pid),
             policy: c.policy.clone(),
             bundle: c.bundle.clone(),
             trust: c.trust.clone(),
             binds: c.binds.clone(),
             vm: None,
-        }
+        })
     }
 }
 
 /// One attached sandbox, as `sluice status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxInfo {
-    pub id: String,
+    pub id: SandboxId,
     /// host | oci | vm
     pub path: String,
     /// The policy in force: its name, or `name@revision` for a bundle.

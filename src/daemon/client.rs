@@ -13,6 +13,8 @@ use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
+use crate::sandbox_id::SandboxId;
+
 use super::api::{
     AttachRequest, ErrorBody, Fence, SandboxInfo, AUDIT, DEFAULT_SOCKET, SANDBOXES, SOCKET_ENV,
 };
@@ -74,18 +76,21 @@ impl Client {
 
     /// Stop serving sandbox `id`; `Ok(None)` if none was attached. A VM's
     /// fence stays.
-    pub fn detach(&self, id: &str) -> Result<Option<SandboxInfo>, ClientError> {
+    pub fn detach(&self, id: &SandboxId) -> Result<Option<SandboxInfo>, ClientError> {
         self.delete(id, Fence::Keep)
     }
 
     /// Stop serving VM `id` and remove its tap's fence (`sluice vm detach
     /// --daemon`); `Ok(None)` if none was attached. A sandbox that is not a
     /// VM is refused (and stays attached).
-    pub fn detach_removing_fence(&self, id: &str) -> Result<Option<SandboxInfo>, ClientError> {
+    pub fn detach_removing_fence(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<SandboxInfo>, ClientError> {
         self.delete(id, Fence::Remove)
     }
 
-    fn delete(&self, id: &str, fence: Fence) -> Result<Option<SandboxInfo>, ClientError> {
+    fn delete(&self, id: &SandboxId, fence: Fence) -> Result<Option<SandboxInfo>, ClientError> {
         let path = match fence.query() {
             "" => format!("{SANDBOXES}/{id}"),
             query => format!("{SANDBOXES}/{id}?{query}"),
@@ -190,5 +195,18 @@ impl Client {
                 socket: self.socket.clone(),
             })?
             .map_err(|m| self.protocol(m))
+    }
+}
+
+impl crate::exit_class::Classified for ClientError {
+    /// No daemon: 4; a request it refused as bad (4xx): bad input; its own failure or a broken exchange: cannot enforce.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        match self {
+            ClientError::Connect { .. } => crate::exit_class::ExitClass::NoDaemon,
+            ClientError::Refused {
+                status: 400..=499, ..
+            } => crate::exit_class::ExitClass::BadInput,
+            _ => crate::exit_class::ExitClass::CannotEnforce,
+        }
     }
 }

@@ -297,6 +297,13 @@ impl Checker {
     }
 }
 
+impl crate::exit_class::Classified for ConfigError {
+    /// A config file that does not load.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::BadInput
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@
 mod adopt;
 pub mod api;
 pub mod client;
-pub mod config;
+pub(crate) mod config;
 mod exits;
 mod fdpass;
 mod registry;
@@ -23,15 +23,16 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
 pub use client::{socket_path, Client, ClientError};
-pub use config::DaemonConfig;
-pub use registry::{ApiError, Registry};
+pub(crate) use config::DaemonConfig;
+pub(crate) use registry::Registry;
+pub(crate) use server::SocketError;
 
 use crate::app::{host_nameservers, ServiceOptions, Services, DRAIN_DEADLINE, DRAIN_GRACE};
 use crate::drain::Drain;
 
 /// Run the daemon until SIGINT or SIGTERM; SIGHUP re-reads every sandbox's
 /// policy. Returns the exit status.
-pub async fn run(config: DaemonConfig) -> Result<i32> {
+pub(crate) async fn run(config: DaemonConfig) -> Result<i32> {
     let services = Services::start(ServiceOptions {
         audit: config.audit.clone(),
         audit_max_bytes: config.audit_max_bytes,

@@ -26,6 +26,7 @@ use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, D
 use crate::attach::vm::VmNet;
 use crate::drain::Drain;
 use crate::netns::{LinkAddress, SandboxNetns, SANDBOX_LINK, SANDBOX_LINK_KIND};
+use crate::sandbox_id::SandboxId;
 use crate::workload::WorkloadPath;
 
 /// How often a sandbox attached without a pid is checked for processes.
@@ -118,7 +119,7 @@ pub struct Registry {
     shared: Shared,
     defaults: Defaults,
     records: Records,
-    slots: Mutex<BTreeMap<String, Slot>>,
+    slots: Mutex<BTreeMap<SandboxId, Slot>>,
     next_generation: AtomicU64,
     /// Watches every container's process (`None`: it could not start, and
     /// sandboxes are watched by scanning their namespaces).
@@ -144,7 +145,7 @@ impl Registry {
         self.shared.audit.head()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<SandboxId, Slot>> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -156,7 +157,6 @@ impl Registry {
         req: AttachRequest,
         fd: OwnedFd,
     ) -> Result<SandboxInfo, ApiError> {
-        check_id(&req.id)?;
         self.check_binds(&req)?;
         let stale = self.reserve(&req.id, &fd, req.vm.is_some())?;
         if let Some(stale) = stale {
@@ -214,14 +214,19 @@ impl Registry {
     /// its own): two containers in one namespace (a pod, `--network
     /// container:ID`) would get two policies behind one set of redirects,
     /// and the kernel would spread their connections over both.
-    fn reserve(&self, id: &str, fd: &OwnedFd, vm: bool) -> Result<Option<Box<Entry>>, ApiError> {
+    fn reserve(
+        &self,
+        id: &SandboxId,
+        fd: &OwnedFd,
+        vm: bool,
+    ) -> Result<Option<Box<Entry>>, ApiError> {
         let inode = nix::sys::stat::fstat(fd)
             .map_err(|e| ApiError::bad(format!("cannot inspect the namespace descriptor: {e}")))?
             .st_ino;
         let mut slots = self.lock();
         let shared = slots.iter().find(|(other, slot)| {
             let (their_inode, their_vm) = slot.namespace();
-            other.as_str() != id && their_inode == inode && !(vm && their_vm)
+            *other != id && their_inode == inode && !(vm && their_vm)
         });
         if let Some((other, _)) = shared {
             return Err(ApiError::conflict(already_served(&format!(
@@ -245,7 +250,7 @@ impl Registry {
                 _ => None,
             },
         };
-        slots.insert(id.to_string(), Slot::Pending { inode, vm });
+        slots.insert(id.clone(), Slot::Pending { inode, vm });
         Ok(stale)
     }
 
@@ -344,7 +349,7 @@ impl Registry {
                         trust,
                         state,
                         allow_rollback: false,
-                        sandbox: req.id.clone(),
+                        sandbox: req.id.to_string(),
                         path: if req.vm.is_some() {
                             WorkloadPath::Vm
                         } else {
@@ -371,7 +376,7 @@ impl Registry {
                 Ok(fd) => fd,
                 Err(stale) => {
                     tracing::info!(sandbox = %id, why = %stale, "not adopting a sandbox of the previous daemon");
-                    self.records.remove(&id);
+                    self.records.remove(id.as_str());
                     continue;
                 }
             };
@@ -393,7 +398,7 @@ impl Registry {
     /// newer attach of the same id). A VM's fence stays.
     pub async fn release(
         &self,
-        id: &str,
+        id: &SandboxId,
         generation: Option<u64>,
         why: &str,
         afterwards: Afterwards,
@@ -413,7 +418,7 @@ impl Registry {
     /// removed as `sluice vm detach` removes them). Refused, with nothing
     /// released, when `id` is not attached (404) or the fence of a sandbox
     /// that is not a VM is asked to go (400).
-    pub async fn detach(&self, id: &str, fence: Fence) -> Result<SandboxInfo, ApiError> {
+    pub async fn detach(&self, id: &SandboxId, fence: Fence) -> Result<SandboxInfo, ApiError> {
         let entry = self.take(id, |entry| match (&entry.vm, fence) {
             (None, Fence::Remove) => Err(ApiError::bad(format!(
                 "sandbox {id} is not a VM (path {}): it has no tap fence to remove; a DELETE without ?{FENCE_REMOVE} releases it",
@@ -437,7 +442,7 @@ impl Registry {
     /// accepts it; otherwise leave everything as it is.
     fn take(
         &self,
-        id: &str,
+        id: &SandboxId,
         check: impl FnOnce(&Entry) -> Result<(), ApiError>,
     ) -> Result<Box<Entry>, ApiError> {
         let not_attached = || ApiError {
@@ -458,7 +463,7 @@ impl Registry {
     /// [`release`](Self::release), its connections drained by `deadline`.
     async fn release_by(
         &self,
-        id: &str,
+        id: &SandboxId,
         generation: Option<u64>,
         why: &str,
         afterwards: Afterwards,
@@ -491,7 +496,7 @@ impl Registry {
     #[allow(clippy::too_many_arguments)]
     async fn release_entry(
         &self,
-        id: &str,
+        id: &SandboxId,
         mut entry: Box<Entry>,
         from_outside: bool,
         why: &str,
@@ -509,7 +514,9 @@ impl Registry {
         }
         let netns = entry.netns.clone();
         let vm = entry.vm.take();
+        let label = entry.served.policy.label();
         entry.stop(deadline).await;
+        self.forget_bundle_unless_used(&label);
         let mut unfenced = Ok(());
         if let Some((net, added)) = vm {
             // Unless asked to go, the fence stays: the guest reaches nothing
@@ -543,10 +550,39 @@ impl Registry {
             }
         }
         if afterwards == Afterwards::Forget {
-            self.records.remove(id);
+            self.records.remove(id.as_str());
         }
         tracing::info!(sandbox = %id, why, "sandbox released");
         unfenced.map(|()| info)
+    }
+
+    /// A sandbox under the policy `label` is gone: when it was a bundle's
+    /// and no other sandbox enforces that bundle, its
+    /// `sluice_bundle_revision` series goes too; otherwise it shows the
+    /// highest revision still enforced.
+    fn forget_bundle_unless_used(&self, label: &str) {
+        let (Some(metrics), Some((bundle, _))) =
+            (self.shared.metrics.as_ref(), crate::app::bundle_of(label))
+        else {
+            return;
+        };
+        let still = self
+            .lock()
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Ready(entry) => Some(entry.served.policy.label()),
+                Slot::Pending { .. } => None,
+            })
+            .filter_map(|label| {
+                crate::app::bundle_of(&label)
+                    .filter(|(name, _)| *name == bundle)
+                    .map(|(_, rev)| rev)
+            })
+            .max();
+        match still {
+            Some(revision) => metrics.set_bundle_revision(bundle, revision),
+            None => metrics.clear_bundle_revision(bundle),
+        }
     }
 
     /// Release everything (daemon shutdown), every sandbox's connections
@@ -554,7 +590,7 @@ impl Registry {
     /// with the listeners gone, their connections are refused until the
     /// next daemon adopts them again.
     pub async fn release_all(self: &Arc<Self>, deadline: Instant) {
-        let ids: Vec<String> = self.lock().keys().cloned().collect();
+        let ids: Vec<SandboxId> = self.lock().keys().cloned().collect();
         let mut releases = JoinSet::new();
         for id in ids {
             let registry = self.clone();
@@ -619,14 +655,10 @@ impl Registry {
         self.lock().len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn info_of(&self, id: &str, entry: &Entry) -> SandboxInfo {
+    fn info_of(&self, id: &SandboxId, entry: &Entry) -> SandboxInfo {
         let tally = entry.served.tally.snapshot();
         SandboxInfo {
-            id: id.to_string(),
+            id: id.clone(),
             path: entry.served.path().as_str().to_string(),
             policy: entry.served.policy.label(),
             netns_inode: entry.netns.inode(),
@@ -644,22 +676,6 @@ impl Registry {
             },
             dropped_packets: None,
         }
-    }
-}
-
-/// Container ids as OCI runtimes make them, and names people choose.
-fn check_id(id: &str) -> Result<(), ApiError> {
-    let ok = !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad(format!(
-            "`{id}` is not a sandbox id: use 1 to 128 letters, digits, '.', '_' or '-'"
-        )))
     }
 }
 
@@ -785,7 +801,7 @@ fn already_served(by_whom: &str) -> String {
 /// (pidfd), or, without a pid, when no process is left in the namespace.
 async fn watch_until_gone(
     registry: std::sync::Weak<Registry>,
-    id: String,
+    id: SandboxId,
     generation: u64,
     process: Option<Pidfd>,
     netns: Arc<SandboxNetns>,
@@ -869,18 +885,4 @@ fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_checked() {
-        assert!(check_id("0123abcdef").is_ok());
-        assert!(check_id("my-container_1.x").is_ok());
-        assert!(check_id("").is_err());
-        assert!(check_id("../x").is_err());
-        assert!(check_id(&"a".repeat(129)).is_err());
-    }
 }

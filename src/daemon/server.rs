@@ -165,13 +165,17 @@ async fn route(
         (Method::GET, AUDIT) => Ok((StatusCode::OK, json(&registry.audit_head()))),
         (Method::POST, SANDBOXES) => attach(req, registry, fd).await,
         (Method::DELETE, p) if p.starts_with(SANDBOXES) && p.len() > SANDBOXES.len() + 1 => {
-            let id = &p[SANDBOXES.len() + 1..];
-            match Fence::from_query(req.uri().query()) {
-                Ok(fence) => registry
-                    .detach(id, fence)
+            let id = p[SANDBOXES.len() + 1..].parse::<crate::sandbox_id::SandboxId>();
+            match (id, Fence::from_query(req.uri().query())) {
+                (Ok(id), Ok(fence)) => registry
+                    .detach(&id, fence)
                     .await
                     .map(|info| (StatusCode::OK, json(&info))),
-                Err(message) => Err(ApiError {
+                (Err(bad), _) => Err(ApiError {
+                    status: StatusCode::BAD_REQUEST,
+                    message: bad.to_string(),
+                }),
+                (_, Err(message)) => Err(ApiError {
                     status: StatusCode::BAD_REQUEST,
                     message,
                 }),
@@ -237,4 +241,14 @@ fn respond(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+impl crate::exit_class::Classified for SocketError {
+    /// Another daemon on the socket: pick another (bad input); the rest: the host.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        match self {
+            SocketError::InUse { .. } => crate::exit_class::ExitClass::BadInput,
+            _ => crate::exit_class::ExitClass::CannotEnforce,
+        }
+    }
 }

@@ -142,3 +142,10 @@ pub enum EnforceError {
     #[error("the sluice tables differ from what sluice applied ({0}); something else changed the ruleset, refusing to run the workload")]
     Mismatch(String),
 }
+
+impl crate::exit_class::Classified for EnforceError {
+    /// Every enforcement failure: libnftables missing, netlink, read-back mismatch.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::CannotEnforce
+    }
+}

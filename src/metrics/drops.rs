@@ -6,11 +6,17 @@
 //!
 //! Reading a counter means entering the sandbox's namespace (a thread that
 //! runs a libnftables read there): milliseconds, and more with many sandboxes. A
-//! scrape must never wait for that, so scrapes read a cache that one
+//! scrape must never wait for a refresh, so scrapes read a cache that one
 //! refresher thread (`sluice-drops`) keeps current, every [`REFRESH`] while
-//! someone scrapes. It starts with the first scrape (a sluice nobody
-//! scrapes never reads a counter) and rests once nobody has scraped for
-//! [`IDLE`]. This module never reads a counter on a scrape's thread.
+//! someone scrapes, and rests once nobody has scraped for [`IDLE`].
+//!
+//! Every series is there from the first scrape: the refresher reads each
+//! sandbox's counters once as soon as it is registered (it starts with
+//! [`DroppedPackets::read_from_start`], which sluice calls when it serves
+//! `/metrics`, else with the first scrape), and a scrape that finds a
+//! sandbox not read even once waits for that first read, at most
+//! [`FIRST_READ_WAIT`]. A sluice nobody can scrape never reads a counter.
+//! This module never reads a counter on a scrape's thread.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -37,8 +43,12 @@ pub const SINGLE_REASON: &str = "output";
 
 /// How often the counters are read while someone scrapes.
 pub const REFRESH: Duration = Duration::from_secs(1);
-/// No scrape for this long: the refresher rests until the next one.
+/// No scrape for this long: the refresher rests until the next one (and
+/// reads only sandboxes registered meanwhile, once).
 pub const IDLE: Duration = Duration::from_secs(60);
+/// The longest a scrape waits for the first read of a sandbox's counters
+/// (one never read is otherwise left out of that scrape).
+pub const FIRST_READ_WAIT: Duration = Duration::from_secs(2);
 
 const NAME: &str = "sluice_dropped_packets_total";
 const HELP: &str =
@@ -48,6 +58,8 @@ struct Source {
     read: Arc<DropCounts>,
     /// The last values read (`None`: not read yet, or unreadable).
     last: Option<Counts>,
+    /// Not read even once yet: a scrape waits for that first read.
+    unread: bool,
 }
 
 #[derive(Default)]
@@ -59,10 +71,23 @@ struct State {
     stopping: bool,
 }
 
+impl State {
+    /// Whether someone scraped within [`IDLE`].
+    fn scraped_lately(&self) -> bool {
+        self.last_scrape.is_some_and(|at| at.elapsed() < IDLE)
+    }
+
+    fn any_unread(&self) -> bool {
+        self.sources.values().any(|s| s.unread)
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     /// Wakes the refresher: a scrape after a rest, a new source, shutdown.
     wake: Condvar,
+    /// Wakes scrapes waiting for a first read: the refresher read sources.
+    read: Condvar,
 }
 
 impl Shared {
@@ -88,8 +113,34 @@ impl DroppedPackets {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 wake: Condvar::new(),
+                read: Condvar::new(),
             }),
         })
+    }
+
+    /// Start the refresher now rather than at the first scrape, so that
+    /// every sandbox's counters are read as soon as it is registered (for
+    /// a sluice that serves `/metrics`: its first scrape then finds them
+    /// read).
+    pub(super) fn read_from_start(&self) {
+        let mut state = self.shared.lock();
+        self.start_refresher(&mut state);
+    }
+
+    /// Start the refresher thread unless it runs.
+    fn start_refresher(&self, state: &mut State) {
+        if state.refresher_started {
+            return;
+        }
+        state.refresher_started = true;
+        let shared = self.shared.clone();
+        let started = std::thread::Builder::new()
+            .name("sluice-drops".into())
+            .spawn(move || refresh(&shared));
+        if let Err(err) = started {
+            state.refresher_started = false;
+            tracing::warn!(%err, "cannot start the drop counter refresher; sluice_dropped_packets_total stays empty");
+        }
     }
 
     pub(super) fn register(&self, sandbox: String, read: DropCounts) {
@@ -99,6 +150,7 @@ impl DroppedPackets {
             Source {
                 read: Arc::new(read),
                 last: None,
+                unread: true,
             },
         );
         drop(state);
@@ -110,23 +162,24 @@ impl DroppedPackets {
     }
 
     /// The cached values; notes the scrape and starts or wakes the
-    /// refresher. Never reads a counter itself.
+    /// refresher, and waits (at most [`FIRST_READ_WAIT`]) for the first
+    /// read of sources never read. Never reads a counter itself, and never
+    /// waits for a refresh of one read before.
     fn scrape(&self) -> Vec<(String, &'static str, u64)> {
         let mut state = self.shared.lock();
-        let rested = state.last_scrape.is_none_or(|at| at.elapsed() >= IDLE);
+        let rested = !state.scraped_lately();
         state.last_scrape = Some(Instant::now());
-        if !state.refresher_started {
-            state.refresher_started = true;
-            let shared = self.shared.clone();
-            let started = std::thread::Builder::new()
-                .name("sluice-drops".into())
-                .spawn(move || refresh(&shared));
-            if let Err(err) = started {
-                state.refresher_started = false;
-                tracing::warn!(%err, "cannot start the drop counter refresher; sluice_dropped_packets_total stays empty");
-            }
-        } else if rested {
+        self.start_refresher(&mut state);
+        if rested {
             self.shared.wake.notify_all();
+        }
+        if state.refresher_started && state.any_unread() {
+            state = self
+                .shared
+                .read
+                .wait_timeout_while(state, FIRST_READ_WAIT, |s| !s.stopping && s.any_unread())
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         let mut out = Vec::new();
         for (sandbox, source) in &state.sources {
@@ -142,21 +195,36 @@ impl Drop for DroppedPackets {
     fn drop(&mut self) {
         self.shared.lock().stopping = true;
         self.shared.wake.notify_all();
+        self.shared.read.notify_all();
     }
 }
 
-/// The refresher thread: read every source, then wait [`REFRESH`] (or,
-/// when nobody scraped for [`IDLE`], until someone does).
+/// The refresher thread: read every source, then wait [`REFRESH`]; when
+/// nobody scraped for [`IDLE`] (or ever), read only the sources never read,
+/// and wait for a scrape or a new source.
 fn refresh(shared: &Shared) {
     loop {
         let sources: Vec<(String, Arc<DropCounts>)> = {
-            let state = shared.lock();
-            if state.stopping {
-                return;
+            let mut state = shared.lock();
+            loop {
+                if state.stopping {
+                    return;
+                }
+                if state.scraped_lately() || state.any_unread() {
+                    break;
+                }
+                state = shared
+                    .wake
+                    .wait_while(state, |s| {
+                        !s.stopping && !s.scraped_lately() && !s.any_unread()
+                    })
+                    .unwrap_or_else(|e| e.into_inner());
             }
+            let all = state.scraped_lately();
             state
                 .sources
                 .iter()
+                .filter(|(_, s)| all || s.unread)
                 .map(|(k, s)| (k.clone(), s.read.clone()))
                 .collect()
         };
@@ -176,26 +244,20 @@ fn refresh(shared: &Shared) {
             if let Some(source) = state.sources.get_mut(&sandbox) {
                 if Arc::ptr_eq(&source.read, &read) {
                     source.last = value;
+                    source.unread = false;
                 }
             }
         }
-        let idle = state.last_scrape.is_none_or(|at| at.elapsed() >= IDLE);
-        state = if idle {
-            shared
-                .wake
-                .wait_while(state, |s| {
-                    !s.stopping && s.last_scrape.is_none_or(|at| at.elapsed() >= IDLE)
-                })
-                .unwrap_or_else(|e| e.into_inner())
-        } else {
+        shared.read.notify_all();
+        if state.scraped_lately() && !state.any_unread() {
             // A new source wakes this early, so its series appears at once.
-            shared
-                .wake
-                .wait_timeout(state, REFRESH)
-                .unwrap_or_else(|e| e.into_inner())
-                .0
-        };
-        drop(state);
+            drop(
+                shared
+                    .wake
+                    .wait_timeout(state, REFRESH)
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+        }
     }
 }
 

@@ -26,7 +26,10 @@ use prometheus::{
 use crate::outcome::{Cause, Outcome, UpstreamFailure, Verdict};
 use crate::workload::WorkloadPath;
 
-pub use drops::{DropCounts, DropSource, REFRESH as DROPS_REFRESH, SINGLE_REASON};
+pub use drops::{
+    DropCounts, DropSource, FIRST_READ_WAIT as DROPS_FIRST_READ_WAIT, REFRESH as DROPS_REFRESH,
+    SINGLE_REASON,
+};
 pub use server::{bind, render, serve, serve_listener, serve_on_thread, ServeError};
 
 /// Histogram buckets for a loopback proxy: 10 µs up to a minute.
@@ -333,9 +336,10 @@ impl Metrics {
     }
 
     /// Read `sandbox`'s dropped-packet counter with `f`, in the background
-    /// (every [`DROPS_REFRESH`] while someone scrapes; never on a scrape's
-    /// thread): scrapes export the last value read, and leave the series
-    /// out while there is none (`f` returned `None`, or has not run yet).
+    /// (once at once, then every [`DROPS_REFRESH`] while someone scrapes;
+    /// never on a scrape's thread): scrapes export the last value read,
+    /// wait (briefly) for the first, and leave the series out while there
+    /// is none (`f` returned `None`).
     /// Registering the same sandbox again replaces its source.
     pub fn register_drop_source(&self, sandbox: String, f: DropSource) {
         self.drops.register(
@@ -349,6 +353,13 @@ impl Metrics {
     /// series per reason `f` returns.
     pub fn register_drop_counts(&self, sandbox: String, f: DropCounts) {
         self.drops.register(sandbox, f);
+    }
+
+    /// Read every sandbox's dropped-packet counters as soon as it is
+    /// registered, not from the first scrape on: for a sluice that serves
+    /// `/metrics`, whose first scrape must already have every series.
+    pub fn read_drops_from_start(&self) {
+        self.drops.read_from_start();
     }
 
     /// Stop exporting `sandbox`'s dropped-packet counter.

@@ -169,3 +169,13 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
     *response.status_mut() = status;
     response
 }
+
+impl crate::exit_class::Classified for ServeError {
+    /// An address that cannot be listened on was the user's choice (--metrics).
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        match self {
+            ServeError::Bind { .. } => crate::exit_class::ExitClass::BadInput,
+            ServeError::Accept(_) => crate::exit_class::ExitClass::CannotEnforce,
+        }
+    }
+}

@@ -492,6 +492,13 @@ fn netlink_hint(err: &io::Error) -> &'static str {
     }
 }
 
+impl crate::exit_class::Classified for NetnsError {
+    /// A namespace, link or socket that cannot be made.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        crate::exit_class::ExitClass::CannotEnforce
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

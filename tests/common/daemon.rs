@@ -28,6 +28,17 @@ impl Daemon {
     /// Start a daemon in `w`'s outer namespace and wait until its control
     /// socket accepts connections.
     pub fn start(w: &World) -> Daemon {
+        Daemon::start_with(w, "")
+    }
+
+    /// [`Daemon::start`], serving /metrics on `addr` (in the outer
+    /// namespace: scrape it with `World::http_get_outer`).
+    pub fn start_with_metrics(w: &World, addr: &str) -> Daemon {
+        Daemon::start_with(w, &format!("metrics: {addr}\n"))
+    }
+
+    /// [`Daemon::start`] with `extra` lines of top-level config.
+    fn start_with(w: &World, extra: &str) -> Daemon {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let file = |what: &str| w.dir.path().join(format!("daemon-{n}.{what}"));
         let (socket, audit, log, config) =
@@ -35,7 +46,7 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "socket: {}\naudit: {}\ndefaults:\n  state_dir: {}\n",
+                "{extra}socket: {}\naudit: {}\ndefaults:\n  state_dir: {}\n",
                 socket.display(),
                 audit.display(),
                 w.state.path().join(format!("daemon-state-{n}")).display()
@@ -112,6 +123,63 @@ impl Daemon {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    /// Attach the namespace at `netns` as container sandbox `id`, tied to
+    /// process `pid` there, under `policy` (a file) or `bundle` and `trust`:
+    /// what the OCI hook asks. Panics with the daemon's log if refused.
+    pub fn attach_container(
+        &self,
+        id: &str,
+        netns: &Path,
+        pid: u32,
+        policy: Option<PathBuf>,
+        bundle: Option<(PathBuf, PathBuf)>,
+    ) -> sluice::daemon::api::SandboxInfo {
+        use std::os::fd::AsFd;
+        let fd = std::fs::File::open(netns).expect("open the namespace");
+        let (bundle, trust) = match bundle {
+            Some((b, t)) => (Some(b.display().to_string()), Some(t)),
+            None => (None, None),
+        };
+        let request = sluice::daemon::api::AttachRequest {
+            id: id.parse().expect("a sandbox id"),
+            pid: Some(pid as i32),
+            policy,
+            bundle,
+            trust,
+            binds: Vec::new(),
+            vm: None,
+        };
+        sluice::daemon::Client::new(&self.socket)
+            .attach(&request, fd.as_fd())
+            .unwrap_or_else(|e| panic!("attach {id}: {e}\ndaemon: {}", self.log_text()))
+    }
+
+    /// One raw request to the control socket, without a descriptor (first
+    /// byte 'N'): its status code and body.
+    pub fn raw_request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&self.socket).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "N{method} {path} HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read the answer");
+        let status = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP answer: {out}"));
+        let body = out
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        (status, body)
     }
 
     /// Whether `sluice status` lists sandbox `id`.

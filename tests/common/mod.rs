@@ -728,3 +728,22 @@ impl Recording {
         self.bytes.lock().unwrap().clone()
     }
 }
+
+/// Sandbox ids that break the one rule (`sluice::sandbox_id`): each entry
+/// point must refuse every one with [`bad_sandbox_id_message`]. Ones a URL
+/// path can carry as they are.
+pub fn bad_sandbox_ids() -> Vec<String> {
+    vec![
+        "../x".to_string(),
+        "a:b".to_string(),
+        "a".repeat(sluice::sandbox_id::MAX_LEN + 1),
+    ]
+}
+
+/// What every entry point says of a bad sandbox id.
+pub fn bad_sandbox_id_message(id: &str) -> String {
+    format!(
+        "{id:?} is not a sandbox id: {}",
+        sluice::sandbox_id::SandboxId::RULE
+    )
+}

@@ -361,10 +361,14 @@ pub fn spawn_podman(argv: &[OsString]) -> Result<Child, OciError> {
 }
 
 /// The container id in `cidfile`, once podman has written it whole.
-pub fn read_cidfile(cidfile: &Path) -> Option<String> {
+pub fn read_cidfile(cidfile: &Path) -> Option<crate::sandbox_id::SandboxId> {
     let text = std::fs::read_to_string(cidfile).ok()?;
     let id = text.trim();
-    (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+    if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        id.parse().ok()
+    } else {
+        None
+    }
 }
 
 /// `podman wait ID`: started once a detached container runs; its stdout is
@@ -420,6 +424,17 @@ pub fn shown(argv: &[impl AsRef<OsStr>]) -> String {
         .map(|a| a.as_ref().to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+impl crate::exit_class::Classified for OciError {
+    /// As [`OciError::is_bad_input`] says.
+    fn exit_class(&self) -> crate::exit_class::ExitClass {
+        if self.is_bad_input() {
+            crate::exit_class::ExitClass::BadInput
+        } else {
+            crate::exit_class::ExitClass::CannotEnforce
+        }
+    }
 }
 
 #[cfg(test)]
