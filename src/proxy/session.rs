@@ -31,8 +31,9 @@ use super::relay::{copy_to_end, read_appending, write_all, Pumped, Relayed};
 use super::ProxyContext;
 use crate::outcome::{Cause, DenyReason, Outcome, Verdict};
 
-/// A buffer emptied of a larger capacity than this is given back, so that
-/// a connection idle between requests holds no more than the plain relay.
+/// A buffer emptied in the middle of a request (a body passed on piece by
+/// piece) of a larger capacity than this is given back. Between requests
+/// none is kept ([`next_request_starts`]).
 const KEPT_CAPACITY: usize = 4 * 1024;
 /// How long the origin gets, once a request was refused, to finish the
 /// responses to the requests before it.
@@ -157,7 +158,7 @@ async fn requests(
         if buf.is_empty() {
             // Between requests the client may be reading a long response:
             // the next head's deadline starts with its first byte.
-            if !matches!(fill(from_client, &mut buf).await, Some(1..)) {
+            if !next_request_starts(from_client, &mut buf).await {
                 return End::Closed;
             }
             deadline = tokio::time::Instant::now() + c.head_limit;
@@ -197,6 +198,18 @@ async fn requests(
         // A pipelined request's head is already here: its deadline starts now.
         deadline = tokio::time::Instant::now() + c.head_limit;
     }
+}
+
+/// Wait for the first bytes of the next request; false if the client
+/// closed (or failed) first. While it waits the session holds no buffer:
+/// the one it had (the peek's, 4 KiB, or the last request's) is given back
+/// first, so that a connection idle in keep-alive holds what the plain
+/// relay holds, and the next read allocates only what came.
+async fn next_request_starts(from_client: &TcpStream, buf: &mut Vec<u8>) -> bool {
+    if buf.capacity() > 0 {
+        *buf = Vec::new();
+    }
+    matches!(fill(from_client, buf).await, Some(1..))
 }
 
 /// Skip the empty lines before a request (RFC 9112 section 2.2; they are
@@ -440,6 +453,33 @@ mod tests {
     use super::*;
 
     use tokio::io::AsyncWriteExt;
+
+    /// The peek's buffer (4 KiB, the first request passed on from it) is
+    /// not kept while the session waits for the next request: what the
+    /// next read brings is all it holds.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_session_waiting_for_its_next_request_keeps_no_buffer_from_the_last() {
+        let (mut client, from_client) = pair().await;
+        let head = b"GET /next HTTP/1.1\r\nHost: origin.test\r\n\r\n";
+        let mut buf = Vec::with_capacity(4096);
+        let (started, ()) = tokio::join!(next_request_starts(&from_client, &mut buf), async {
+            client.write_all(head).await.unwrap();
+        });
+        assert!(started);
+        assert!(!buf.is_empty() && head.starts_with(&buf));
+        assert!(
+            buf.capacity() <= 2 * head.len(),
+            "waiting for a {}-byte head kept {} bytes of buffer",
+            head.len(),
+            buf.capacity()
+        );
+        drop(client);
+        let mut buf = Vec::with_capacity(4096);
+        let mut rest = Vec::new();
+        while matches!(fill(&from_client, &mut rest).await, Some(1..)) {}
+        assert!(!next_request_starts(&from_client, &mut buf).await);
+        assert_eq!(buf.capacity(), 0, "a closed connection kept its buffer");
+    }
 
     /// A connected pair of loopback sockets: (the end that writes, the end
     /// that reads).
