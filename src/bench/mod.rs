@@ -22,6 +22,7 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod scale;
+pub mod scale_run;
 pub mod session;
 pub mod stats;
 #[allow(unsafe_code)]

@@ -47,15 +47,17 @@ pub struct ScalePlan {
     pub out: PathBuf,
 }
 
-/// One RSS sample of the daemon.
+/// One RSS sample of a process (the daemon; `sluice run` in `scale_run`).
 #[derive(Debug, Clone)]
-struct Sample {
-    label: String,
-    connections: usize,
-    rss_kib: u64,
-    hwm_kib: u64,
-    fds: usize,
-    threads: u64,
+pub(super) struct Sample {
+    pub label: String,
+    pub connections: usize,
+    pub rss_kib: u64,
+    pub hwm_kib: u64,
+    /// RssAnon: the heap and stacks, without the binary's file pages.
+    pub anon_kib: u64,
+    pub fds: usize,
+    pub threads: u64,
 }
 
 /// Removes what the bench made, whatever happens.
@@ -389,9 +391,10 @@ fn wait_for_no_active(client: &Client) -> Result<()> {
     }
 }
 
-fn sample(label: &str, connections: usize, pid: u32) -> Result<Sample> {
+/// Sample the memory, descriptors and threads of `pid` from /proc.
+pub(super) fn sample(label: &str, connections: usize, pid: u32) -> Result<Sample> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .context("cannot read the daemon's /proc status")?;
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
     let field = |name: &str| -> u64 {
         status
             .lines()
@@ -408,6 +411,7 @@ fn sample(label: &str, connections: usize, pid: u32) -> Result<Sample> {
         connections,
         rss_kib: field("VmRSS:"),
         hwm_kib: field("VmHWM:"),
+        anon_kib: field("RssAnon:"),
         fds,
         threads: field("Threads:"),
     })

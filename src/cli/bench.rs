@@ -191,11 +191,23 @@ bench raises its own RLIMIT_NOFILE (soft and hard, inherited by the daemon) to 2
 it, --conns can be at most (ulimit -Hn - 4096) / 2, e.g. 7950 for a hard limit of 20,000. Needs root, ip (iproute2), \
 nft (nftables) and sleep.
 
-Exit status: 0 done; 1 the bench failed (a connection did not round-trip, an attach or detach \
-failed, or the testbed could not be built: the message says which); 2 bad arguments.
+With --run it measures `sluice run` instead of the daemon: one fresh `sluice run` per mode, plain \
+(the origin admitted by a cidrs rule: the plain relay) then checked (admitted by a hosts rule, \
+origin.test pinned by dns.hosts: every request decided on its own Host), its workload a client \
+(`sluice bench-hold`, a process of its own) that opens --conns connections in four steps, each \
+sending one request, reading the origin's whole answer and held idle in keep-alive; the VmRSS, \
+VmHWM and RssAnon of the `sluice run` process are sampled before the first connection and at \
+each step; a request for another name on a held connection then checks the path (200 plain, 403 \
+checked). `sluice run` caps the connections it relays at once at (ulimit -Hn - 256) / 6 (3290 \
+for 20,000), so --conns stops there. DIR gets report.md and rss.csv (one row per mode and step).
 
-Example:
-  sluice bench-scale --sandboxes 100 --conns 10000 --out /tmp/scale";
+Exit status: 0 done; 1 the bench failed (a connection did not round-trip, an attach or detach \
+failed, a mode check failed, or the testbed could not be built: the message says which); 2 bad \
+arguments.
+
+Examples:
+  sluice bench-scale --sandboxes 100 --conns 10000 --out /tmp/scale
+  sluice bench-scale --run --conns 3200 --out /tmp/scale-run";
 
 /// `sluice bench-scale`'s arguments.
 #[derive(Debug, Args)]
@@ -206,6 +218,9 @@ pub struct BenchScaleArgs {
     /// Connections held open at once, spread over the sandboxes (1 to 100000).
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub conns: usize,
+    /// Measure one `sluice run` (plain, then checked connections) instead of the daemon.
+    #[arg(long, conflicts_with = "sandboxes")]
+    pub run: bool,
     /// Where the report goes (created if missing).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
@@ -229,12 +244,19 @@ pub fn execute_scale(args: BenchScaleArgs) -> anyhow::Result<i32> {
             anyhow::bail!("`{tool}` is not installed: apt-get install -y {package}");
         }
     }
-    let plan = bench::scale::ScalePlan {
-        sandboxes: args.sandboxes,
-        conns: args.conns,
-        out: args.out.clone(),
+    let ran = if args.run {
+        bench::scale_run::run(&bench::scale_run::RunPlan {
+            conns: args.conns,
+            out: args.out.clone(),
+        })
+    } else {
+        bench::scale::run(&bench::scale::ScalePlan {
+            sandboxes: args.sandboxes,
+            conns: args.conns,
+            out: args.out.clone(),
+        })
     };
-    match bench::scale::run(&plan) {
+    match ran {
         Ok(report) => {
             print!("{report}");
             println!("\nreport: {}", args.out.join("report.md").display());

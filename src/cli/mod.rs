@@ -142,6 +142,9 @@ pub enum Command {
     /// The client `sluice bench` runs in each condition's sandbox (JSON lines on stdin and stdout).
     #[command(hide = true)]
     BenchClient,
+    /// The client `sluice bench-scale --run` runs under `sluice run` (lines on stdin and stdout).
+    #[command(hide = true)]
+    BenchHold,
     /// The minimal tokio proxy `sluice bench` measures sluice against.
     #[command(hide = true)]
     BenchProxy(bench::BenchProxyArgs),
@@ -164,6 +167,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::Bench(args) => bench::execute(args),
         Command::BenchScale(args) => bench::execute_scale(args),
         Command::BenchClient => Ok(crate::bench::client::main()),
+        Command::BenchHold => Ok(crate::bench::scale_run::hold_main()),
         Command::BenchProxy(args) => bench::execute_proxy(args),
         Command::Demo => demo::execute(),
         Command::Probe(cmd) => Ok(probe::execute(cmd)),
