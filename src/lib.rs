@@ -60,6 +60,8 @@ pub mod enforce;
 pub mod mac;
 #[forbid(unsafe_code)]
 pub mod metrics;
+#[forbid(unsafe_code)]
+pub mod ndp;
 #[deny(unsafe_code)]
 pub mod netns;
 #[forbid(unsafe_code)]

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
-    NLM_F_REQUEST,
+    NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressHeaderFlags, AddressMessage, AddressScope};
 use netlink_packet_route::link::{
@@ -305,6 +305,36 @@ impl Rtnl {
         )?;
         out.dedup();
         Ok(out)
+    }
+
+    /// `ip neigh replace ADDR lladdr MAC dev INDEX nud permanent`: the
+    /// kernel reaches `addr` at `mac` with no neighbour discovery, and no
+    /// timer ever makes the entry stale or failed.
+    pub(super) fn pin_neighbour(
+        &mut self,
+        index: u32,
+        addr: IpAddr,
+        mac: crate::mac::MacAddr,
+    ) -> Result<(), NetnsError> {
+        use netlink_packet_route::neighbour::{
+            NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+        };
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = family(addr);
+        msg.header.ifindex = index;
+        msg.header.state = NeighbourState::Permanent;
+        msg.attributes
+            .push(NeighbourAttribute::Destination(match addr {
+                IpAddr::V4(a) => NeighbourAddress::Inet(a),
+                IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+            }));
+        msg.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.octets().to_vec()));
+        self.ack(
+            "pinning the guest's neighbour entry on the tap",
+            RouteNetlinkMessage::NewNeighbour(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        )
     }
 
     /// Removes `addr/prefix` from link `index`.

@@ -464,6 +464,26 @@ impl AsFd for SandboxNetns {
     }
 }
 
+/// In the CALLING THREAD's namespace (the caller has entered the tap's):
+/// pins the guest's IPv6 neighbour entries on tap `tap` (each of
+/// `addresses` at `guest_mac`, permanent), so that a reply to the guest
+/// never waits on neighbour discovery, and returns the tap's own MAC. Only
+/// that tap's neighbour table is touched; the entries go with the tap.
+pub fn tap_ipv6_here(
+    tap: &str,
+    guest_mac: crate::mac::MacAddr,
+    addresses: &[Ipv6Addr],
+) -> Result<Option<crate::mac::MacAddr>, NetnsError> {
+    let mut rtnl = links::Rtnl::open()?;
+    let facts = rtnl
+        .link(tap)?
+        .ok_or_else(|| NetnsError::NoSuchTap { tap: tap.into() })?;
+    for &addr in addresses {
+        rtnl.pin_neighbour(facts.index, addr.into(), guest_mac)?;
+    }
+    Ok(facts.mac.and_then(|m| crate::mac::MacAddr::from_slice(&m)))
+}
+
 /// What to do about a tap failure, after what failed.
 fn tap_hint(err: &io::Error) -> &'static str {
     match err.raw_os_error() {
