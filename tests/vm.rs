@@ -968,6 +968,36 @@ fn a_proxied_ipv6_response_reaches_the_guest_at_once_when_its_neighbour_entry_is
     assert_eq!(sluice.wait().unwrap().code(), Some(0));
 }
 
+#[test]
+fn a_foreground_attach_whose_tap_is_removed_exits_1_and_leaves_no_rule_for_it() {
+    let Some(w) = World::new() else {
+        return;
+    };
+    let policy = w.policy(POLICY);
+    let vmm = OuterNetns::create("sluice-vmr", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let vmm_path: PathBuf = vmm.path();
+    let (sluice, log) = attach_logged(&w, &policy, &vmm_path, "vm-tap-removed", &[]);
+    let tables = tables_in(&vmm_path);
+    assert!(tables.contains("netdev sluice-tap0"), "{tables}");
+    assert!(tables.contains("inet sluice-tap0"), "{tables}");
+
+    ip(&["-n", vmm.name(), "link", "del", TAP]);
+    let out = wait_bounded(sluice, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1), "{}", log.lock().unwrap());
+    // Its stderr is read to the end on a thread of its own.
+    eventually(Duration::from_secs(10), || {
+        log.lock().unwrap().contains("exiting 1")
+    });
+    let log = log.lock().unwrap().clone();
+    assert!(
+        log.contains("the tap tap0 was removed") && log.contains("its fence is removed too"),
+        "{log}"
+    );
+    let tables = tables_in(&vmm_path);
+    assert!(!tables.contains("sluice-tap0"), "{tables}");
+}
+
 /// A VMM namespace with a bare tap and a guest booted on it.
 fn vm_on_bare_tap(kit: &Kit, prefix: &str, ip: &str, gateway: &str) -> (OuterNetns, Vm) {
     let ns = OuterNetns::create(prefix, &[]).expect("VMM namespace");

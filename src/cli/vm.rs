@@ -63,7 +63,8 @@ VMM's namespace). sluice adds the gateway address to it when missing (and remove
 added when it stops), hardens its sysctls, installs the fence for this guest, and serves it. \
 Stopping sluice (SIGINT, SIGTERM) never opens the tap: the fence stays, and the guest reaches \
 nothing, until the tap goes or `sluice vm detach` removes the fence. SIGHUP reloads the policy. \
-With --guest-ip6 the guest's IPv6 neighbour \
+If the tap itself is removed while sluice serves it, sluice removes the tap's fence too and exits \
+1, saying so on stderr (0 after SIGINT or SIGTERM). With --guest-ip6 the guest's IPv6 neighbour \
 entries are pinned on the tap and sluice answers its router solicitations (SLAAC in a /64).";
 
 /// The VM's addresses, common to the wrapper and attach.

@@ -422,6 +422,78 @@ impl Rtnl {
     }
 }
 
+/// rtnetlink's multicast group of link changes (`RTMGRP_LINK`).
+const RTMGRP_LINK: u32 = 1;
+
+/// A NETLINK_ROUTE socket subscribed to the link changes of the namespace
+/// it was opened in (the calling thread's then), for one link's removal.
+pub struct LinkMonitor {
+    socket: Socket,
+    index: u32,
+    buf: Vec<u8>,
+}
+
+impl LinkMonitor {
+    /// Subscribes first, then looks the link up, so that a removal after
+    /// the lookup is seen; `None` when the link is already gone.
+    pub(super) fn open(name: &str) -> Result<Option<LinkMonitor>, NetnsError> {
+        let fail = |source| NetnsError::Netlink {
+            step: "subscribing to the namespace's link changes",
+            source,
+        };
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(fail)?;
+        socket
+            .bind(&SocketAddr::new(0, RTMGRP_LINK))
+            .map_err(fail)?;
+        let Some(facts) = Rtnl::open()?.link(name)? else {
+            return Ok(None);
+        };
+        Ok(Some(LinkMonitor {
+            socket,
+            index: facts.index,
+            buf: vec![0; 64 * 1024],
+        }))
+    }
+
+    /// Blocks until the kernel announces the link's removal (`RTM_DELLINK`
+    /// of its index). A lost notification (the socket's buffer overran)
+    /// is no removal: the watch goes on.
+    pub(super) fn wait_removed(&mut self) -> Result<(), NetnsError> {
+        loop {
+            let n = match self.socket.recv(&mut &mut self.buf[..], 0) {
+                Ok(n) => n,
+                Err(err) if err.raw_os_error() == Some(libc::ENOBUFS) => continue,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(NetnsError::Netlink {
+                        step: "reading the namespace's link changes",
+                        source,
+                    })
+                }
+            };
+            let mut at = 0;
+            while at < n {
+                let Ok(msg) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[at..n])
+                else {
+                    break;
+                };
+                let len = msg.header.length as usize;
+                if len == 0 {
+                    break;
+                }
+                at += len;
+                if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(link)) =
+                    msg.payload
+                {
+                    if link.header.index == self.index {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn family(addr: IpAddr) -> AddressFamily {
     match addr {
         IpAddr::V4(_) => AddressFamily::Inet,

@@ -402,6 +402,15 @@ impl SandboxNetns {
         })?
     }
 
+    /// A watch for the removal of link `name` from this namespace (a tap
+    /// deleted under an attach): [`LinkRemoval::wait`] returns once it is
+    /// gone, at once if it already is.
+    pub fn watch_link_removal(&self, name: &str) -> Result<LinkRemoval, NetnsError> {
+        let name = name.to_string();
+        let monitor = self.run_in(move || links::LinkMonitor::open(&name))??;
+        Ok(LinkRemoval(monitor))
+    }
+
     /// Whether a link named `name` exists in this namespace.
     pub fn has_link(&self, name: &str) -> Result<bool, NetnsError> {
         let name = name.to_string();
@@ -461,6 +470,19 @@ impl SandboxNetns {
 impl AsFd for SandboxNetns {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// A link's removal to wait for ([`SandboxNetns::watch_link_removal`]).
+pub struct LinkRemoval(Option<links::LinkMonitor>);
+
+impl LinkRemoval {
+    /// Blocks (call it from a thread of its own) until the link is gone.
+    pub fn wait(self) -> Result<(), NetnsError> {
+        match self.0 {
+            None => Ok(()),
+            Some(mut monitor) => monitor.wait_removed(),
+        }
     }
 }
 
