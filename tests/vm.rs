@@ -998,6 +998,100 @@ fn a_foreground_attach_whose_tap_is_removed_exits_1_and_leaves_no_rule_for_it() 
     assert!(!tables.contains("sluice-tap0"), "{tables}");
 }
 
+/// A rule as broad as a user might write: every address, one port.
+const BROAD_POLICY: &str = r#"
+version: 1
+name: vm-broad
+rules:
+  - name: anywhere
+    action: allow
+    cidrs: ["0.0.0.0/0", "::/0"]
+    ports: [8099]
+dns:
+  upstream: []
+"#;
+
+/// Issue 32, item 1, for the VM kind. Expected to fail until the policy
+/// and proxy change that keeps loopback out of broad rules is merged.
+#[test]
+fn a_broad_rule_never_lets_a_guest_reach_the_loopback_of_sluices_side() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    // A service on the loopback of the namespace the VMM's host side (and
+    // sluice, whose upstream sockets are made there) runs in.
+    let local = w.recording_origin("127.0.0.1:8099");
+    let policy = w.policy(BROAD_POLICY);
+    let id = "vm-loopback";
+    let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, id, static_net())).expect("boot");
+    // The gateway's MAC, for frames the guest's kernel would not send: its
+    // route to 127.0.0.1 is its own lo, and an IPv4-mapped destination is
+    // IPv4 to it.
+    let gateway_mac = vm
+        .check(&format!(
+            "ping -c 1 -W 1 {GATEWAY} >/dev/null 2>&1; ip neigh show {GATEWAY} | awk '/lladdr/ {{print $5}}'"
+        ))
+        .unwrap();
+    let gateway_mac = gateway_mac.trim();
+    assert_eq!(gateway_mac.len(), 17, "{gateway_mac:?}");
+    for (src, dst) in [
+        ("198.19.254.2", "127.0.0.1"),
+        ("2001:db8:5c:fffe::2", "::ffff:127.0.0.1"),
+    ] {
+        let ran = vm
+            .run(&format!(
+                "sluice probe frame tcp --src {src} --dst {dst} --port 8099 --dst-mac {gateway_mac}"
+            ))
+            .unwrap();
+        assert!(
+            ran.output.contains("handshake done"),
+            "{dst}: {}",
+            ran.output
+        );
+        // Refused by sluice (a 403, a close or a reset), not held open by
+        // the service, which answers nothing.
+        assert!(!ran.output.contains("no reply"), "{dst}: {}", ran.output);
+    }
+    // NAT64's well-known prefix embedding 127.0.0.1 is an ordinary IPv6
+    // destination to the guest.
+    let ran = vm
+        .run("sluice probe http http://[64:ff9b::7f00:1]:8099/")
+        .unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+    assert!(!ran.output.contains("HTTP 200"), "{}", ran.output);
+
+    // The service's next connection is the canary made after the guest's.
+    w.outer
+        .run_in(|| std::net::TcpStream::connect("127.0.0.1:8099").map(drop))
+        .unwrap()
+        .expect("canary");
+    assert!(eventually(Duration::from_secs(20), || local.accepted() >= 1));
+    assert_eq!(
+        local.accepted(),
+        1,
+        "a guest's connection reached 127.0.0.1:8099"
+    );
+
+    // Each of the three attempts is audited as denied for what it is
+    // (however the proxy writes the address).
+    let audit = w.audit();
+    let denied = audit
+        .iter()
+        .filter(|r| {
+            r["verdict"] == "deny"
+                && r["sandbox"] == id
+                && r["dst"].as_str().is_some_and(|d| d.ends_with(":8099"))
+                && ["private-address", "internal-address"]
+                    .contains(&r["reason"].as_str().unwrap_or(""))
+        })
+        .count();
+    assert!(
+        denied >= 3,
+        "{denied} of 3 denied as private or internal: {audit:?}"
+    );
+}
+
 /// A VMM namespace with a bare tap and a guest booted on it.
 fn vm_on_bare_tap(kit: &Kit, prefix: &str, ip: &str, gateway: &str) -> (OuterNetns, Vm) {
     let ns = OuterNetns::create(prefix, &[]).expect("VMM namespace");
