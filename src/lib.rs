@@ -64,6 +64,8 @@ pub mod exit_class;
 pub mod mac;
 #[forbid(unsafe_code)]
 pub mod metrics;
+#[forbid(unsafe_code)]
+pub mod ndp;
 #[deny(unsafe_code)]
 pub mod netns;
 #[forbid(unsafe_code)]

@@ -364,15 +364,17 @@ fn drops_and_counts_spoofed_frames(w: &World, vm: &mut Vm, id: &str) {
 }
 
 #[test]
-fn a_guest_booted_for_dhcp_under_sluice_vm_gets_its_lease_from_sluice_and_fetches() {
+fn a_guest_booted_for_dhcp_under_sluice_vm_gets_its_lease_and_its_ipv6_prefix_from_sluice_and_fetches(
+) {
     let Some((w, kit)) = world_and_kit() else {
         return;
     };
     let _turn = one_vm();
     w.http_origin("198.18.0.1:8080");
+    w.http_origin("[2001:db8::1]:8080");
     let policy = w.policy(POLICY);
-    let mut vm =
-        Vm::boot(&kit, &wrapped_spec(&w, &policy, "vm-dhcp", GuestNet::Dhcp)).expect("boot");
+    let id = "vm-dhcp";
+    let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, id, GuestNet::Dhcp)).expect("boot");
     assert!(vm.ready.contains(&format!("addr={GUEST}")), "{}", vm.ready);
     let out = vm.check("cat /etc/resolv.conf; ip route").unwrap();
     assert!(out.contains(&format!("nameserver {GATEWAY}")), "{out}");
@@ -381,6 +383,45 @@ fn a_guest_booted_for_dhcp_under_sluice_vm_gets_its_lease_from_sluice_and_fetche
         .check("sluice probe http http://origin.test:8080/")
         .unwrap();
     assert!(out.contains("HTTP 200"), "{out}");
+    gets_its_ipv6_prefix_and_router_from_sluice_and_fetches(&mut vm);
+    // The guest's own router advertisements are still dropped.
+    let before = dropped(&w, id, "ipv6-router");
+    vm.check("sluice probe frame ra").unwrap();
+    wait_counted(&w, id, "ipv6-router", before);
+}
+
+/// The SLAAC address the kit's guest (MAC [`MAC`]) forms in [`GUEST6`]'s /64.
+const GUEST6_SLAAC: &str = "2001:db8:5c:fffe:5054:ff:fe5c:fe02";
+
+/// Waits in the guest (at most 30 s) until the shell condition `cond` holds.
+fn wait_in_guest(vm: &mut Vm, cond: &str) -> String {
+    let ran = vm
+        .run_for(
+            &format!("i=0; until {cond}; do i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.1; done"),
+            Duration::from_secs(40),
+        )
+        .unwrap();
+    assert!(ran.ok(), "never: {cond}: {}", ran.output);
+    ran.output
+}
+
+/// A guest told nothing about IPv6 (no address, route or kernel argument
+/// for it) gets its address by SLAAC from sluice's router advertisement,
+/// sluice's link-local address as its default router, and fetches from the
+/// allowed IPv6 origin.
+fn gets_its_ipv6_prefix_and_router_from_sluice_and_fetches(vm: &mut Vm) {
+    let cmdline = vm.check("cat /proc/cmdline").unwrap();
+    assert!(!cmdline.contains("ip6"), "{cmdline}");
+    wait_in_guest(
+        vm,
+        &format!("ip -6 addr show dev eth0 | grep -q '{GUEST6_SLAAC}/64'"),
+    );
+    wait_in_guest(vm, "ip -6 route | grep -q 'default via fe80::1 dev eth0'");
+    let out = vm
+        .check("sluice probe http http://[2001:db8::1]:8080/bytes/4096")
+        .unwrap();
+    let want = format!("HTTP 200 4096 bytes sha256={}", sha256_hex(&pattern(4096)));
+    assert!(out.contains(&want), "{out}");
 }
 
 /// The namespace sluice logged for its sandbox, once the log is complete.
@@ -590,6 +631,17 @@ fn attach(w: &World, policy: &Path, netns: &Path, id: &str) -> Child {
 
 /// [`attach`] with more `options` (before `--tap`).
 fn attach_with(w: &World, policy: &Path, netns: &Path, id: &str, options: &[&str]) -> Child {
+    attach_logged(w, policy, netns, id, options).0
+}
+
+/// [`attach_with`], and what it writes to stderr (all of it once it exited).
+fn attach_logged(
+    w: &World,
+    policy: &Path,
+    netns: &Path,
+    id: &str,
+    options: &[&str],
+) -> (Child, Arc<Mutex<String>>) {
     let mut child = w
         .outer
         .command(sluice_bin())
@@ -618,19 +670,21 @@ fn attach_with(w: &World, policy: &Path, netns: &Path, id: &str, options: &[&str
         .expect("spawn sluice vm attach");
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let log = Arc::new(Mutex::new(String::new()));
+    let written = log.clone();
     std::thread::spawn(move || {
-        let mut log = String::new();
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut log = written.lock().unwrap();
             log.push_str(&line);
             log.push('\n');
             if line.contains("serving the tap") {
                 let _ = tx.send(Ok(()));
             }
         }
-        let _ = tx.send(Err(log));
+        let _ = tx.send(Err(written.lock().unwrap().clone()));
     });
     match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Ok(())) => child,
+        Ok(Ok(())) => (child, log),
         other => {
             let _ = child.kill();
             panic!("sluice vm attach did not start serving: {other:?}")
@@ -795,12 +849,14 @@ fn a_guest_on_an_attached_tap_passes_the_wrappers_checks_with_metrics_timings_an
 }
 
 #[test]
-fn a_guest_booted_for_dhcp_on_an_attached_tap_gets_its_lease_from_sluice_and_fetches() {
+fn a_guest_booted_for_dhcp_on_an_attached_tap_gets_its_lease_and_its_ipv6_prefix_from_sluice_and_fetches(
+) {
     let Some((w, kit)) = world_and_kit() else {
         return;
     };
     let _turn = one_vm();
     w.http_origin("198.18.0.1:8080");
+    w.http_origin("[2001:db8::1]:8080");
     let policy = w.policy(POLICY);
     let vmm = OuterNetns::create("sluice-vmd", &[]).expect("VMM namespace");
     add_tap(vmm.name(), TAP, &[]).expect("tap");
@@ -819,12 +875,221 @@ fn a_guest_booted_for_dhcp_on_an_attached_tap_gets_its_lease_from_sluice_and_fet
         .check("sluice probe http http://origin.test:8080/")
         .unwrap();
     assert!(out.contains("HTTP 200"), "{out}");
+    gets_its_ipv6_prefix_and_router_from_sluice_and_fetches(&mut vm);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sluice.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
     assert_eq!(sluice.wait().unwrap().code(), Some(0));
+    // Stopped, it took back the link-local address it added.
+    let addrs = ip(&["-n", vmm.name(), "-6", "addr", "show", TAP]);
+    assert!(!addrs.contains("fe80::1/64"), "{addrs}");
+}
+
+/// `ip ARGS`' output; panics unless it succeeds.
+fn ip(args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ip {args:?}: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_proxied_ipv6_response_reaches_the_guest_at_once_when_its_neighbour_entry_is_gone() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    w.http_origin("[2001:db8::1]:8080");
+    let policy = w.policy(POLICY);
+    let vmm = OuterNetns::create("sluice-vmn", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let vmm_path: PathBuf = vmm.path();
+    let mut sluice = attach(&w, &policy, &vmm_path, "vm-neighbour");
+    let mut vm = Vm::boot(
+        &kit,
+        &VmSpec::new(Some(vmm_path.clone()), TAP, MAC, static_net()),
+    )
+    .expect("boot");
+    // The guest's entry for its gateway stays reachable once confirmed: it
+    // sends no neighbour solicitation of its own from here on.
+    vm.check("echo 3600000 > /proc/sys/net/ipv6/neigh/eth0/base_reachable_time_ms")
+        .unwrap();
+    let fetch = "sluice probe http http://[2001:db8::1]:8080/bytes/4096";
+    let out = vm.check(fetch).unwrap();
+    assert!(out.contains("HTTP 200 4096 bytes"), "{out}");
+
+    // sluice pinned the guest's addresses at its MAC on the tap.
+    let pinned = ip(&["-n", vmm.name(), "-6", "neigh", "show", "dev", TAP]);
+    for addr in [
+        "2001:db8:5c:fffe::2",
+        GUEST6_SLAAC,
+        "fe80::5054:ff:fe5c:fe02",
+    ] {
+        assert!(
+            pinned.contains(&format!("{addr} lladdr {MAC} PERMANENT")),
+            "{addr}: {pinned}"
+        );
+    }
+    // Every entry the host side learnt is gone (as when it expires), and,
+    // as in the root guest's run where the host side sent none, no
+    // neighbour solicitation can leave it for the guest.
+    let rules = w.dir.path().join("no-solicitations.nft");
+    std::fs::write(
+        &rules,
+        format!(
+            "table inet test-no-solicitations {{\n  chain out {{\n    type filter hook output priority 10; policy accept;\n    oifname \"{TAP}\" icmpv6 type nd-neighbor-solicit counter drop\n  }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", vmm.name(), "nft", "-f"])
+        .arg(&rules)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "nft: {}", stderr(&out));
+    ip(&["-n", vmm.name(), "-6", "neigh", "flush", "dev", TAP]);
+
+    // The next proxied response reaches the guest at once.
+    let ran = vm.run_for(fetch, Duration::from_secs(5)).unwrap();
+    assert!(
+        ran.ok() && ran.output.contains("HTTP 200 4096 bytes"),
+        "{}",
+        ran.output
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sluice.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(sluice.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn a_foreground_attach_whose_tap_is_removed_exits_1_and_leaves_no_rule_for_it() {
+    let Some(w) = World::new() else {
+        return;
+    };
+    let policy = w.policy(POLICY);
+    let vmm = OuterNetns::create("sluice-vmr", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let vmm_path: PathBuf = vmm.path();
+    let (sluice, log) = attach_logged(&w, &policy, &vmm_path, "vm-tap-removed", &[]);
+    let tables = tables_in(&vmm_path);
+    assert!(tables.contains("netdev sluice-tap0"), "{tables}");
+    assert!(tables.contains("inet sluice-tap0"), "{tables}");
+
+    ip(&["-n", vmm.name(), "link", "del", TAP]);
+    let out = wait_bounded(sluice, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1), "{}", log.lock().unwrap());
+    // Its stderr is read to the end on a thread of its own.
+    eventually(Duration::from_secs(10), || {
+        log.lock().unwrap().contains("exiting 1")
+    });
+    let log = log.lock().unwrap().clone();
+    assert!(
+        log.contains("the tap tap0 was removed") && log.contains("its fence is removed too"),
+        "{log}"
+    );
+    let tables = tables_in(&vmm_path);
+    assert!(!tables.contains("sluice-tap0"), "{tables}");
+}
+
+/// A rule as broad as a user might write: every address, one port.
+const BROAD_POLICY: &str = r#"
+version: 1
+name: vm-broad
+rules:
+  - name: anywhere
+    action: allow
+    cidrs: ["0.0.0.0/0", "::/0"]
+    ports: [8099]
+dns:
+  upstream: []
+"#;
+
+/// Issue 32, item 1, for the VM kind. Expected to fail until the policy
+/// and proxy change that keeps loopback out of broad rules is merged.
+#[test]
+fn a_broad_rule_never_lets_a_guest_reach_the_loopback_of_sluices_side() {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    // A service on the loopback of the namespace the VMM's host side (and
+    // sluice, whose upstream sockets are made there) runs in.
+    let local = w.recording_origin("127.0.0.1:8099");
+    let policy = w.policy(BROAD_POLICY);
+    let id = "vm-loopback";
+    let mut vm = Vm::boot(&kit, &wrapped_spec(&w, &policy, id, static_net())).expect("boot");
+    // The gateway's MAC, for frames the guest's kernel would not send: its
+    // route to 127.0.0.1 is its own lo, and an IPv4-mapped destination is
+    // IPv4 to it.
+    let gateway_mac = vm
+        .check(&format!(
+            "ping -c 1 -W 1 {GATEWAY} >/dev/null 2>&1; ip neigh show {GATEWAY} | awk '/lladdr/ {{print $5}}'"
+        ))
+        .unwrap();
+    let gateway_mac = gateway_mac.trim();
+    assert_eq!(gateway_mac.len(), 17, "{gateway_mac:?}");
+    for (src, dst) in [
+        ("198.19.254.2", "127.0.0.1"),
+        ("2001:db8:5c:fffe::2", "::ffff:127.0.0.1"),
+    ] {
+        let ran = vm
+            .run(&format!(
+                "sluice probe frame tcp --src {src} --dst {dst} --port 8099 --dst-mac {gateway_mac}"
+            ))
+            .unwrap();
+        assert!(
+            ran.output.contains("handshake done"),
+            "{dst}: {}",
+            ran.output
+        );
+        // Refused by sluice (a 403, a close or a reset), not held open by
+        // the service, which answers nothing.
+        assert!(!ran.output.contains("no reply"), "{dst}: {}", ran.output);
+    }
+    // NAT64's well-known prefix embedding 127.0.0.1 is an ordinary IPv6
+    // destination to the guest.
+    let ran = vm
+        .run("sluice probe http http://[64:ff9b::7f00:1]:8099/")
+        .unwrap();
+    assert_eq!(ran.status, 1, "{}", ran.output);
+    assert!(!ran.output.contains("HTTP 200"), "{}", ran.output);
+
+    // The service's next connection is the canary made after the guest's.
+    w.outer
+        .run_in(|| std::net::TcpStream::connect("127.0.0.1:8099").map(drop))
+        .unwrap()
+        .expect("canary");
+    assert!(eventually(Duration::from_secs(20), || local.accepted() >= 1));
+    assert_eq!(
+        local.accepted(),
+        1,
+        "a guest's connection reached 127.0.0.1:8099"
+    );
+
+    // Each of the three attempts is audited as denied for what it is
+    // (however the proxy writes the address).
+    let audit = w.audit();
+    let denied = audit
+        .iter()
+        .filter(|r| {
+            r["verdict"] == "deny"
+                && r["sandbox"] == id
+                && r["dst"].as_str().is_some_and(|d| d.ends_with(":8099"))
+                && ["private-address", "internal-address"]
+                    .contains(&r["reason"].as_str().unwrap_or(""))
+        })
+        .count();
+    assert!(
+        denied >= 3,
+        "{denied} of 3 denied as private or internal: {audit:?}"
+    );
 }
 
 /// A VMM namespace with a bare tap and a guest booted on it.

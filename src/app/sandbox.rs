@@ -144,6 +144,18 @@ impl ServedSandbox {
             });
         }
 
+        if let Some((socket, router)) = &sandbox.sockets.router {
+            let socket = socket.try_clone()?;
+            let (router, watch) = (router.clone(), drain.watch());
+            drain.spawn(async move {
+                // Advertises until the drain starts; nothing is in flight.
+                tokio::select! {
+                    _ = crate::ndp::serve(socket, router) => {}
+                    _ = watch.draining() => {}
+                }
+            });
+        }
+
         if let Some(metrics) = shared.metrics.as_ref() {
             let netns = sandbox.netns.clone_handle()?;
             let spec = sandbox.attachment.spec.clone();

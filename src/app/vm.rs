@@ -9,7 +9,8 @@
 //! dies with it). `attach` fences a tap in someone else's namespace and
 //! serves it until SIGINT or SIGTERM; stopping leaves the fence in place
 //! (the guest reaches nothing) until the tap goes or `sluice vm detach`
-//! removes it. Neither ever kills a process it did not start.
+//! removes it. When the tap itself is removed under it, attach removes the
+//! tap's fence and exits 1. Neither ever kills a process it did not start.
 
 use std::ffi::OsString;
 
@@ -111,7 +112,8 @@ pub struct AttachOptions {
 }
 
 /// Fence and serve a tap someone else made until SIGINT or SIGTERM; the
-/// fence stays after (see the module's note). Returns 0.
+/// fence stays after (see the module's note). Returns 0; 1 (after saying
+/// so on stderr) when the tap was removed, its fence removed with it.
 pub async fn attach(opts: AttachOptions) -> Result<i32> {
     let session = Session::start(opts.services, opts.policy).await?;
     let net = opts.net;
@@ -126,6 +128,15 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
         }
     };
     let kept = netns.clone_handle()?;
+    let removal = match netns.watch_link_removal(&net.tap) {
+        Ok(removal) => removal,
+        Err(err) => {
+            let _ = kept.remove_tap_addresses(&net.tap, &added);
+            session.finish(None, super::Leftovers::Unknown).await;
+            return Err(anyhow::Error::from(err)
+                .context(format!("cannot watch tap {} for its removal", net.tap)));
+        }
+    };
     let sandbox = match attach::prepare(netns, &net.attachment(false)) {
         Ok(sandbox) => sandbox,
         Err(err) => {
@@ -138,7 +149,25 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
     // The guest is someone else's process: nothing here inherits the lead.
     super::runtime::serve_ahead_of_workload();
     tracing::info!(tap = %net.tap, guest = %net.guest, "serving the tap until SIGINT or SIGTERM");
-    wait_for_stop(&session).await;
+    let stop = tokio::select! {
+        _ = wait_for_stop(&session) => Stop::Signal,
+        _ = tap_removed(removal, &net.tap) => Stop::TapRemoved,
+    };
+    if stop == Stop::TapRemoved {
+        // Its addresses went with it; the tables would fence a tap of the
+        // same name made later, for another guest: they go too.
+        session.finish_attached(Some(served)).await;
+        let removed = detach(&kept, &net.tap);
+        eprintln!(
+            "sluice: the tap {} was removed while sluice vm attach served it{}; exiting 1",
+            net.tap,
+            match &removed {
+                Ok(()) => ": its fence is removed too, nothing is left for it".to_string(),
+                Err(err) => format!(" and its fence could not be removed ({err:#}): run `sluice vm detach --tap {}` for that namespace", net.tap),
+            }
+        );
+        return Ok(1);
+    }
     tracing::info!(
         tap = %net.tap,
         "stopping: the fence stays on the tap (the guest reaches nothing) until the tap goes or `sluice vm detach` removes it"
@@ -148,6 +177,40 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
         tracing::warn!(tap = %net.tap, "cannot remove the gateway addresses sluice added: {err}");
     }
     Ok(0)
+}
+
+/// Why a foreground attach stopped serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Signal,
+    TapRemoved,
+}
+
+/// Until `tap` is removed from its namespace. The watch blocks on a thread
+/// of its own (a netlink socket subscribed to the namespace's link
+/// changes); if it fails, the attach goes on until a signal.
+async fn tap_removed(removal: crate::netns::LinkRemoval, tap: &str) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("tap-watch".into())
+        .spawn(move || {
+            let _ = tx.send(removal.wait());
+        });
+    let outcome = match spawned {
+        Ok(_) => rx.await,
+        Err(err) => {
+            tracing::warn!(tap, %err, "cannot watch the tap for its removal");
+            return std::future::pending().await;
+        }
+    };
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            tracing::warn!(tap, "cannot watch the tap for its removal: {err}");
+            std::future::pending().await
+        }
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// Until SIGINT or SIGTERM; SIGHUP reloads the policy.

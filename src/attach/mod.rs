@@ -52,6 +52,12 @@ pub enum AttachError {
     Confine(#[from] crate::confine::ConfineError),
     #[error(transparent)]
     Dhcp(#[from] crate::dhcp::DhcpError),
+    #[error("cannot open the router advertisement socket on {tap}: {source}")]
+    Router {
+        tap: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// How one kind of workload is attached: what [`prepare`] installs and
@@ -70,6 +76,11 @@ pub struct Attachment {
     pub internal: Vec<IpAddr>,
     /// A microVM's tap and the one lease sluice's DHCP responder hands out there.
     pub dhcp: Option<(String, crate::dhcp::GuestLease)>,
+    /// A microVM's tap and what sluice's router advertisements tell its
+    /// guest (with IPv6). The guest's IPv6 neighbour entries on the tap are
+    /// pinned too (its MAC, permanent), so that no reply to it waits on
+    /// neighbour discovery.
+    pub router: Option<(String, crate::ndp::GuestRouter)>,
 }
 
 impl Attachment {
@@ -90,6 +101,7 @@ impl Attachment {
             dns_binds: on_loopback(DNS_PORT),
             internal: vec![SANDBOX_V4.into(), SANDBOX_V6.into()],
             dhcp: None,
+            router: None,
         }
     }
 }
@@ -101,6 +113,8 @@ pub struct SandboxSockets {
     pub dns_tcp: Vec<std::net::TcpListener>,
     /// A microVM's DHCP server socket (on its tap) and its lease.
     pub dhcp: Option<(std::net::UdpSocket, crate::dhcp::GuestLease)>,
+    /// A microVM's router advertisement socket (on its tap) and what it says.
+    pub router: Option<(crate::ndp::RouterSocket, crate::ndp::GuestRouter)>,
 }
 
 /// An enforced sandbox: the namespace, how it is attached (its verified
@@ -272,6 +286,7 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
         dns_udp: Vec::new(),
         dns_tcp: Vec::new(),
         dhcp: None,
+        router: None,
     };
     for &addr in &attachment.proxy_binds {
         for _ in 0..LISTENERS_PER_ADDRESS.load(Ordering::Relaxed) {
@@ -284,6 +299,16 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
     }
     if let Some((tap, lease)) = &attachment.dhcp {
         sockets.dhcp = Some((crate::dhcp::bind_on_device(tap)?, lease.clone()));
+    }
+    if let Some((tap, router)) = &attachment.router {
+        let mut router = router.clone();
+        router.tap_mac =
+            crate::netns::tap_ipv6_here(tap, router.guest_mac, &router.guest_addresses())?;
+        let socket = crate::ndp::bind_on_device(tap).map_err(|source| AttachError::Router {
+            tap: tap.clone(),
+            source,
+        })?;
+        sockets.router = Some((socket, router));
     }
     Ok(sockets)
 }

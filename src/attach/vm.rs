@@ -19,6 +19,7 @@ use super::{Attachment, DNS_PORT, PROXY_PORT};
 use crate::dhcp::{DhcpError, GuestLease};
 use crate::enforce::{SandboxSpec, TapFence, TapIpv6};
 use crate::mac::MacAddr;
+use crate::ndp::GuestRouter;
 use crate::netns::{LinkAddress, SANDBOX_V4, SANDBOX_V6};
 use crate::workload::WorkloadPath;
 
@@ -154,24 +155,40 @@ impl VmNet {
             ipv6: self.ipv6.map(|(net, gw)| TapIpv6 {
                 guest: net.addr(),
                 gateway: gw,
+                slaac: crate::ndp::slaac_address(net, self.mac),
             }),
             dedicated,
         }
     }
 
-    /// The gateway addresses the tap carries, with the guest's prefix.
+    /// The gateway addresses the tap carries, with the guest's prefix; with
+    /// IPv6 also sluice's link-local address there
+    /// ([`crate::ndp::GATEWAY_LINK_LOCAL`]): the source of its router
+    /// advertisements and neighbour solicitations (without one the kernel
+    /// sends no solicitation to probe the guest, and its entry for the
+    /// guest fails).
     pub fn gateway_addresses(&self) -> Vec<LinkAddress> {
         let mut out: Vec<LinkAddress> = vec![(self.gateway.into(), self.guest.prefix_len())];
-        out.extend(
-            self.ipv6
-                .map(|(net, gw)| (IpAddr::from(gw), net.prefix_len())),
-        );
+        if let Some((net, gw)) = self.ipv6 {
+            out.push((IpAddr::from(gw), net.prefix_len()));
+            out.push((crate::ndp::GATEWAY_LINK_LOCAL.into(), 64));
+        }
         out
+    }
+
+    /// What sluice's router advertisements tell this guest, with IPv6.
+    pub fn router(&self) -> Option<GuestRouter> {
+        self.ipv6.map(|(net, _)| GuestRouter {
+            guest: net,
+            guest_mac: self.mac,
+            tap_mac: None,
+        })
     }
 
     /// The attachment: the fence, listeners on the gateway's addresses (and,
     /// in the VMM's own namespace, on loopback, where the namespace's own
-    /// output is redirected), DHCP on the tap, path `vm`.
+    /// output is redirected), DHCP and (with IPv6) router advertisements on
+    /// the tap, path `vm`.
     pub fn attachment(&self, dedicated: bool) -> Attachment {
         let mut ips: Vec<IpAddr> = vec![self.gateway.into()];
         ips.extend(self.ipv6.map(|(_, gw)| IpAddr::from(gw)));
@@ -191,6 +208,7 @@ impl VmNet {
             dns_binds: on(DNS_PORT),
             internal,
             dhcp: Some((self.tap.clone(), self.lease())),
+            router: self.router().map(|r| (self.tap.clone(), r)),
         }
     }
 

@@ -75,13 +75,13 @@ pub enum ProbeCommand {
         /// Destination MAC (default: broadcast).
         #[arg(long, value_name = "MAC")]
         dst_mac: Option<crate::mac::MacAddr>,
-        /// Source address (udp, ip, arp).
+        /// Source address (udp, ip, arp, tcp).
         #[arg(long, value_name = "IP")]
         src: Option<std::net::IpAddr>,
-        /// Destination address (udp, ip, arp, redirect).
+        /// Destination address (udp, ip, arp, redirect, tcp).
         #[arg(long, value_name = "IP")]
         dst: Option<std::net::IpAddr>,
-        /// udp: the destination port.
+        /// udp, tcp: the destination port.
         #[arg(long, default_value_t = 9)]
         port: u16,
         /// ip: the protocol number.
@@ -113,6 +113,7 @@ pub enum FrameKindArg {
     Redirect,
     Dhcpv6,
     Ethertype,
+    Tcp,
 }
 
 /// Run one probe; its line goes to stdout, its status is the exit status.
@@ -162,6 +163,7 @@ pub fn execute(cmd: ProbeCommand) -> i32 {
                 FrameKindArg::Redirect => FrameKind::Redirect,
                 FrameKindArg::Dhcpv6 => FrameKind::Dhcpv6,
                 FrameKindArg::Ethertype => FrameKind::Ethertype,
+                FrameKindArg::Tcp => FrameKind::Tcp,
             };
             crate::probe::frame::probe(&crate::probe::frame::FrameProbe {
                 dev,

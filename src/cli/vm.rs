@@ -27,7 +27,8 @@ sluice vm attach --policy P --tap tap0 --netns vm1 --guest-mac 52:54:00:12:34:56
 sluice vm detach --tap tap0 --netns vm1\n\n\
 `sluice vm` creates a network namespace with the tap in it (owned by --user, so the VMM opens it \
 without CAP_NET_ADMIN), fences the tap (one nftables transaction, read back), answers DHCP with \
-the one lease below, then runs the VMM confined in that namespace (as `sluice run` runs a \
+the one lease below and router solicitations with a router advertisement (the guest's IPv6 /64 \
+for SLAAC, sluice at fe80::1 as its router), then runs the VMM confined in that namespace (as `sluice run` runs a \
 command) with SLUICE_TAP, SLUICE_GUEST_MAC, SLUICE_GUEST_IP, SLUICE_GATEWAY, SLUICE_GUEST_IP6, \
 SLUICE_GATEWAY6 and SLUICE_KERNEL_IP_ARG (a kernel `ip=` argument) in its environment. It exits \
 with the VMM's status and leaves nothing behind. The guest's gateway is sluice: its DNS server \
@@ -62,7 +63,10 @@ const ATTACH_AFTER_HELP: &str = "The tap must exist (e.g. `ip tuntap add tap0 mo
 VMM's namespace). sluice adds the gateway address to it when missing (and removes only what it \
 added when it stops), hardens its sysctls, installs the fence for this guest, and serves it. \
 Stopping sluice (SIGINT, SIGTERM) never opens the tap: the fence stays, and the guest reaches \
-nothing, until the tap goes or `sluice vm detach` removes the fence. SIGHUP reloads the policy.";
+nothing, until the tap goes or `sluice vm detach` removes the fence. SIGHUP reloads the policy. \
+If the tap itself is removed while sluice serves it, sluice removes the tap's fence too and exits \
+1, saying so on stderr (0 after SIGINT or SIGTERM). With --guest-ip6 the guest's IPv6 neighbour \
+entries are pinned on the tap and sluice answers its router solicitations (SLAAC in a /64).";
 
 /// The VM's addresses, common to the wrapper and attach.
 #[derive(Debug, Args)]

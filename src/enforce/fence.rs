@@ -67,6 +67,10 @@ pub struct TapFence {
 pub struct TapIpv6 {
     pub guest: Ipv6Addr,
     pub gateway: Ipv6Addr,
+    /// The address the guest forms by SLAAC from sluice's router
+    /// advertisement (its /64 and the modified EUI-64 of its MAC), when its
+    /// prefix is a /64: a source the fence admits as the guest's too.
+    pub slaac: Option<Ipv6Addr>,
 }
 
 /// Why the fence dropped a packet: the `reason` label of
@@ -230,7 +234,7 @@ impl TapFence {
     ///     ether type ip                            counter dropped-ipv4-source drop
     ///     icmpv6 type { nd-router-advert, nd-redirect }  counter dropped-ipv6-router drop
     ///     ether type ip6 udp sport 547             counter dropped-ipv6-router drop
-    ///     ip6 saddr { GUEST6, LINK-LOCAL } accept          (with IPv6)
+    ///     ip6 saddr { GUEST6, LINK-LOCAL, SLAAC } accept   (with IPv6; SLAAC with a /64)
     ///     ip6 saddr :: icmpv6 type nd-neighbor-solicit accept
     ///     ether type ip6                           counter dropped-ipv6-source drop
     ///     counter dropped-ethertype drop }
@@ -318,8 +322,10 @@ impl TapFence {
             .concat(),
         ];
         if let Some(v6) = self.ipv6 {
-            let mut own = [v6.guest, self.guest_link_local()];
+            let mut own = vec![v6.guest, self.guest_link_local()];
+            own.extend(v6.slaac);
             own.sort();
+            own.dedup();
             rules.push(vec![
                 eq(
                     payload("ip6", "saddr"),
@@ -353,23 +359,27 @@ impl TapFence {
     /// chain prerouting_filter { type filter hook prerouting priority 0; policy accept;
     ///     iifname TAP ct status dnat accept
     ///     iifname TAP udp sport 68 udp dport 67 accept
-    ///     iifname TAP icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
+    ///     iifname TAP icmpv6 type { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert } accept
     ///     iifname TAP counter dropped-not-redirected drop }
     /// chain input_filter      { type filter hook input priority 0; policy accept;
     ///     iifname TAP tcp dport PROXY accept
     ///     iifname TAP tcp dport DNS accept
     ///     iifname TAP udp dport DNS accept
     ///     iifname TAP udp dport 67 accept
-    ///     iifname TAP icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
+    ///     iifname TAP icmpv6 type { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert } accept
     ///     iifname TAP counter dropped-input drop }
     /// chain forward_filter    { type filter hook forward priority 0; policy accept;
     ///     iifname TAP counter dropped-forward drop
     ///     oifname TAP counter dropped-forward drop }
     /// ```
     ///
-    /// and, in the VMM's own namespace, its output as a host sandbox's
+    /// The guest's router solicitations reach sluice's router advertisement
+    /// socket (`ndp`); its neighbour discovery reaches the kernel's.
+    ///
+    /// And, in the VMM's own namespace, its output as a host sandbox's
     /// (everything to sluice, the rest dropped), with the replies to the
-    /// guest that are not answers on a redirected connection let out:
+    /// guest that are not answers on a redirected connection let out
+    /// (DHCP, router advertisements, neighbour discovery):
     ///
     /// ```text
     /// chain output_nat    { type nat hook output priority -100; policy accept;
@@ -381,7 +391,7 @@ impl TapFence {
     ///     oif "lo" accept
     ///     ct status dnat accept
     ///     oifname TAP udp sport 67 udp dport 68 accept
-    ///     oifname TAP icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
+    ///     oifname TAP icmpv6 type { nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert } accept
     ///     counter dropped-output drop }
     /// ```
     fn steering(&self, proxy_port: u16, dns_port: u16, out: &mut Vec<NfObject<'static>>) {
@@ -450,10 +460,27 @@ impl TapFence {
         };
         let from_tap = || meta_eq(MetaKey::Iifname, tap);
         let to_tap = || meta_eq(MetaKey::Oifname, tap);
-        let neighbour_discovery = || {
+        // What the guest sends a router: solicitations for one (sluice's
+        // router advertisement socket answers) and neighbour discovery.
+        let from_guest_nd = || {
             eq(
                 payload("icmpv6", "type"),
-                set(&["nd-neighbor-solicit", "nd-neighbor-advert"]),
+                set(&[
+                    "nd-router-solicit",
+                    "nd-neighbor-solicit",
+                    "nd-neighbor-advert",
+                ]),
+            )
+        };
+        // What sluice's side sends the guest.
+        let to_guest_nd = || {
+            eq(
+                payload("icmpv6", "type"),
+                set(&[
+                    "nd-router-advert",
+                    "nd-neighbor-solicit",
+                    "nd-neighbor-advert",
+                ]),
             )
         };
 
@@ -502,7 +529,7 @@ impl TapFence {
         for stmts in [
             vec![from_tap(), ct_status_dnat(), accept()],
             [vec![from_tap()], dhcp_request(), vec![accept()]].concat(),
-            vec![from_tap(), neighbour_discovery(), accept()],
+            vec![from_tap(), from_guest_nd(), accept()],
             vec![from_tap(), counted(DropReason::NotRedirected), drop()],
         ] {
             out.push(rule(PREROUTING_FILTER, stmts));
@@ -512,7 +539,7 @@ impl TapFence {
             vec![from_tap(), dport("tcp", dns_port), accept()],
             vec![from_tap(), dport("udp", dns_port), accept()],
             vec![from_tap(), dport("udp", SERVER_PORT), accept()],
-            vec![from_tap(), neighbour_discovery(), accept()],
+            vec![from_tap(), from_guest_nd(), accept()],
             vec![from_tap(), counted(DropReason::Input), drop()],
         ] {
             out.push(rule(INPUT_FILTER, stmts));
@@ -550,7 +577,7 @@ impl TapFence {
             vec![meta_eq(MetaKey::Oif, "lo"), accept()],
             vec![ct_status_dnat(), accept()],
             dhcp_reply,
-            vec![to_tap(), neighbour_discovery(), accept()],
+            vec![to_tap(), to_guest_nd(), accept()],
             vec![counted(DropReason::Output), drop()],
         ] {
             out.push(rule(OUTPUT_FILTER, stmts));

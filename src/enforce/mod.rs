@@ -93,7 +93,8 @@ impl SandboxSpec {
 
 /// A fence for `tap` in a test or an example: guest 198.19.254.2 behind
 /// gateway 198.19.254.1, MAC 52:54:00:5c:00:02, IPv6 2001:db8:5c:fffe::2
-/// behind ::1, in a namespace that is the VMM's alone.
+/// behind ::1 (and its SLAAC address in that /64), in a namespace that is
+/// the VMM's alone.
 pub fn example_fence(tap: &str) -> TapFence {
     TapFence {
         name: tap.to_string(),
@@ -103,6 +104,9 @@ pub fn example_fence(tap: &str) -> TapFence {
         ipv6: Some(TapIpv6 {
             guest: Ipv6Addr::new(0x2001, 0xdb8, 0x5c, 0xfffe, 0, 0, 0, 2),
             gateway: Ipv6Addr::new(0x2001, 0xdb8, 0x5c, 0xfffe, 0, 0, 0, 1),
+            slaac: Some(Ipv6Addr::new(
+                0x2001, 0xdb8, 0x5c, 0xfffe, 0x5054, 0xff, 0xfe5c, 2,
+            )),
         }),
         dedicated: true,
     }

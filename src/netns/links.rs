@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
-    NLM_F_REQUEST,
+    NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressHeaderFlags, AddressMessage, AddressScope};
 use netlink_packet_route::link::{
@@ -307,6 +307,36 @@ impl Rtnl {
         Ok(out)
     }
 
+    /// `ip neigh replace ADDR lladdr MAC dev INDEX nud permanent`: the
+    /// kernel reaches `addr` at `mac` with no neighbour discovery, and no
+    /// timer ever makes the entry stale or failed.
+    pub(super) fn pin_neighbour(
+        &mut self,
+        index: u32,
+        addr: IpAddr,
+        mac: crate::mac::MacAddr,
+    ) -> Result<(), NetnsError> {
+        use netlink_packet_route::neighbour::{
+            NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+        };
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = family(addr);
+        msg.header.ifindex = index;
+        msg.header.state = NeighbourState::Permanent;
+        msg.attributes
+            .push(NeighbourAttribute::Destination(match addr {
+                IpAddr::V4(a) => NeighbourAddress::Inet(a),
+                IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+            }));
+        msg.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.octets().to_vec()));
+        self.ack(
+            "pinning the guest's neighbour entry on the tap",
+            RouteNetlinkMessage::NewNeighbour(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        )
+    }
+
     /// Removes `addr/prefix` from link `index`.
     pub(super) fn del_address(
         &mut self,
@@ -386,6 +416,78 @@ impl Rtnl {
                     NetlinkPayload::Done(_) => return Ok(()),
                     NetlinkPayload::InnerMessage(inner) => each(inner),
                     _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// rtnetlink's multicast group of link changes (`RTMGRP_LINK`).
+const RTMGRP_LINK: u32 = 1;
+
+/// A NETLINK_ROUTE socket subscribed to the link changes of the namespace
+/// it was opened in (the calling thread's then), for one link's removal.
+pub struct LinkMonitor {
+    socket: Socket,
+    index: u32,
+    buf: Vec<u8>,
+}
+
+impl LinkMonitor {
+    /// Subscribes first, then looks the link up, so that a removal after
+    /// the lookup is seen; `None` when the link is already gone.
+    pub(super) fn open(name: &str) -> Result<Option<LinkMonitor>, NetnsError> {
+        let fail = |source| NetnsError::Netlink {
+            step: "subscribing to the namespace's link changes",
+            source,
+        };
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(fail)?;
+        socket
+            .bind(&SocketAddr::new(0, RTMGRP_LINK))
+            .map_err(fail)?;
+        let Some(facts) = Rtnl::open()?.link(name)? else {
+            return Ok(None);
+        };
+        Ok(Some(LinkMonitor {
+            socket,
+            index: facts.index,
+            buf: vec![0; 64 * 1024],
+        }))
+    }
+
+    /// Blocks until the kernel announces the link's removal (`RTM_DELLINK`
+    /// of its index). A lost notification (the socket's buffer overran)
+    /// is no removal: the watch goes on.
+    pub(super) fn wait_removed(&mut self) -> Result<(), NetnsError> {
+        loop {
+            let n = match self.socket.recv(&mut &mut self.buf[..], 0) {
+                Ok(n) => n,
+                Err(err) if err.raw_os_error() == Some(libc::ENOBUFS) => continue,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(NetnsError::Netlink {
+                        step: "reading the namespace's link changes",
+                        source,
+                    })
+                }
+            };
+            let mut at = 0;
+            while at < n {
+                let Ok(msg) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[at..n])
+                else {
+                    break;
+                };
+                let len = msg.header.length as usize;
+                if len == 0 {
+                    break;
+                }
+                at += len;
+                if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(link)) =
+                    msg.payload
+                {
+                    if link.header.index == self.index {
+                        return Ok(());
+                    }
                 }
             }
         }

@@ -402,6 +402,15 @@ impl SandboxNetns {
         })?
     }
 
+    /// A watch for the removal of link `name` from this namespace (a tap
+    /// deleted under an attach): [`LinkRemoval::wait`] returns once it is
+    /// gone, at once if it already is.
+    pub fn watch_link_removal(&self, name: &str) -> Result<LinkRemoval, NetnsError> {
+        let name = name.to_string();
+        let monitor = self.run_in(move || links::LinkMonitor::open(&name))??;
+        Ok(LinkRemoval(monitor))
+    }
+
     /// Whether a link named `name` exists in this namespace.
     pub fn has_link(&self, name: &str) -> Result<bool, NetnsError> {
         let name = name.to_string();
@@ -462,6 +471,39 @@ impl AsFd for SandboxNetns {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// A link's removal to wait for ([`SandboxNetns::watch_link_removal`]).
+pub struct LinkRemoval(Option<links::LinkMonitor>);
+
+impl LinkRemoval {
+    /// Blocks (call it from a thread of its own) until the link is gone.
+    pub fn wait(self) -> Result<(), NetnsError> {
+        match self.0 {
+            None => Ok(()),
+            Some(mut monitor) => monitor.wait_removed(),
+        }
+    }
+}
+
+/// In the CALLING THREAD's namespace (the caller has entered the tap's):
+/// pins the guest's IPv6 neighbour entries on tap `tap` (each of
+/// `addresses` at `guest_mac`, permanent), so that a reply to the guest
+/// never waits on neighbour discovery, and returns the tap's own MAC. Only
+/// that tap's neighbour table is touched; the entries go with the tap.
+pub fn tap_ipv6_here(
+    tap: &str,
+    guest_mac: crate::mac::MacAddr,
+    addresses: &[Ipv6Addr],
+) -> Result<Option<crate::mac::MacAddr>, NetnsError> {
+    let mut rtnl = links::Rtnl::open()?;
+    let facts = rtnl
+        .link(tap)?
+        .ok_or_else(|| NetnsError::NoSuchTap { tap: tap.into() })?;
+    for &addr in addresses {
+        rtnl.pin_neighbour(facts.index, addr.into(), guest_mac)?;
+    }
+    Ok(facts.mac.and_then(|m| crate::mac::MacAddr::from_slice(&m)))
 }
 
 /// What to do about a tap failure, after what failed.

@@ -1,12 +1,14 @@
 //! `sluice probe frame`: Ethernet frames a hostile guest would send, built
 //! byte by byte and sent on a packet socket, so that the tests can attack a
 //! tap's fence from inside a root guest (router advertisements, VLAN tags,
-//! other ethertypes, spoofed sources, raw IP of any protocol). The builders
-//! are pure (bytes out) and also serve the tests that write frames straight
-//! into a tap. Nothing here parses what comes back.
+//! other ethertypes, spoofed sources, raw IP of any protocol, a TCP
+//! handshake to a destination the guest's own kernel will not send to). The
+//! builders are pure (bytes out) and also serve the tests that write frames
+//! straight into a tap. Nothing here parses what comes back, except the
+//! TCP segments of that one handshake.
 //!
-//! The one `unsafe` block turns a `sockaddr_ll` into nix's `LinkAddr`,
-//! which has no safe constructor.
+//! The `unsafe` blocks turn a `sockaddr_ll` into nix's `LinkAddr`, which
+//! has no safe constructor.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -211,6 +213,250 @@ pub fn dhcpv6_advertise(mac: MacAddr, src: Ipv6Addr) -> Vec<u8> {
     )
 }
 
+/// TCP flags.
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_PSH: u8 = 0x08;
+pub const TCP_ACK: u8 = 0x10;
+
+/// A TCP segment (no options, window 64240) from `sport` to `dport`,
+/// checksummed for `src` -> `dst`.
+#[allow(clippy::too_many_arguments)]
+pub fn tcp(
+    src: IpAddr,
+    dst: IpAddr,
+    sport: u16,
+    dport: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    data: &[u8],
+) -> Vec<u8> {
+    let mut t = Vec::with_capacity(20 + data.len());
+    t.extend_from_slice(&sport.to_be_bytes());
+    t.extend_from_slice(&dport.to_be_bytes());
+    t.extend_from_slice(&seq.to_be_bytes());
+    t.extend_from_slice(&ack.to_be_bytes());
+    t.extend_from_slice(&[5 << 4, flags]);
+    t.extend_from_slice(&64240u16.to_be_bytes());
+    t.extend_from_slice(&[0, 0, 0, 0]);
+    t.extend_from_slice(data);
+    let sum = match pseudo_header(src, dst, 6, t.len() as u32) {
+        Some(pseudo) => checksum(&[&pseudo, &t]),
+        None => 0,
+    };
+    t[16..18].copy_from_slice(&sum.to_be_bytes());
+    t
+}
+
+/// `segment` (a transport payload of `protocol`) in an IP packet of the
+/// family of `src` and `dst`, in an Ethernet frame.
+fn framed(
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src: IpAddr,
+    dst: IpAddr,
+    protocol: u8,
+    segment: &[u8],
+) -> Result<Vec<u8>, String> {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => Ok(ethernet(
+            dst_mac,
+            src_mac,
+            ETH_P_IP,
+            &ipv4(s, d, protocol, segment),
+        )),
+        (IpAddr::V6(s), IpAddr::V6(d)) => Ok(ethernet(
+            dst_mac,
+            src_mac,
+            ETH_P_IPV6,
+            &ipv6(s, d, protocol, 64, segment),
+        )),
+        _ => Err("FAIL --src and --dst must be of one family".into()),
+    }
+}
+
+/// A TCP segment seen in a frame: who sent it to whom, and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenSegment {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    pub seq: u32,
+    pub ack: u32,
+    pub flags: u8,
+    pub data: Vec<u8>,
+}
+
+/// The TCP segment in an untagged Ethernet frame of IPv4 (no fragment) or
+/// IPv6 (no extension header), if it holds one.
+pub fn tcp_segment(frame: &[u8]) -> Option<SeenSegment> {
+    let ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
+    let ip = frame.get(14..)?;
+    let (src, dst, segment) = match ethertype {
+        ETH_P_IP => {
+            let ihl = usize::from(ip.first()? & 0x0f) * 4;
+            let total = usize::from(u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?]));
+            if *ip.get(9)? != 6 || ihl < 20 {
+                return None;
+            }
+            let src: [u8; 4] = ip.get(12..16)?.try_into().ok()?;
+            let dst: [u8; 4] = ip.get(16..20)?.try_into().ok()?;
+            (
+                IpAddr::from(src),
+                IpAddr::from(dst),
+                ip.get(ihl..total.min(ip.len()))?,
+            )
+        }
+        ETH_P_IPV6 => {
+            let len = usize::from(u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?]));
+            if *ip.get(6)? != 6 {
+                return None;
+            }
+            let src: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
+            let dst: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
+            (
+                IpAddr::from(src),
+                IpAddr::from(dst),
+                ip.get(40..(40 + len).min(ip.len()))?,
+            )
+        }
+        _ => return None,
+    };
+    let offset = usize::from(segment.get(12)? >> 4) * 4;
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(
+            segment.get(at..at + 4)?.try_into().ok()?,
+        ))
+    };
+    Some(SeenSegment {
+        src,
+        dst,
+        sport: u16::from_be_bytes([*segment.first()?, *segment.get(1)?]),
+        dport: u16::from_be_bytes([*segment.get(2)?, *segment.get(3)?]),
+        seq: word(4)?,
+        ack: word(8)?,
+        flags: *segment.get(13)?,
+        data: segment.get(offset..)?.to_vec(),
+    })
+}
+
+/// A packet socket on `dev` for every ethertype: sends frames as they are,
+/// and receives every frame the interface sees (its own sends included).
+fn packet_socket(dev: &str) -> std::io::Result<(std::os::fd::OwnedFd, nix::sys::socket::LinkAddr)> {
+    use nix::sys::socket::{
+        bind, socket, AddressFamily, LinkAddr, SockFlag, SockProtocol, SockType, SockaddrLike,
+    };
+    let index = nix::net::if_::if_nametoindex(dev)?;
+    let fd = socket(
+        AddressFamily::Packet,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::EthAll,
+    )?;
+    let sll = libc::sockaddr_ll {
+        sll_family: libc::AF_PACKET as u16,
+        sll_protocol: (libc::ETH_P_ALL as u16).to_be(),
+        sll_ifindex: index as i32,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 6,
+        sll_addr: [0xff; 8],
+    };
+    // SAFETY: `sll` is a fully initialised sockaddr_ll, alive for the call,
+    // and the length given is exactly its size; from_raw only copies it.
+    let addr = unsafe {
+        LinkAddr::from_raw(
+            (&sll as *const libc::sockaddr_ll).cast(),
+            Some(std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t),
+        )
+    }
+    .ok_or_else(|| std::io::Error::other("cannot make a link-layer address"))?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
+    Ok((fd, addr))
+}
+
+/// A TCP handshake made of raw frames on `dev` (SYN, the peer's SYN-ACK,
+/// then ACK with `data`), and the peer's first answer (data, FIN or RST),
+/// then a RST. For destinations the guest's own kernel will not send to
+/// (loopback, IPv4-mapped): the peer's answers come from a source the
+/// guest's kernel drops as a martian, so it never resets the handshake.
+/// `Ok` says what came back; `Err` when no SYN-ACK came within `wait`.
+#[allow(clippy::too_many_arguments)]
+pub fn tcp_handshake(
+    dev: &str,
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src: IpAddr,
+    dst: IpAddr,
+    port: u16,
+    data: &[u8],
+    wait: std::time::Duration,
+) -> super::Outcome {
+    use nix::sys::socket::{recv, sendto, setsockopt, sockopt, MsgFlags};
+    use std::os::fd::AsRawFd;
+    const SPORT: u16 = 40001;
+    const ISS: u32 = 0x5105_0001;
+    let fail = |e: std::io::Error| format!("FAIL on {dev}: {e}");
+    let (fd, to) = packet_socket(dev).map_err(fail)?;
+    let tv = nix::sys::time::TimeVal::new(0, 200_000);
+    setsockopt(&fd, sockopt::ReceiveTimeout, &tv).map_err(|e| fail(e.into()))?;
+    let send = |seq: u32, ack: u32, flags: u8, payload: &[u8]| -> Result<(), String> {
+        let segment = tcp(src, dst, SPORT, port, seq, ack, flags, payload);
+        let frame = framed(src_mac, dst_mac, src, dst, 6, &segment)?;
+        sendto(fd.as_raw_fd(), &frame, &to, MsgFlags::empty()).map_err(|e| fail(e.into()))?;
+        Ok(())
+    };
+    let end = std::time::Instant::now() + wait;
+    let mut buf = vec![0u8; 65536];
+    let mut next = || -> Option<SeenSegment> {
+        while std::time::Instant::now() < end {
+            let Ok(n) = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()) else {
+                continue;
+            };
+            if let Some(seg) = tcp_segment(&buf[..n]) {
+                if seg.src == dst && seg.sport == port && seg.dst == src && seg.dport == SPORT {
+                    return Some(seg);
+                }
+            }
+        }
+        None
+    };
+    send(ISS, 0, TCP_SYN, &[])?;
+    let synack = loop {
+        match next() {
+            Some(seg) if seg.flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK => break seg,
+            Some(seg) if seg.flags & TCP_RST != 0 => {
+                return Err(format!("FAIL TCP {dst}:{port} reset the SYN"))
+            }
+            Some(_) => continue,
+            None => return Err(format!("FAIL TCP {dst}:{port} no SYN-ACK")),
+        }
+    };
+    let ack = synack.seq.wrapping_add(1);
+    send(ISS + 1, ack, TCP_ACK | TCP_PSH, data)?;
+    let answer = loop {
+        match next() {
+            Some(seg) if !seg.data.is_empty() => {
+                let text = String::from_utf8_lossy(&seg.data).into_owned();
+                break format!(
+                    "reply {} bytes: {}",
+                    seg.data.len(),
+                    text.lines().next().unwrap_or("")
+                );
+            }
+            Some(seg) if seg.flags & TCP_RST != 0 => break "reset".to_string(),
+            Some(seg) if seg.flags & TCP_FIN != 0 => break "closed".to_string(),
+            Some(_) => continue,
+            None => break "no reply".to_string(),
+        }
+    };
+    let _ = send(ISS + 1 + data.len() as u32, ack, TCP_RST, &[]);
+    Ok(format!("TCP {dst}:{port} handshake done, {answer}"))
+}
+
 /// Sends `frame` as it is on interface `dev` through a packet socket.
 pub fn send(dev: &str, frame: &[u8]) -> std::io::Result<()> {
     use nix::sys::socket::{
@@ -283,6 +529,9 @@ pub enum FrameKind {
     Dhcpv6,
     /// A frame of an ethertype nothing handles (0x88b5).
     Ethertype,
+    /// A TCP handshake to `dst`:`port` from `src` made of raw frames, then
+    /// an HTTP request, and the first answer ([`tcp_handshake`]).
+    Tcp,
 }
 
 /// One `sluice probe frame`.
@@ -308,6 +557,24 @@ pub fn probe(p: &FrameProbe) -> super::Outcome {
     let need =
         |a: Option<IpAddr>, what: &str| a.ok_or_else(|| format!("FAIL {what} needs --{what}"));
     let frame = match p.kind {
+        FrameKind::Tcp => {
+            let (src, dst) = (need(p.src, "src")?, need(p.dst, "dst")?);
+            let host = match dst {
+                IpAddr::V4(a) => a.to_string(),
+                IpAddr::V6(a) => format!("[{a}]"),
+            };
+            let request = format!("GET / HTTP/1.1\r\nHost: {host}:{}\r\n\r\n", p.port);
+            return tcp_handshake(
+                &p.dev,
+                src_mac,
+                dst_mac,
+                src,
+                dst,
+                p.port,
+                request.as_bytes(),
+                std::time::Duration::from_secs(10),
+            );
+        }
         FrameKind::Udp | FrameKind::Ip => {
             let (src, dst) = (need(p.src, "src")?, need(p.dst, "dst")?);
             let (protocol, payload) = match p.kind {
@@ -395,6 +662,55 @@ mod tests {
         assert_eq!(&t[12..16], &[0x81, 0x00, 0x00, 0x05]);
         assert_eq!(&t[16..18], &[0x08, 0x00]);
         assert_eq!(t.len(), f.len() + 4);
+    }
+
+    #[test]
+    fn a_tcp_segment_checksums_to_zero_and_reads_back_from_its_frame() {
+        let (s, d): (IpAddr, IpAddr) = (
+            "2001:db8::2".parse().unwrap(),
+            "::ffff:127.0.0.1".parse().unwrap(),
+        );
+        let seg = tcp(s, d, 40001, 8080, 7, 9, TCP_ACK | TCP_PSH, b"hi");
+        let pseudo = pseudo_header(s, d, 6, seg.len() as u32).unwrap();
+        assert_eq!(checksum(&[&pseudo, &seg]), 0);
+        let frame = framed(
+            MacAddr([2, 0, 0, 0, 0, 1]),
+            MacAddr::BROADCAST,
+            s,
+            d,
+            6,
+            &seg,
+        )
+        .unwrap();
+        let seen = tcp_segment(&frame).unwrap();
+        assert_eq!(
+            (seen.src, seen.dst, seen.sport, seen.dport),
+            (s, d, 40001, 8080)
+        );
+        assert_eq!((seen.seq, seen.ack, seen.flags), (7, 9, TCP_ACK | TCP_PSH));
+        assert_eq!(seen.data, b"hi");
+        let v4 = framed(
+            MacAddr([2, 0, 0, 0, 0, 1]),
+            MacAddr::BROADCAST,
+            "198.19.254.2".parse().unwrap(),
+            "127.0.0.1".parse().unwrap(),
+            6,
+            &tcp(
+                "198.19.254.2".parse().unwrap(),
+                "127.0.0.1".parse().unwrap(),
+                1,
+                2,
+                3,
+                4,
+                TCP_SYN,
+                &[],
+            ),
+        )
+        .unwrap();
+        let seen = tcp_segment(&v4).unwrap();
+        assert_eq!((seen.sport, seen.dport, seen.flags), (1, 2, TCP_SYN));
+        assert!(seen.data.is_empty());
+        assert_eq!(tcp_segment(&v4[..20]), None);
     }
 
     #[test]
