@@ -323,7 +323,9 @@ impl crate::exit_class::Classified for AttachError {
             AttachError::Netns(e) => e.exit_class(),
             AttachError::Enforce(e) => e.exit_class(),
             AttachError::Dhcp(e) => e.exit_class(),
-            AttachError::Bind { .. } => crate::exit_class::ExitClass::CannotEnforce,
+            AttachError::Bind { .. } | AttachError::Router { .. } => {
+                crate::exit_class::ExitClass::CannotEnforce
+            }
         }
     }
 }
