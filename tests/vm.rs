@@ -1011,8 +1011,7 @@ dns:
   upstream: []
 "#;
 
-/// Issue 32, item 1, for the VM kind. Expected to fail until the policy
-/// and proxy change that keeps loopback out of broad rules is merged.
+/// Issue 32, item 1, for the VM kind.
 #[test]
 fn a_broad_rule_never_lets_a_guest_reach_the_loopback_of_sluices_side() {
     let Some((w, kit)) = world_and_kit() else {
@@ -1039,6 +1038,15 @@ fn a_broad_rule_never_lets_a_guest_reach_the_loopback_of_sluices_side() {
         ("198.19.254.2", "127.0.0.1"),
         ("2001:db8:5c:fffe::2", "::ffff:127.0.0.1"),
     ] {
+        if src.contains(':') {
+            // The guest's kernel takes an IPv6 packet from ::ffff:127.0.0.1
+            // to an address it holds and resets the handshake before the
+            // probe's ACK; without the address the SYN-ACK is not its own.
+            // The fence still lets the source through (it is the guest's),
+            // and the guest keeps its SLAAC address for the probe below.
+            vm.check(&format!("ip -6 addr del {GUEST6} dev eth0"))
+                .unwrap();
+        }
         let ran = vm
             .run(&format!(
                 "sluice probe frame tcp --src {src} --dst {dst} --port 8099 --dst-mac {gateway_mac}"
