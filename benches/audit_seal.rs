@@ -21,6 +21,7 @@ fn event() -> AuditEvent {
         dst: Some("198.18.0.1:9090".parse().unwrap()),
         host: Some("origin.test".into()),
         bundle: "agent-default@3".into(),
+        request: None,
     }
 }
 

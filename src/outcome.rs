@@ -55,6 +55,8 @@ pub enum DenyReason {
     /// Someone connected straight to sluice's listener: no redirect, so
     /// no destination to decide on.
     NoOriginalDestination,
+    /// A request on a connection whose rule decides each request.
+    L7(RequestDenial),
 }
 
 impl DenyReason {
@@ -63,6 +65,7 @@ impl DenyReason {
             DenyReason::Policy(reason) => reason.as_str(),
             DenyReason::Request(refusal) => refusal.as_str(),
             DenyReason::NoOriginalDestination => "no-original-destination",
+            DenyReason::L7(denial) => denial.as_str(),
         }
     }
 }
@@ -143,6 +146,53 @@ impl Refusal {
     }
 }
 
+/// Why a request (or the TLS connection it came on) was refused on a
+/// connection whose rule has an `http` or `inject` block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestDenial {
+    /// No `http` entry of the rule lists the method.
+    HttpMethod,
+    /// An entry lists the method, and none of its paths matches.
+    HttpPath,
+    /// The Host header, the ClientHello's SNI or the target names another
+    /// host than the one the connection was decided on (or the target is
+    /// absolute-form or authority-form, or there is not exactly one Host).
+    HostMismatch,
+    /// A secret's placeholder where it is not admitted: in the target or
+    /// the body, or in a header of a request whose rule does not inject it.
+    SecretMisuse,
+    /// A secret the rule injects has no value (unreadable, or its command
+    /// failed): the request is not sent without it.
+    SecretUnavailable,
+    /// An `inject` rule's request on plain HTTP: a credential travels only
+    /// inside TLS to a verified origin.
+    InjectNeedsTls,
+    /// The origin's certificate did not verify for the name.
+    UpstreamCertificate,
+    /// The client's TLS handshake with sluice failed (a client that pins
+    /// certificates or does not trust the sandbox CA), or the first bytes
+    /// were not a ClientHello or a request.
+    BadHandshake,
+    /// The sandbox has no CA to terminate TLS with.
+    NoInterception,
+}
+
+impl RequestDenial {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestDenial::HttpMethod => "http-method",
+            RequestDenial::HttpPath => "http-path",
+            RequestDenial::HostMismatch => "host-mismatch",
+            RequestDenial::SecretMisuse => "secret-misuse",
+            RequestDenial::SecretUnavailable => "secret-unavailable",
+            RequestDenial::InjectNeedsTls => "inject-needs-tls",
+            RequestDenial::UpstreamCertificate => "upstream-certificate",
+            RequestDenial::BadHandshake => "tls-handshake",
+            RequestDenial::NoInterception => "no-interception",
+        }
+    }
+}
+
 /// Why an allowed connection's upstream connect failed (a bounded label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UpstreamFailure {
@@ -209,6 +259,9 @@ pub enum Cause {
     Upstream(UpstreamFailure),
     /// Allowed, and cut at the drain deadline (shutdown or reload).
     Drained,
+    /// A request admitted with a credential injected (its audit record
+    /// names the secret and the header, never the value).
+    Injected,
 }
 
 impl Cause {
@@ -219,6 +272,7 @@ impl Cause {
             Cause::Denied(reason) => reason.as_str(),
             Cause::Upstream(failure) => failure.record_reason(),
             Cause::Drained => "drained",
+            Cause::Injected => "inject",
         }
     }
 }

@@ -492,6 +492,7 @@ fn signed_log(dir: &Path, n: usize, every: u64) -> std::path::PathBuf {
                 dst: Some("198.18.0.2:7000".parse().unwrap()),
                 host: None,
                 bundle: "b".into(),
+                request: None,
             })
             .await;
         }

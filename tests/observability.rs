@@ -621,6 +621,7 @@ fn deny(i: usize) -> AuditEvent {
         dst: Some("198.18.0.1:9090".parse().unwrap()),
         host: Some("origin.test".into()),
         bundle: "test@1".into(),
+        request: None,
     }
 }
 

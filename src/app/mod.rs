@@ -89,6 +89,9 @@ pub struct ServiceOptions {
     pub metrics: Option<SocketAddr>,
     pub limits: Limits,
     pub default_upstream: Vec<SocketAddr>,
+    /// CA files trusted for origins besides the system roots
+    /// (`--upstream-ca`), when sluice terminates TLS.
+    pub upstream_ca: Vec<PathBuf>,
 }
 
 /// Signed checkpoints of the audit log.
@@ -115,6 +118,13 @@ impl CheckpointSettings {
 
 impl Services {
     pub fn start(opts: ServiceOptions) -> Result<Services> {
+        // The origin side's roots: an unreadable --upstream-ca is an error
+        // now, not a failed request later.
+        let upstream_tls = crate::intercept::roots::upstream_client_config(
+            std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE),
+            &opts.upstream_ca,
+        )
+        .context("cannot load the CA files for origins (--upstream-ca)")?;
         // Files first: nothing may run while its records would be lost, or
         // could not be signed.
         let mut checkpoints = None;
@@ -209,6 +219,7 @@ impl Services {
                 limits,
                 internal: opts.metrics.into_iter().collect(),
                 default_upstream: opts.default_upstream,
+                upstream_tls,
             },
             registry,
             drain,
@@ -380,6 +391,32 @@ impl Session {
         })
     }
 
+    /// The policy in force now.
+    pub(crate) fn policy(&self) -> Arc<crate::bundle::ActivePolicy> {
+        self.reloading.handle.current()
+    }
+
+    /// [`Session::serve`] with the sandbox CA and secrets made already.
+    pub(crate) fn serve_with(
+        &self,
+        sandbox: attach::Sandbox,
+        id: crate::sandbox_id::SandboxId,
+        interception: Option<Arc<crate::proxy::Interception>>,
+    ) -> Result<ServedSandbox> {
+        tracing::info!(
+            netns_inode = sandbox.netns.inode(),
+            sandbox = %id,
+            "sandbox ready"
+        );
+        ServedSandbox::start_with(
+            sandbox,
+            id,
+            self.reloading.handle.clone(),
+            &self.services.shared,
+            interception,
+        )
+    }
+
     /// Serve `sandbox` as sandbox `id` under this session's policy.
     pub(crate) fn serve(
         &self,
@@ -481,10 +518,31 @@ pub(crate) enum Leftovers {
 pub async fn run(opts: RunOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let session = Session::start(opts.services, opts.policy).await?;
+    let id = crate::sandbox_id::SandboxId::numbered("host", std::process::id());
+    // The sandbox CA and the secrets, before the workload: it gets the CA
+    // bundle (when a rule terminates TLS) and the placeholders, never the
+    // secrets' files.
+    let interception = match session.services.shared.interception(&id, &session.policy()) {
+        Ok(interception) => interception,
+        Err(err) => {
+            session.finish(None, Leftovers::Unknown).await;
+            return Err(err.context("the workload was not started"));
+        }
+    };
+    let mut files = opts.files;
+    let mut env = interception.secrets.placeholder_env();
+    let delivered = match deliver_ca(&interception, &session.policy(), &mut files, &mut env) {
+        Ok(delivered) => delivered,
+        Err(err) => {
+            session.finish(None, Leftovers::Unknown).await;
+            return Err(err);
+        }
+    };
+    files.hidden.extend(interception.secrets.files());
     // Now that sluice's files exist (the session made its records): the
     // init protects them and confines itself while the namespace is made.
     let mut init = opts.init;
-    if let Err(err) = init.plan(&opts.command, run_as, &opts.files, &[]) {
+    if let Err(err) = init.plan(&opts.command, run_as, &files, &env) {
         session.finish(None, Leftovers::Unknown).await;
         return Err(attach::AttachError::Confine(err).into());
     }
@@ -495,8 +553,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    let id = crate::sandbox_id::SandboxId::numbered("host", std::process::id());
-    let served = session.serve(sandbox, id)?;
+    let served = session.serve_with(sandbox, id, Some(interception))?;
 
     // The workload comes from the init, forked before this thread got its
     // lead, so it keeps the priority sluice was started with.
@@ -521,7 +578,45 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         Leftovers::Unknown
     };
     session.finish(Some(served), leftovers).await;
+    if let Some(path) = delivered {
+        let _ = std::fs::remove_file(path);
+    }
     status
+}
+
+/// The environment variables that point TLS clients at a CA bundle file.
+pub const CA_BUNDLE_VARIABLES: [&str; 5] = [
+    "SSL_CERT_FILE",
+    "CURL_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
+
+/// When the policy has a rule that terminates TLS: write the system roots
+/// plus the sandbox CA to a file, point the usual variables at it and put
+/// it over the distribution's bundle in the workload's mount namespace.
+/// Returns the file written, to remove when the workload is gone.
+fn deliver_ca(
+    interception: &crate::proxy::Interception,
+    policy: &Policy,
+    files: &mut crate::confine::SluiceFiles,
+    env: &mut Vec<(String, String)>,
+) -> Result<Option<PathBuf>> {
+    if !policy.rules().iter().any(|r| r.terminates()) {
+        return Ok(None);
+    }
+    let system = std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE);
+    let pem = crate::intercept::ca::bundle_pem(&interception.ca, system);
+    let path = std::env::temp_dir().join(format!("sluice-ca-{}.pem", std::process::id()));
+    std::fs::write(&path, pem)
+        .with_context(|| format!("cannot write the sandbox CA bundle {}", path.display()))?;
+    for var in CA_BUNDLE_VARIABLES {
+        env.push((var.to_string(), path.display().to_string()));
+    }
+    files.read_only.push(path.clone());
+    files.replace(path.clone(), system.to_path_buf());
+    Ok(Some(path))
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the moment a session starts: a

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tokio::time::Instant;
 
 use crate::attach::Sandbox;
@@ -15,7 +15,7 @@ use crate::dns::{DnsCache, DnsContext};
 use crate::drain::Drain;
 use crate::metrics::{Metrics, SandboxTally};
 use crate::policy::ResolvedNames;
-use crate::proxy::{InternalAddrs, Limits, ProxyContext, Resolver, Verifying};
+use crate::proxy::{Interception, InternalAddrs, Limits, ProxyContext, Resolver, Verifying};
 use crate::sandbox_id::SandboxId;
 use crate::timing::TimingLog;
 
@@ -34,6 +34,27 @@ pub struct Shared {
     pub internal: Vec<SocketAddr>,
     /// Upstream resolvers for policies without `dns.upstream`.
     pub default_upstream: Vec<SocketAddr>,
+    /// The origin side's TLS client (system roots plus `--upstream-ca`).
+    pub upstream_tls: Arc<rustls::ClientConfig>,
+}
+
+impl Shared {
+    /// A fresh sandbox CA for `id` and the secrets `policy` names, read now.
+    pub fn interception(
+        &self,
+        id: &SandboxId,
+        policy: &crate::policy::Policy,
+    ) -> Result<Arc<Interception>> {
+        let ca = crate::intercept::ca::SandboxCa::mint(id.as_str())
+            .context("cannot mint the sandbox CA")?;
+        let secrets = crate::secret::SecretStore::load(policy.secrets())
+            .context("cannot read the policy's secrets")?;
+        Ok(Arc::new(Interception {
+            ca: Arc::new(ca),
+            upstream_tls: self.upstream_tls.clone(),
+            secrets: Arc::new(secrets),
+        }))
+    }
 }
 
 /// A sandbox being served. Stop it with [`ServedSandbox::stop`].
@@ -53,12 +74,26 @@ pub struct ServedSandbox {
 }
 
 impl ServedSandbox {
-    /// Start serving `sandbox`'s sockets under `policy`.
+    /// Start serving `sandbox`'s sockets under `policy`, with a CA of its
+    /// own for rules that terminate TLS.
     pub fn start(
         sandbox: Sandbox,
         id: SandboxId,
         policy: PolicyHandle,
         shared: &Shared,
+    ) -> Result<ServedSandbox> {
+        let interception = shared.interception(&id, &policy.current())?;
+        ServedSandbox::start_with(sandbox, id, policy, shared, Some(interception))
+    }
+
+    /// [`ServedSandbox::start`] with the CA and secrets given (`None`:
+    /// rules that terminate TLS are refused).
+    pub fn start_with(
+        sandbox: Sandbox,
+        id: SandboxId,
+        policy: PolicyHandle,
+        shared: &Shared,
+        interception: Option<Arc<Interception>>,
     ) -> Result<ServedSandbox> {
         let path = sandbox.attachment.path;
         let cache = Arc::new(DnsCache::new());
@@ -81,6 +116,7 @@ impl ServedSandbox {
             shared.limits.clone(),
         );
         proxy_ctx.audit_allows = shared.audit_allows;
+        proxy_ctx.interception = interception;
         let tally = Arc::new(SandboxTally::default());
         proxy_ctx.metrics = shared
             .metrics

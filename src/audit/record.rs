@@ -42,6 +42,19 @@ pub struct AuditEvent {
     pub dst: Option<std::net::SocketAddr>,
     pub host: Option<String>,
     pub bundle: String,
+    /// The request a record is about, on a connection whose rule decides
+    /// each request (`None`: the record is about a connection).
+    pub request: Option<RequestFields>,
+}
+
+/// What a request's record adds: its method and path (never the query),
+/// and for an injection the secret's name and the header (never the value).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestFields {
+    pub method: Option<String>,
+    pub request_path: Option<String>,
+    pub secret: Option<String>,
+    pub header: Option<String>,
 }
 
 /// Where a connection's audited outcome happened: the sandbox and path it
@@ -75,6 +88,7 @@ impl AuditEvent {
             dst: flow.dst,
             host,
             bundle: flow.bundle.to_string(),
+            request: None,
         }
     }
 }
@@ -95,6 +109,16 @@ pub struct AuditRecord {
     pub dst: Option<String>,
     pub host: Option<String>,
     pub bundle: String,
+    /// A request's method, path, secret and header (DESIGN.md, "Requests"):
+    /// present only on the records of requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
     pub prev: String,
     /// This line's hash (absent in logs written before lines carried one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -103,6 +127,7 @@ pub struct AuditRecord {
 
 impl AuditRecord {
     pub fn new(event: AuditEvent, ts: String, seq: u64, prev: String) -> AuditRecord {
+        let request = event.request.unwrap_or_default();
         AuditRecord {
             ts,
             seq,
@@ -116,6 +141,10 @@ impl AuditRecord {
             dst: event.dst.map(|a| a.to_string()),
             host: event.host,
             bundle: event.bundle,
+            method: request.method,
+            request_path: request.request_path,
+            secret: request.secret,
+            header: request.header,
             prev,
             hash: None,
         }
@@ -259,6 +288,7 @@ mod tests {
                 dst: Some("198.18.0.1:80".parse().unwrap()),
                 host: None,
                 bundle: "b@1".into(),
+                request: None,
             },
             "2025-01-01T00:00:00Z".into(),
             seq,

@@ -724,6 +724,7 @@ mod tests {
                 dst: None,
                 host: None,
                 bundle: "b@1".into(),
+                request: None,
             })
             .await;
         }

@@ -93,6 +93,11 @@ pub struct RecordArgs {
     /// that allows.
     #[arg(long, default_value_t = 4096, value_name = "N")]
     pub max_connections: usize,
+    /// Also trust the CA certificates in FILE (PEM) when verifying origins
+    /// for rules with an `http` or `inject` block, besides the system roots
+    /// (/etc/ssl/certs/ca-certificates.crt). Repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Vec<PathBuf>,
 }
 
 impl RecordArgs {
@@ -115,6 +120,7 @@ impl RecordArgs {
                 ..Default::default()
             },
             default_upstream: crate::app::host_nameservers(),
+            upstream_ca: self.upstream_ca,
         }
     }
 }

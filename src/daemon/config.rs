@@ -12,6 +12,7 @@
 //! audit_checkpoint_records: 1000      # a signed checkpoint after N records,
 //! audit_checkpoint_interval: 10s      # or when a record waited this long
 //! timings: /var/log/sluice/timings.jsonl
+//! upstream_ca: [/etc/sluice/origin-ca.pem]  # trusted for origins of TLS-terminating rules, besides the system roots
 //! defaults:
 //!   trust: /etc/sluice/trust.yaml   # for io.sluice.bundle without io.sluice.trust
 //!   state_dir: /var/lib/sluice      # bundle rollback memory, restart records, audit.key
@@ -36,6 +37,7 @@ const TOP_KEYS: &[&str] = &[
     "audit_checkpoint_records",
     "audit_checkpoint_interval",
     "timings",
+    "upstream_ca",
     "defaults",
 ];
 const DEFAULTS_KEYS: &[&str] = &["trust", "state_dir", "max_connections", "poll_interval"];
@@ -58,6 +60,9 @@ pub struct DaemonConfig {
     pub audit_checkpoint_records: u64,
     /// Longest a record waits for a signed checkpoint (zero: not by time).
     pub audit_checkpoint_interval: Duration,
+    /// CA files trusted for origins besides the system roots, when sluice
+    /// terminates TLS (`--upstream-ca` of the other commands).
+    pub upstream_ca: Vec<PathBuf>,
     pub timings: Option<PathBuf>,
     pub defaults: Defaults,
 }
@@ -220,6 +225,15 @@ impl Checker {
             .and_then(|v| self.duration(v, "audit_checkpoint_interval", "10s"))
             .unwrap_or(crate::audit::CHECKPOINT_INTERVAL);
         let timings = self.path(f.get("timings"), "timings");
+        let mut upstream_ca = Vec::new();
+        if let Some(v) = f.get("upstream_ca") {
+            let items = self
+                .ok(v.seq("`upstream_ca`", "[/etc/sluice/origin-ca.pem]"))
+                .unwrap_or(&[]);
+            for item in items {
+                upstream_ca.extend(self.path(Some(item), "upstream_ca"));
+            }
+        }
         let defaults = self.defaults(f.get("defaults"));
         DaemonConfig {
             socket,
@@ -230,6 +244,7 @@ impl Checker {
             audit_checkpoint_records,
             audit_checkpoint_interval,
             timings,
+            upstream_ca,
             defaults,
         }
     }

@@ -49,6 +49,7 @@ pub(crate) async fn run(config: DaemonConfig) -> Result<i32> {
             ..Default::default()
         },
         default_upstream: host_nameservers(),
+        upstream_ca: config.upstream_ca.clone(),
     })?;
     let listener = match server::bind(&config.socket) {
         Ok(listener) => listener,

@@ -136,6 +136,7 @@ pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Optio
                     dst: None,
                     host: Some(host),
                     bundle: policy.label().to_string(),
+                    request: None,
                 })
                 .await;
         }

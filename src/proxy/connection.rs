@@ -17,7 +17,7 @@ use super::decide::decide;
 use super::peek::{inspect, Peeked, TLS_HANDSHAKE};
 use super::relay::{read_now, relay, write_all, Relayed};
 use super::upstream::connect_upstream;
-use super::{original_dst, session, ProxyContext};
+use super::{l7, original_dst, session, ProxyContext};
 use crate::audit::{AuditEvent, Flow};
 use crate::bundle::ActivePolicy;
 use crate::metrics::{ConnectionMetrics, PathMetrics};
@@ -201,6 +201,25 @@ pub(super) async fn serve(
         return refuse(client, first, peeked, &record.outcome, ctx).await;
     }
 
+    // A rule that decides each request: sluice terminates the connection
+    // and serves it request by request (its own upstream connection).
+    if let Some(conn) = terminated(&policy, &record, &first, peer, dst, ctx) {
+        drop(policy);
+        drop(first);
+        let served = l7::serve(client, conn).await;
+        if served.connected {
+            record.connected();
+        }
+        if let Some(outcome) = served.outcome {
+            record.outcome = outcome;
+        }
+        record.relayed(Relayed {
+            bytes_up: served.bytes_up,
+            bytes_down: served.bytes_down,
+            first_byte_down: served.first_byte_down,
+        });
+        return;
+    }
     let upstream = match connect_upstream(dst, ctx.limits.connect_timeout).await {
         Ok(upstream) => upstream,
         Err(err) => {
@@ -284,6 +303,59 @@ pub(super) async fn serve(
     let mut relayed = relay(&client, &upstream).await;
     relayed.bytes_up += peeked_bytes;
     record.relayed(relayed);
+}
+
+/// The connection to serve request by request, if the rule that allowed
+/// it has an `http` or `inject` block. Its first bytes must be a
+/// ClientHello or a request head (or nothing yet: a ClientHello is awaited).
+fn terminated<'c>(
+    policy: &ActivePolicy,
+    record: &Record<'_>,
+    first: &FirstBytes,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    ctx: &'c ProxyContext,
+) -> Option<l7::Terminated<'c>> {
+    if record.outcome.verdict != Verdict::Allow {
+        return None;
+    }
+    let rule = record.outcome.rule.clone()?;
+    if !policy.rule_named(&rule).is_some_and(|r| r.terminates()) {
+        return None;
+    }
+    Some(l7::Terminated {
+        ctx,
+        peer,
+        dst,
+        // A hosts rule admitted it: it was decided on a name.
+        host: record.host.clone().unwrap_or_default(),
+        rule,
+        first: first.buf.clone(),
+        plain: first.http,
+    })
+}
+
+/// Write the audit record of a request's (or a terminated connection's)
+/// outcome, with the request's fields.
+pub(super) async fn audit_request(
+    ctx: &ProxyContext,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    outcome: &Outcome,
+    host: Option<String>,
+    request: Option<crate::audit::RequestFields>,
+) {
+    let label = ctx.policy.current().label().to_string();
+    let flow = Flow {
+        sandbox: &ctx.sandbox,
+        path: ctx.path,
+        src: peer,
+        dst: Some(dst),
+        bundle: &label,
+    };
+    let mut event = AuditEvent::of_outcome(flow, outcome, host);
+    event.request = request;
+    ctx.audit.record(event).await;
 }
 
 /// Decide a connection on its first bytes (or its address and the name it

@@ -12,6 +12,7 @@
 mod connection;
 mod decide;
 pub mod http1;
+mod l7;
 mod original_dst;
 pub mod peek;
 mod relay;
@@ -37,6 +38,7 @@ use crate::policy::{self, ResolvedNames};
 use crate::timing::TimingLog;
 use crate::workload::WorkloadPath;
 
+pub use l7::Interception;
 pub use original_dst::original_dst;
 
 /// Bounds that keep a flood of connections or a slow client at a bounded cost.
@@ -154,6 +156,10 @@ pub struct ProxyContext {
     /// uses it to run further ahead of the workload under load; what it
     /// does is none of the proxy's business. `None`: nobody asks.
     pub on_accept: Option<fn(usize)>,
+    /// What terminating TLS needs (the sandbox CA, the origin side's
+    /// roots, the secrets); `None`: rules that decide each request are
+    /// refused.
+    pub interception: Option<Arc<Interception>>,
 }
 
 impl ProxyContext {
@@ -181,6 +187,7 @@ impl ProxyContext {
             limits,
             limit_logged: AtomicBool::new(false),
             on_accept: None,
+            interception: None,
         }
     }
 }

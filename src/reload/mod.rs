@@ -362,6 +362,7 @@ fn event(
         dst: None,
         host: None,
         bundle,
+        request: None,
     }
 }
 

@@ -1,0 +1,771 @@
+//! Requests on a connection whose rule needs them (an `http` or `inject`
+//! block): sluice terminates the client's TLS with a leaf of the sandbox
+//! CA, decides every request on its own (the Host against the verified
+//! name, the method and path against the rule, placeholders anywhere they
+//! are not admitted), injects the rule's credentials into the requests it
+//! admits, and forwards them with hyper over its own TLS connection to the
+//! origin, whose certificate it verified for the name first.
+//!
+//! hyper parses and writes both sides: a hand-written parser is where
+//! request smuggling lives, and a re-serialised request carries exactly the
+//! framing hyper read. This module never relays a byte of a request it did
+//! not decide, never injects before the origin's certificate verified for
+//! the name, and never writes a secret's value anywhere but the request's
+//! header (no log, no record).
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{ready, Context, Poll};
+
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::{Body, Bytes, Frame, Incoming};
+use hyper::header::{HeaderName, HeaderValue, CONNECTION, HOST, UPGRADE};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::connection::audit_request;
+use super::upstream::connect_upstream;
+use super::ProxyContext;
+use crate::audit::RequestFields;
+use crate::intercept::ca::SandboxCa;
+use crate::outcome::{Cause, DenyReason, Outcome, RequestDenial, UpstreamFailure, Verdict};
+use crate::policy::{Mode, Reason, RequestReason, Rule};
+use crate::secret::SecretStore;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// What a sandbox needs to terminate TLS: its CA, the origin side's TLS
+/// client configuration, and the credentials its rules inject.
+pub struct Interception {
+    pub ca: Arc<SandboxCa>,
+    pub upstream_tls: Arc<rustls::ClientConfig>,
+    pub secrets: Arc<SecretStore>,
+}
+
+/// One connection to serve request by request.
+pub(super) struct Terminated<'a> {
+    pub ctx: &'a ProxyContext,
+    pub peer: SocketAddr,
+    pub dst: SocketAddr,
+    /// The name the connection was decided on (its SNI, Host or resolved
+    /// name): the only name its requests may address.
+    pub host: String,
+    /// The rule that admitted the connection.
+    pub rule: Arc<str>,
+    /// The client's first bytes, already read by the peek.
+    pub first: Vec<u8>,
+    /// They are a plain HTTP request head (else a TLS ClientHello).
+    pub plain: bool,
+}
+
+/// How a terminated connection went, for its record.
+#[derive(Default)]
+pub(super) struct Served {
+    /// The outcome that replaces the connection's allow (a refused
+    /// request, a failed origin), if any.
+    pub outcome: Option<Outcome>,
+    pub connected: bool,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub first_byte_down: Option<tokio::time::Instant>,
+}
+
+/// Serve `client` request by request until either side ends.
+pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
+    let counters = Arc::new(Counters::default());
+    let client = Counted {
+        inner: Prefixed {
+            prefix: conn.first.clone(),
+            at: 0,
+            inner: client,
+        },
+        counters: counters.clone(),
+    };
+    let state = Arc::new(Shared {
+        outcome: Mutex::new(None),
+        connected: OnceLock::new(),
+        upstream: tokio::sync::Mutex::new(None),
+    });
+    let Some(interception) = conn.ctx.interception.clone() else {
+        // A rule that needs requests reached a sandbox that cannot
+        // terminate (no CA): refused, never relayed undecided.
+        tracing::warn!(rule = %conn.rule, "a rule needs requests decided and this sandbox has no CA");
+        return refused_connection(&conn, RequestDenial::NoInterception).await;
+    };
+    let scope = Arc::new(Scope {
+        ctx_sandbox: conn.ctx.sandbox.clone(),
+        peer: conn.peer,
+        dst: conn.dst,
+        host: conn.host.clone(),
+        rule: conn.rule.clone(),
+        plain: conn.plain,
+        interception: interception.clone(),
+    });
+    let head_timeout = conn.ctx.policy.current().limits().request_head;
+    let served = if conn.plain {
+        serve_http(client, conn.ctx, scope, state.clone(), head_timeout).await
+    } else {
+        let acceptor = tokio_rustls::LazyConfigAcceptor::new(
+            rustls::server::Acceptor::default(),
+            client,
+        );
+        let start = match tokio::time::timeout(head_timeout, acceptor).await {
+            Ok(Ok(start)) => start,
+            // Not TLS after all, a ClientHello rustls refuses, or silence.
+            _ => {
+                return finish(counters, &state, Some(refused(&conn, RequestDenial::BadHandshake)));
+            }
+        };
+        let sni = start.client_hello().server_name().map(str::to_ascii_lowercase);
+        if sni.as_deref().is_some_and(|s| !same_name(s, &conn.host)) {
+            let outcome = refused(&conn, RequestDenial::HostMismatch);
+            audit_request(conn.ctx, conn.peer, conn.dst, &outcome, Some(conn.host.clone()), None).await;
+            return finish(counters, &state, Some(outcome));
+        }
+        // The leaf is minted (or taken from the cache) for the decided name;
+        // the ClientHello's SNI, if any, is that name.
+        let config = SandboxCa::server_config(&interception.ca, &conn.host);
+        match tokio::time::timeout(head_timeout, start.into_stream(config)).await {
+            Ok(Ok(tls)) => serve_http(tls, conn.ctx, scope, state.clone(), head_timeout).await,
+            // A client that pins its certificates, or does not trust the
+            // sandbox CA, gives up here: nothing reached the origin.
+            _ => Some(refused(&conn, RequestDenial::BadHandshake)),
+        }
+    };
+    finish(counters, &state, served)
+}
+
+fn finish(counters: Arc<Counters>, state: &Shared, served: Option<Outcome>) -> Served {
+    let outcome = state.outcome.lock().unwrap().take().or(served);
+    Served {
+        outcome,
+        connected: state.connected.get().is_some(),
+        bytes_up: counters.up.load(Ordering::Relaxed),
+        bytes_down: counters.down.load(Ordering::Relaxed),
+        first_byte_down: counters.first_down.get().copied(),
+    }
+}
+
+/// The outcome of a connection refused for `denial` under its rule.
+fn refused(conn: &Terminated<'_>, denial: RequestDenial) -> Outcome {
+    Outcome {
+        verdict: Verdict::Deny,
+        rule: Some(conn.rule.clone()),
+        cause: Cause::Denied(DenyReason::L7(denial)),
+    }
+}
+
+async fn refused_connection(conn: &Terminated<'_>, denial: RequestDenial) -> Served {
+    let outcome = refused(conn, denial);
+    audit_request(conn.ctx, conn.peer, conn.dst, &outcome, Some(conn.host.clone()), None).await;
+    Served {
+        outcome: Some(outcome),
+        ..Served::default()
+    }
+}
+
+/// What every request of the connection shares.
+struct Scope {
+    ctx_sandbox: String,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    host: String,
+    rule: Arc<str>,
+    plain: bool,
+    interception: Arc<Interception>,
+}
+
+/// What the requests of one connection leave for its record, and the
+/// origin connection they share.
+struct Shared {
+    /// The last refusal (a refused request ends the connection).
+    outcome: Mutex<Option<Outcome>>,
+    connected: OnceLock<()>,
+    upstream: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<ProxyBody>>>,
+}
+
+/// Serve HTTP/1.1 on `io` (the client's TLS stream, or its plain bytes).
+/// Returns the outcome that replaces the connection's allow, if any.
+async fn serve_http<I>(
+    io: I,
+    ctx: &ProxyContext,
+    scope: Arc<Scope>,
+    state: Arc<Shared>,
+    head_timeout: std::time::Duration,
+) -> Option<Outcome>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    // The service runs on this task; it borrows nothing of the context but
+    // what it is handed (hyper's service must be 'static).
+    let handle = RequestHandle::of(ctx, scope, state);
+    let service = hyper::service::service_fn(move |req| {
+        let handle = handle.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle.answer(req).await) }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_timeout)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades()
+        .await;
+    if let Err(err) = served {
+        tracing::debug!(%err, "terminated connection ended");
+    }
+    None
+}
+
+/// What one request needs of the sandbox, owned (hyper's service is
+/// 'static).
+#[derive(Clone)]
+struct RequestHandle {
+    scope: Arc<Scope>,
+    state: Arc<Shared>,
+    policy: crate::bundle::PolicyHandle,
+    audit: crate::audit::AuditLog,
+    audit_allows: bool,
+    path: crate::workload::WorkloadPath,
+    connect_timeout: std::time::Duration,
+}
+
+impl RequestHandle {
+    fn of(ctx: &ProxyContext, scope: Arc<Scope>, state: Arc<Shared>) -> RequestHandle {
+        RequestHandle {
+            scope,
+            state,
+            policy: ctx.policy.clone(),
+            audit: ctx.audit.clone(),
+            audit_allows: ctx.audit_allows,
+            path: ctx.path,
+            connect_timeout: ctx.limits.connect_timeout,
+        }
+    }
+
+    /// Decide `req`, and answer it: forwarded, or refused with a 403 that
+    /// names the rule and the reason (and closes the connection).
+    async fn answer(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+        let policy = self.policy.current();
+        let mode = policy.mode();
+        let method = req.method().as_str().to_string();
+        let request_path = req.uri().path().to_string();
+        let fields = RequestFields {
+            method: Some(method.clone()),
+            request_path: Some(request_path.clone()),
+            secret: None,
+            header: None,
+        };
+        let rule = policy.rule_named(&self.scope.rule).filter(|r| r.terminates());
+        let checked = match rule {
+            None => Err(Checked::Policy(Reason::NoRule)),
+            Some(rule) => self.check(&req, rule),
+        };
+        let injections = match checked {
+            Ok(injections) => injections,
+            Err(why) => {
+                let outcome = self.outcome_of(why, mode);
+                self.record(&outcome, Some(fields.clone()), policy.label()).await;
+                if outcome.is_denied() {
+                    return self.refuse(outcome);
+                }
+                // Audit mode: forwarded as it came, never with a credential.
+                Vec::new()
+            }
+        };
+        let Some(rule) = policy.rule_named(&self.scope.rule) else {
+            return self.refuse(self.outcome_of(Checked::Policy(Reason::NoRule), mode));
+        };
+        let placeholders = self.scan_targets(rule);
+        let label = policy.label().to_string();
+        drop(policy);
+
+        // The origin first: nothing is injected before its certificate
+        // verified for the name.
+        let mut sender = self.state.upstream.lock().await;
+        if sender.as_ref().is_none_or(|s| s.is_closed()) {
+            match self.connect().await {
+                Ok(s) => *sender = Some(s),
+                Err(denial) => {
+                    let outcome = match denial {
+                        Connect::Failed(failure) => Outcome {
+                            verdict: Verdict::Allow,
+                            rule: Some(self.scope.rule.clone()),
+                            cause: Cause::Upstream(failure),
+                        },
+                        Connect::Certificate => self.outcome_of(
+                            Checked::Request(RequestDenial::UpstreamCertificate),
+                            Mode::Enforce,
+                        ),
+                    };
+                    self.record(&outcome, Some(fields), &label).await;
+                    let status = StatusCode::BAD_GATEWAY;
+                    *self.state.outcome.lock().unwrap() = Some(outcome.clone());
+                    return self.reply(status, &outcome, true);
+                }
+            }
+        }
+        for (secret, header, value) in injections {
+            // Replaces whatever the workload sent under that name.
+            req.headers_mut().insert(header.clone(), value);
+            let fields = RequestFields {
+                secret: Some(secret),
+                header: Some(header.as_str().to_string()),
+                ..fields.clone()
+            };
+            let outcome = Outcome {
+                verdict: Verdict::Allow,
+                rule: Some(self.scope.rule.clone()),
+                cause: Cause::Injected,
+            };
+            self.record(&outcome, Some(fields), &label).await;
+        }
+        if self.audit_allows {
+            let outcome = Outcome {
+                verdict: Verdict::Allow,
+                rule: Some(self.scope.rule.clone()),
+                cause: Cause::Allowed,
+            };
+            self.record(&outcome, Some(fields.clone()), &label).await;
+        }
+
+        let upgrade = req.headers().contains_key(UPGRADE).then(|| hyper::upgrade::on(&mut req));
+        let misuse = Arc::new(OnceLock::new());
+        let (parts, body) = req.into_parts();
+        let body = Scanned {
+            inner: body,
+            placeholders: placeholders.clone(),
+            tail: Vec::new(),
+            found: misuse.clone(),
+        };
+        let req = Request::from_parts(parts, body.boxed());
+        let Some(s) = sender.as_mut() else {
+            unreachable!("connected above")
+        };
+        let sent = match s.ready().await {
+            Ok(()) => s.send_request(req).await,
+            Err(e) => Err(e),
+        };
+        drop(sender);
+        let mut resp = match sent {
+            Ok(resp) => resp,
+            Err(err) => {
+                if let Some(secret) = misuse.get() {
+                    let outcome =
+                        self.outcome_of(Checked::Request(RequestDenial::SecretMisuse), mode);
+                    let fields = RequestFields {
+                        secret: Some(secret.clone()),
+                        ..fields
+                    };
+                    self.record(&outcome, Some(fields), &label).await;
+                    return self.refuse(outcome);
+                }
+                tracing::debug!(%err, "the origin failed the request");
+                let outcome = Outcome {
+                    verdict: Verdict::Allow,
+                    rule: Some(self.scope.rule.clone()),
+                    cause: Cause::Upstream(UpstreamFailure::Reset),
+                };
+                *self.state.outcome.lock().unwrap() = Some(outcome.clone());
+                return self.reply(StatusCode::BAD_GATEWAY, &outcome, true);
+            }
+        };
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(client_side) = upgrade {
+                let origin_side = hyper::upgrade::on(&mut resp);
+                tokio::spawn(async move {
+                    let (Ok(client), Ok(origin)) = tokio::join!(client_side, origin_side) else {
+                        return;
+                    };
+                    let (mut client, mut origin) = (TokioIo::new(client), TokioIo::new(origin));
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut origin).await;
+                });
+            }
+        }
+        resp.map(|b| b.map_err(BoxError::from).boxed())
+    }
+
+    /// The checks of one request under `rule`: its Host, its method and
+    /// path, the placeholders in its target and headers. `Ok` carries the
+    /// headers to inject.
+    fn check(
+        &self,
+        req: &Request<Incoming>,
+        rule: &Rule,
+    ) -> Result<Vec<(String, HeaderName, HeaderValue)>, Checked> {
+        // Only origin-form targets: an absolute-form or authority-form
+        // target names a host of its own.
+        let uri = req.uri();
+        if uri.scheme().is_some() || uri.authority().is_some() {
+            return Err(Checked::Request(RequestDenial::HostMismatch));
+        }
+        let mut hosts = req.headers().get_all(HOST).iter();
+        let (Some(host), None) = (hosts.next(), hosts.next()) else {
+            return Err(Checked::Request(RequestDenial::HostMismatch));
+        };
+        if !host_header_names(host, &self.scope.host, self.scope.dst.port(), self.scope.plain) {
+            return Err(Checked::Request(RequestDenial::HostMismatch));
+        }
+        rule.admits_request(req.method().as_str(), uri.path())
+            .map_err(Checked::Rule)?;
+        // A placeholder in the target is never admitted; in a header, only
+        // on a request of a rule that injects that secret.
+        let target = uri.path_and_query().map(|p| p.as_str()).unwrap_or("");
+        let injected: Vec<&str> = rule.inject.iter().flat_map(|i| i.value.secrets()).collect();
+        for (secret, placeholder) in self.scope.interception.secrets.placeholders() {
+            if contains(target.as_bytes(), placeholder.as_bytes()) {
+                return Err(Checked::Request(RequestDenial::SecretMisuse));
+            }
+            let in_headers = req
+                .headers()
+                .values()
+                .any(|v| contains(v.as_bytes(), placeholder.as_bytes()));
+            if in_headers && !injected.contains(&secret) {
+                return Err(Checked::Request(RequestDenial::SecretMisuse));
+            }
+        }
+        if rule.inject.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.scope.plain {
+            // A credential only ever travels inside TLS to an origin whose
+            // certificate verified for the name.
+            return Err(Checked::Request(RequestDenial::InjectNeedsTls));
+        }
+        let secrets = &self.scope.interception.secrets;
+        let mut out = Vec::new();
+        for inject in &rule.inject {
+            let Ok(name) = HeaderName::from_bytes(inject.header.as_bytes()) else {
+                return Err(Checked::Request(RequestDenial::SecretUnavailable));
+            };
+            let rendered = inject.value.render(&|s| secrets.value(s));
+            let Some(value) = rendered.and_then(|v| HeaderValue::from_str(&v).ok()) else {
+                return Err(Checked::Request(RequestDenial::SecretUnavailable));
+            };
+            let mut value = value;
+            value.set_sensitive(true);
+            let secret = inject.value.secrets().next().unwrap_or_default().to_string();
+            out.push((secret, name, value));
+        }
+        Ok(out)
+    }
+
+    /// The placeholders a request body of `rule` must not carry: all of
+    /// them (a body is never where a credential goes).
+    fn scan_targets(&self, _rule: &Rule) -> Arc<Vec<(String, String)>> {
+        Arc::new(
+            self.scope
+                .interception
+                .secrets
+                .placeholders()
+                .map(|(s, p)| (s.to_string(), p.to_string()))
+                .collect(),
+        )
+    }
+
+    /// A TLS (or, for a plain connection, TCP) connection to the origin
+    /// with hyper's client on it. The certificate is verified for the
+    /// connection's name against the configured roots.
+    async fn connect(&self) -> Result<hyper::client::conn::http1::SendRequest<ProxyBody>, Connect> {
+        let tcp = connect_upstream(self.scope.dst, self.connect_timeout)
+            .await
+            .map_err(|e| Connect::Failed(UpstreamFailure::of(&e)))?;
+        let _ = self.state.connected.set(());
+        if self.scope.plain {
+            return handshake(tcp).await;
+        }
+        let name = rustls::pki_types::ServerName::try_from(self.scope.host.clone())
+            .map_err(|_| Connect::Certificate)?;
+        let connector = tokio_rustls::TlsConnector::from(self.scope.interception.upstream_tls.clone());
+        let tls = match tokio::time::timeout(self.connect_timeout, connector.connect(name, tcp)).await
+        {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(err)) if is_certificate_error(&err) => {
+                tracing::info!(host = %self.scope.host, %err, "the origin's certificate did not verify");
+                return Err(Connect::Certificate);
+            }
+            Ok(Err(err)) => return Err(Connect::Failed(UpstreamFailure::of(&err))),
+            Err(_) => return Err(Connect::Failed(UpstreamFailure::Timeout)),
+        };
+        handshake(tls).await
+    }
+
+    fn outcome_of(&self, why: Checked, mode: Mode) -> Outcome {
+        let reason = match why {
+            Checked::Policy(reason) => DenyReason::Policy(reason),
+            Checked::Rule(RequestReason::Method) => DenyReason::L7(RequestDenial::HttpMethod),
+            Checked::Rule(RequestReason::Path) => DenyReason::L7(RequestDenial::HttpPath),
+            Checked::Request(denial) => DenyReason::L7(denial),
+        };
+        Outcome {
+            verdict: Verdict::of(crate::policy::Verdict::Deny, mode),
+            rule: Some(self.scope.rule.clone()),
+            cause: Cause::Denied(reason),
+        }
+    }
+
+    async fn record(&self, outcome: &Outcome, fields: Option<RequestFields>, label: &str) {
+        let flow = crate::audit::Flow {
+            sandbox: &self.scope.ctx_sandbox,
+            path: self.path,
+            src: self.scope.peer,
+            dst: Some(self.scope.dst),
+            bundle: label,
+        };
+        let mut event =
+            crate::audit::AuditEvent::of_outcome(flow, outcome, Some(self.scope.host.clone()));
+        event.request = fields;
+        self.audit.record(event).await;
+    }
+
+    /// Refused: the connection's outcome from here on, and a 403 that
+    /// closes it.
+    fn refuse(&self, outcome: Outcome) -> Response<ProxyBody> {
+        *self.state.outcome.lock().unwrap() = Some(outcome.clone());
+        self.reply(StatusCode::FORBIDDEN, &outcome, true)
+    }
+
+    fn reply(&self, status: StatusCode, outcome: &Outcome, close: bool) -> Response<ProxyBody> {
+        let body = format!(
+            "sluice: denied by {} ({})\n",
+            outcome
+                .rule_name()
+                .map(|r| format!("rule \"{r}\""))
+                .unwrap_or_else(|| "default deny".to_string()),
+            outcome.reason()
+        );
+        let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|n| match n {}).boxed());
+        *resp.status_mut() = status;
+        let headers = resp.headers_mut();
+        headers.insert("content-type", HeaderValue::from_static("text/plain"));
+        if let Ok(reason) = HeaderValue::from_str(outcome.reason()) {
+            headers.insert("x-sluice-reason", reason);
+        }
+        if close {
+            headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
+    }
+}
+
+/// Why a request is refused, before it becomes an outcome.
+enum Checked {
+    Policy(Reason),
+    Rule(RequestReason),
+    Request(RequestDenial),
+}
+
+enum Connect {
+    Failed(UpstreamFailure),
+    Certificate,
+}
+
+async fn handshake<I>(io: I) -> Result<hyper::client::conn::http1::SendRequest<ProxyBody>, Connect>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|_| Connect::Failed(UpstreamFailure::Reset))?;
+    tokio::spawn(async move {
+        if let Err(err) = connection.with_upgrades().await {
+            tracing::debug!(%err, "origin connection ended");
+        }
+    });
+    Ok(sender)
+}
+
+fn is_certificate_error(err: &std::io::Error) -> bool {
+    err.get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+        .is_some_and(|e| {
+            matches!(
+                e,
+                rustls::Error::InvalidCertificate(_)
+                    | rustls::Error::NoCertificatesPresented
+                    | rustls::Error::UnsupportedNameType
+            )
+        })
+}
+
+/// True if `a` and `b` are one DNS name (case and a trailing dot aside).
+fn same_name(a: &str, b: &str) -> bool {
+    a.trim_end_matches('.').eq_ignore_ascii_case(b.trim_end_matches('.'))
+}
+
+/// True if the Host header `value` names `host` (and, with a port, the
+/// connection's port).
+fn host_header_names(value: &HeaderValue, host: &str, port: u16, plain: bool) -> bool {
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let (name, given_port) = match value.rsplit_once(':') {
+        Some((name, p)) if !name.contains(':') => match p.parse::<u16>() {
+            Ok(p) => (name, Some(p)),
+            Err(_) => return false,
+        },
+        _ => (value, None),
+    };
+    let default = if plain { 80 } else { 443 };
+    same_name(name, host) && given_port.is_none_or(|p| p == port || (p == default && port == default))
+}
+
+/// Whether `needle` occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A request body on its way to the origin, searched for placeholders:
+/// one found ends the body with an error, so the origin never receives a
+/// complete request carrying it. A placeholder split across frames is
+/// found with the tail of the frame before.
+struct Scanned {
+    inner: Incoming,
+    placeholders: Arc<Vec<(String, String)>>,
+    tail: Vec<u8>,
+    found: Arc<OnceLock<String>>,
+}
+
+impl Body for Scanned {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            None => return Poll::Ready(None),
+            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            Some(Ok(frame)) => frame,
+        };
+        if let Some(data) = frame.data_ref() {
+            let longest = this.placeholders.iter().map(|(_, p)| p.len()).max().unwrap_or(0);
+            let mut window = std::mem::take(&mut this.tail);
+            window.extend_from_slice(data);
+            for (secret, placeholder) in this.placeholders.iter() {
+                if contains(&window, placeholder.as_bytes()) {
+                    let _ = this.found.set(secret.clone());
+                    return Poll::Ready(Some(Err("a placeholder in the request body".into())));
+                }
+            }
+            let keep = longest.saturating_sub(1).min(window.len());
+            this.tail = window[window.len() - keep..].to_vec();
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The bytes the peek already read, then the socket.
+struct Prefixed<S> {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.at < this.prefix.len() {
+            let n = (this.prefix.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.prefix[this.at..this.at + n]);
+            this.at += n;
+            if this.at == this.prefix.len() {
+                this.prefix = Vec::new();
+                this.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Bytes to and from the client, for the connection's record.
+#[derive(Default)]
+struct Counters {
+    up: AtomicU64,
+    down: AtomicU64,
+    first_down: OnceLock<tokio::time::Instant>,
+}
+
+struct Counted<S> {
+    inner: S,
+    counters: Arc<Counters>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        this.counters.up.fetch_add(n as u64, Ordering::Relaxed);
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            if n > 0 {
+                let _ = this.counters.first_down.set(tokio::time::Instant::now());
+            }
+            this.counters.down.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
