@@ -32,7 +32,7 @@ use super::upstream::connect_upstream;
 use super::ProxyContext;
 use crate::audit::RequestFields;
 use crate::intercept::ca::SandboxCa;
-use crate::outcome::{Cause, DenyReason, Outcome, RequestDenial, UpstreamFailure, Verdict};
+use crate::outcome::{Cause, DenyReason, Outcome, Refusal, RequestDenial, UpstreamFailure, Verdict};
 use crate::policy::{Mode, Reason, RequestReason, Rule};
 use crate::secret::SecretStore;
 
@@ -285,9 +285,15 @@ impl RequestHandle {
         drop(policy);
 
         // The origin first: nothing is injected before its certificate
-        // verified for the name.
+        // verified for the name. An origin connection that closed (the
+        // origin ended its keep-alive) is made again.
         let mut sender = self.state.upstream.lock().await;
-        if sender.as_ref().is_none_or(|s| s.is_closed()) {
+        if let Some(s) = sender.as_mut() {
+            if s.ready().await.is_err() {
+                *sender = None;
+            }
+        }
+        if sender.is_none() {
             match self.connect().await {
                 Ok(s) => *sender = Some(s),
                 Err(denial) => {
@@ -346,10 +352,7 @@ impl RequestHandle {
         let Some(s) = sender.as_mut() else {
             unreachable!("connected above")
         };
-        let sent = match s.ready().await {
-            Ok(()) => s.send_request(req).await,
-            Err(e) => Err(e),
-        };
+        let sent = s.send_request(req).await;
         drop(sender);
         let mut resp = match sent {
             Ok(resp) => resp,
@@ -409,6 +412,18 @@ impl RequestHandle {
         };
         if !host_header_names(host, &self.scope.host, self.scope.dst.port(), self.scope.plain) {
             return Err(Checked::Request(RequestDenial::HostMismatch));
+        }
+        // hyper reads CL+TE as chunked and keeps both headers: an origin
+        // that prefers Content-Length would read another request out of
+        // the body. One framing, or none.
+        let headers = req.headers();
+        let lengths = headers.get_all(hyper::header::CONTENT_LENGTH).iter().count();
+        let codings = headers.get_all(hyper::header::TRANSFER_ENCODING).iter().count();
+        if lengths > 1 || (lengths > 0 && codings > 0) {
+            return Err(Checked::Framing(Refusal::ConflictingLength));
+        }
+        if codings > 1 || headers.get(hyper::header::TRANSFER_ENCODING).is_some_and(|v| v != "chunked") {
+            return Err(Checked::Framing(Refusal::BadTransferEncoding));
         }
         rule.admits_request(req.method().as_str(), uri.path())
             .map_err(Checked::Rule)?;
@@ -497,6 +512,7 @@ impl RequestHandle {
     fn outcome_of(&self, why: Checked, mode: Mode) -> Outcome {
         let reason = match why {
             Checked::Policy(reason) => DenyReason::Policy(reason),
+            Checked::Framing(refusal) => DenyReason::Request(refusal),
             Checked::Rule(RequestReason::Method) => DenyReason::L7(RequestDenial::HttpMethod),
             Checked::Rule(RequestReason::Path) => DenyReason::L7(RequestDenial::HttpPath),
             Checked::Request(denial) => DenyReason::L7(denial),
@@ -555,6 +571,7 @@ impl RequestHandle {
 /// Why a request is refused, before it becomes an outcome.
 enum Checked {
     Policy(Reason),
+    Framing(Refusal),
     Rule(RequestReason),
     Request(RequestDenial),
 }

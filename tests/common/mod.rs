@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod daemon;
+pub mod l7;
 mod late;
 pub mod records;
 pub mod vm;
