@@ -56,7 +56,9 @@ pub struct SluiceFiles {
     /// any rotated FILE.n beside it are read-only; when `rotates`, its whole
     /// directory is, so that no file a rotation creates is ever writable.
     pub records: Vec<RecordFile>,
-    /// Sockets the workload must not reach (the daemon's control socket).
+    /// Files the workload must not open (a secret, a checkpoint key),
+    /// sockets it must not reach (the daemon's control socket), and
+    /// directories whose files it must not see ([`SluiceFiles::hide`]).
     pub hidden: Vec<PathBuf>,
 }
 
@@ -92,6 +94,16 @@ impl ConfineError {
 }
 
 impl SluiceFiles {
+    /// Hide `path` from the workload, root included: a file (a secret) or
+    /// socket cannot be opened or connected to (EACCES, ECONNREFUSED), a
+    /// directory looks empty. Only what exists when the init is told its
+    /// plan is hidden; another path to the same file (a hard link, another
+    /// mount of its filesystem) is not.
+    pub fn hide(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.hidden.push(path.into());
+        self
+    }
+
     /// What the init protects, for a workload started in `cwd`. Paths that
     /// do not exist are left out (sluice created every file it writes
     /// before this, and read every file it reads).
@@ -227,6 +239,16 @@ mod tests {
                 .contains("holds the command's working directory"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn hidden_files_are_planned_when_they_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("gh");
+        std::fs::write(&secret, "token").unwrap();
+        let mut files = SluiceFiles::default();
+        files.hide(&secret).hide(dir.path().join("absent"));
+        assert_eq!(files.plan(Path::new("/")).unwrap().hidden, vec![secret]);
     }
 
     #[test]

@@ -19,6 +19,12 @@
 //! they are, where a read-only bind remount had to be made once per mount,
 //! with the flags it kept read first. A kernel without it is an error,
 //! never a less confined workload.
+//!
+//! Why a hidden file is /dev/null on a nodev mount: open(2) refuses a
+//! device node on a nodev mount (EACCES) whatever the caller's
+//! capabilities, so a root workload cannot open a hidden secret at all,
+//! where an empty file would read as one. runc's masked /proc entries stay
+//! readable and empty, as programs expect.
 
 #![deny(unsafe_code)]
 
@@ -34,7 +40,8 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 pub struct FilePlan {
     /// Read-only for the workload: files, or directories with all they hold.
     pub read_only: Vec<PathBuf>,
-    /// Hidden from the workload (a socket it must not connect to).
+    /// Hidden from the workload: a file or socket it cannot open or
+    /// connect to, a directory it sees empty.
     pub hidden: Vec<PathBuf>,
 }
 
@@ -123,7 +130,7 @@ pub fn confine(plan: &FilePlan) -> Result<(), MountError> {
         bind_read_only(path)?;
     }
     for path in MASKED_PROC.iter().map(Path::new).filter(|p| p.exists()) {
-        hide(path)?;
+        mask(path)?;
     }
     read_only_tree(Path::new("/sys"))?;
     // The working directory still names the mounts it was opened through,
@@ -223,9 +230,20 @@ mod setattr {
     }
 }
 
-/// Cover `path`: a file with /dev/null, a directory with an empty
-/// read-only tmpfs.
+/// Hide `path` from the workload, root included: a directory behind an
+/// empty read-only tmpfs, anything else (a file, a socket) behind
+/// /dev/null on a read-only nodev mount, which open(2) refuses (EACCES)
+/// and connect(2) finds no socket at (ECONNREFUSED).
 fn hide(path: &Path) -> Result<(), MountError> {
+    if path.is_dir() {
+        return mask(path);
+    }
+    null_over(path, MsFlags::MS_NODEV).map_err(failed("hide", path))
+}
+
+/// Cover `path` so that it reads empty (runc's `maskedPaths`): a file with
+/// /dev/null, a directory with an empty read-only tmpfs.
+fn mask(path: &Path) -> Result<(), MountError> {
     if path.is_dir() {
         mount(
             Some("tmpfs"),
@@ -236,20 +254,26 @@ fn hide(path: &Path) -> Result<(), MountError> {
         )
         .map_err(failed("hide", path))
     } else {
-        bind(Path::new("/dev/null"), path, MsFlags::empty()).map_err(failed("hide", path))?;
-        mount(
-            None::<&str>,
-            path,
-            None::<&str>,
-            MsFlags::MS_BIND
-                | MsFlags::MS_REMOUNT
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        )
-        .map_err(failed("make read-only", path))
+        null_over(path, MsFlags::empty()).map_err(failed("mask", path))
     }
+}
+
+/// Bind /dev/null over `path`, then make that mount read-only, nosuid,
+/// noexec and `extra`.
+fn null_over(path: &Path, extra: MsFlags) -> nix::Result<()> {
+    bind(Path::new("/dev/null"), path, MsFlags::empty())?;
+    mount(
+        None::<&str>,
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NOEXEC
+            | extra,
+        None::<&str>,
+    )
 }
 
 /// Detach every procfs (they show the host's processes, sluice's among
