@@ -1,6 +1,7 @@
 //! The workload's mount namespace: what it sees of the filesystem. This
 //! module owns making sluice's own files read-only or absent for the
-//! workload, giving it a /proc of its own PID namespace, and making the
+//! workload, showing it files sluice wrote in place of its own (a CA
+//! bundle), giving it a /proc of its own PID namespace, and making the
 //! kernel's knobs (/proc/sys, /proc/sysrq-trigger, /sys) read-only, as
 //! container runtimes do. It runs in the init, in a fresh mount namespace
 //! whose propagation is made slave first, so nothing it mounts reaches the
@@ -40,6 +41,10 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 pub struct FilePlan {
     /// Read-only for the workload: files, or directories with all they hold.
     pub read_only: Vec<PathBuf>,
+    /// (source, target): the workload sees the source's content at the
+    /// target, read-only (a file, or a directory, bound over the target).
+    /// A target gone by the time the init sets up is left as it is.
+    pub replaced: Vec<(PathBuf, PathBuf)>,
     /// Hidden from the workload: a file or socket it cannot open or
     /// connect to, a directory it sees empty.
     pub hidden: Vec<PathBuf>,
@@ -119,6 +124,15 @@ pub fn confine(plan: &FilePlan) -> Result<(), MountError> {
         bind_read_only(&path)?;
         points.add(&path);
     }
+    for (source, target) in &plan.replaced {
+        // Gone since sluice planned: there is nothing to show in its place.
+        let Ok(target) = std::fs::canonicalize(target) else {
+            continue;
+        };
+        replace(&canonical(source)?, &target)?;
+        points.add(&target);
+    }
+    // After the replacements: a path both hidden and replaced is hidden.
     for path in &plan.hidden {
         if let Ok(path) = std::fs::canonicalize(path) {
             pin_ancestors(&path, &mut points)?;
@@ -228,6 +242,16 @@ mod setattr {
             Err(io::Error::last_os_error())
         }
     }
+}
+
+/// Show `source` at `target`, read-only. The target's ancestors are not
+/// pinned: what the workload could do by renaming them is change what it
+/// sees itself, never what sluice reads (the source is read-only, see
+/// `SluiceFiles::plan`), and a pinned /etc would make renames across it
+/// fail (EXDEV) for programs that expect them to work.
+fn replace(source: &Path, target: &Path) -> Result<(), MountError> {
+    bind(source, target, MsFlags::empty()).map_err(failed("replace", target))?;
+    read_only_tree(target)
 }
 
 /// Hide `path` from the workload, root included: a directory behind an
