@@ -73,8 +73,8 @@ pub(crate) struct InitArgs {
 }
 
 impl InitArgs {
-    /// The message: `uid N gid N`, `read-only PATH`, `hide PATH`, `env K V`
-    /// fields, then `--` and the command, each field ended by a NUL.
+    /// The message: `uid N gid N`, `read-only PATH`, `replace SOURCE
+    /// TARGET`, `hide PATH`, `env K V` fields, then `--` and the command, each field ended by a NUL.
     /// Refused if a field holds a NUL itself.
     pub(crate) fn to_message(&self) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
@@ -98,6 +98,11 @@ impl InitArgs {
         for path in &self.files.read_only {
             field(b"read-only")?;
             field(path.as_os_str().as_bytes())?;
+        }
+        for (source, target) in &self.files.replaced {
+            field(b"replace")?;
+            field(source.as_os_str().as_bytes())?;
+            field(target.as_os_str().as_bytes())?;
         }
         for path in &self.files.hidden {
             field(b"hide")?;
@@ -139,6 +144,12 @@ impl InitArgs {
                 Some("uid") => uid = Some(number(next("uid")?, "uid")?),
                 Some("gid") => gid = Some(number(next("gid")?, "gid")?),
                 Some("read-only") => files.read_only.push(PathBuf::from(next("read-only")?)),
+                Some("replace") => {
+                    let source = PathBuf::from(next("replace")?);
+                    files
+                        .replaced
+                        .push((source, PathBuf::from(next("replace")?)));
+                }
                 Some("hide") => files.hidden.push(PathBuf::from(next("hide")?)),
                 Some("env") => env.push((next("env")?, next("env")?)),
                 _ => return Err(format!("unknown field {arg:?}")),
@@ -502,7 +513,14 @@ mod tests {
             }),
             files: FilePlan {
                 read_only: vec!["/etc/sluice/p.yaml".into(), "/var/log/a b".into()],
-                hidden: vec!["/run/sluice/daemon.sock".into()],
+                replaced: vec![(
+                    "/run/sluice/ca bundle.pem".into(),
+                    "/etc/ssl/certs/ca-certificates.crt".into(),
+                )],
+                hidden: vec![
+                    "/run/sluice/daemon.sock".into(),
+                    "/etc/sluice/secrets/gh".into(),
+                ],
             },
             env: vec![
                 ("SLUICE_TAP".into(), "tap0".into()),
@@ -551,6 +569,7 @@ mod tests {
         assert!(parse(b"uid\0x\0gid\x001\0--\0true\0").is_err());
         assert!(parse(b"uid\x001\0--\0true\0").is_err());
         assert!(parse(b"env\0K\0").is_err());
+        assert!(parse(b"replace\0/a\0--\0true\0").is_err());
         assert!(parse(b"what\0--\0true\0").is_err());
         assert!(parse(b"--\0true\0").is_ok());
     }

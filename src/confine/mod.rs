@@ -56,7 +56,9 @@ pub struct SluiceFiles {
     /// any rotated FILE.n beside it are read-only; when `rotates`, its whole
     /// directory is, so that no file a rotation creates is ever writable.
     pub records: Vec<RecordFile>,
-    /// Sockets the workload must not reach (the daemon's control socket).
+    /// Files the workload must not open (a secret, a checkpoint key),
+    /// sockets it must not reach (the daemon's control socket), and
+    /// directories whose files it must not see ([`SluiceFiles::hide`]).
     pub hidden: Vec<PathBuf>,
 }
 
@@ -80,6 +82,13 @@ pub enum ConfineError {
     RotatingRecordsBesideWorkload { file: PathBuf, dir: PathBuf },
     #[error("cannot confine the workload ({0}); nothing was started")]
     Setup(String),
+    #[error("cannot show {} at {} for the workload: {why}; nothing was started", shown.display(), target.display())]
+    Replacement {
+        /// The file sluice wrote.
+        shown: PathBuf,
+        target: PathBuf,
+        why: String,
+    },
     #[error("cannot start the workload's init: {0}")]
     Init(std::io::Error),
 }
@@ -92,6 +101,16 @@ impl ConfineError {
 }
 
 impl SluiceFiles {
+    /// Hide `path` from the workload, root included: a file (a secret) or
+    /// socket cannot be opened or connected to (EACCES, ECONNREFUSED), a
+    /// directory looks empty. Only what exists when the init is told its
+    /// plan is hidden; another path to the same file (a hard link, another
+    /// mount of its filesystem) is not.
+    pub fn hide(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.hidden.push(path.into());
+        self
+    }
+
     /// What the init protects, for a workload started in `cwd`. Paths that
     /// do not exist are left out (sluice created every file it writes
     /// before this, and read every file it reads).
@@ -120,9 +139,57 @@ impl SluiceFiles {
         }
         Ok(FilePlan {
             read_only,
+            replaced: Vec::new(),
             hidden: self.hidden.iter().filter(|p| p.exists()).cloned().collect(),
         })
     }
+}
+
+/// Add `replacements` ((source, target) pairs, see
+/// [`PreparedInit::replace`]) to `plan`: each whose target exists (one that
+/// does not is left out), with its source read-only, so that the workload
+/// cannot change what it sees at the target through the source's own path.
+/// A source that does not exist, or is a directory where the target is not
+/// (or the other way round), is an error: the workload would not see what
+/// sluice means it to.
+pub(crate) fn plan_replacements(
+    replacements: &[(PathBuf, PathBuf)],
+    plan: &mut FilePlan,
+) -> Result<(), ConfineError> {
+    for (source, target) in replacements {
+        let refused = |why: String| ConfineError::Replacement {
+            shown: source.clone(),
+            target: target.clone(),
+            why,
+        };
+        let Ok(target_meta) = std::fs::metadata(target) else {
+            tracing::debug!(
+                source = %source.display(),
+                target = %target.display(),
+                "not shown to the workload: the target does not exist"
+            );
+            continue;
+        };
+        let source_meta = std::fs::metadata(source)
+            .map_err(|e| refused(format!("cannot read {}: {e}", source.display())))?;
+        if source_meta.is_dir() != target_meta.is_dir() {
+            let (dir, other) = if target_meta.is_dir() {
+                (target, source)
+            } else {
+                (source, target)
+            };
+            return Err(refused(format!(
+                "{} is a directory and {} is not; replace a file with a file, a directory with a directory",
+                dir.display(),
+                other.display()
+            )));
+        }
+        plan.replaced.push((source.clone(), target.clone()));
+        if !plan.read_only.contains(source) {
+            plan.read_only.push(source.clone());
+        }
+    }
+    Ok(())
 }
 
 fn absolute(cwd: &Path, path: &Path) -> PathBuf {
@@ -227,6 +294,46 @@ mod tests {
                 .contains("holds the command's working directory"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_replacement_shows_its_source_read_only_and_one_without_a_target_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let (source, target) = (dir.path().join("bundle.pem"), dir.path().join("ca.crt"));
+        std::fs::write(&source, "sandbox CA").unwrap();
+        std::fs::write(&target, "distribution roots").unwrap();
+        let mut plan = FilePlan::default();
+        let pairs = [
+            (source.clone(), target.clone()),
+            (source.clone(), dir.path().join("absent.crt")),
+        ];
+        plan_replacements(&pairs, &mut plan).unwrap();
+        assert_eq!(plan.replaced, vec![(source.clone(), target)]);
+        assert_eq!(plan.read_only, vec![source]);
+    }
+
+    #[test]
+    fn a_replacement_without_its_source_or_of_a_file_by_a_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("ca.crt");
+        std::fs::write(&target, "distribution roots").unwrap();
+        let missing = [(dir.path().join("never-written.pem"), target.clone())];
+        let err = plan_replacements(&missing, &mut FilePlan::default()).unwrap_err();
+        assert!(err.to_string().contains("never-written.pem"), "{err}");
+        assert!(err.to_string().contains("nothing was started"), "{err}");
+        let by_dir = [(dir.path().to_path_buf(), target)];
+        let err = plan_replacements(&by_dir, &mut FilePlan::default()).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+    }
+
+    #[test]
+    fn hidden_files_are_planned_when_they_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("gh");
+        std::fs::write(&secret, "token").unwrap();
+        let mut files = SluiceFiles::default();
+        files.hide(&secret).hide(dir.path().join("absent"));
+        assert_eq!(files.plan(Path::new("/")).unwrap().hidden, vec![secret]);
     }
 
     #[test]

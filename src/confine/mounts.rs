@@ -1,6 +1,7 @@
 //! The workload's mount namespace: what it sees of the filesystem. This
 //! module owns making sluice's own files read-only or absent for the
-//! workload, giving it a /proc of its own PID namespace, and making the
+//! workload, showing it files sluice wrote in place of its own (a CA
+//! bundle), giving it a /proc of its own PID namespace, and making the
 //! kernel's knobs (/proc/sys, /proc/sysrq-trigger, /sys) read-only, as
 //! container runtimes do. It runs in the init, in a fresh mount namespace
 //! whose propagation is made slave first, so nothing it mounts reaches the
@@ -19,6 +20,12 @@
 //! they are, where a read-only bind remount had to be made once per mount,
 //! with the flags it kept read first. A kernel without it is an error,
 //! never a less confined workload.
+//!
+//! Why a hidden file is /dev/null on a nodev mount: open(2) refuses a
+//! device node on a nodev mount (EACCES) whatever the caller's
+//! capabilities, so a root workload cannot open a hidden secret at all,
+//! where an empty file would read as one. runc's masked /proc entries stay
+//! readable and empty, as programs expect.
 
 #![deny(unsafe_code)]
 
@@ -34,7 +41,12 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 pub struct FilePlan {
     /// Read-only for the workload: files, or directories with all they hold.
     pub read_only: Vec<PathBuf>,
-    /// Hidden from the workload (a socket it must not connect to).
+    /// (source, target): the workload sees the source's content at the
+    /// target, read-only (a file, or a directory, bound over the target).
+    /// A target gone by the time the init sets up is left as it is.
+    pub replaced: Vec<(PathBuf, PathBuf)>,
+    /// Hidden from the workload: a file or socket it cannot open or
+    /// connect to, a directory it sees empty.
     pub hidden: Vec<PathBuf>,
 }
 
@@ -112,6 +124,15 @@ pub fn confine(plan: &FilePlan) -> Result<(), MountError> {
         bind_read_only(&path)?;
         points.add(&path);
     }
+    for (source, target) in &plan.replaced {
+        // Gone since sluice planned: there is nothing to show in its place.
+        let Ok(target) = std::fs::canonicalize(target) else {
+            continue;
+        };
+        replace(&canonical(source)?, &target)?;
+        points.add(&target);
+    }
+    // After the replacements: a path both hidden and replaced is hidden.
     for path in &plan.hidden {
         if let Ok(path) = std::fs::canonicalize(path) {
             pin_ancestors(&path, &mut points)?;
@@ -123,7 +144,7 @@ pub fn confine(plan: &FilePlan) -> Result<(), MountError> {
         bind_read_only(path)?;
     }
     for path in MASKED_PROC.iter().map(Path::new).filter(|p| p.exists()) {
-        hide(path)?;
+        mask(path)?;
     }
     read_only_tree(Path::new("/sys"))?;
     // The working directory still names the mounts it was opened through,
@@ -223,9 +244,30 @@ mod setattr {
     }
 }
 
-/// Cover `path`: a file with /dev/null, a directory with an empty
-/// read-only tmpfs.
+/// Show `source` at `target`, read-only. The target's ancestors are not
+/// pinned: what the workload could do by renaming them is change what it
+/// sees itself, never what sluice reads (the source is read-only, see
+/// `SluiceFiles::plan`), and a pinned /etc would make renames across it
+/// fail (EXDEV) for programs that expect them to work.
+fn replace(source: &Path, target: &Path) -> Result<(), MountError> {
+    bind(source, target, MsFlags::empty()).map_err(failed("replace", target))?;
+    read_only_tree(target)
+}
+
+/// Hide `path` from the workload, root included: a directory behind an
+/// empty read-only tmpfs, anything else (a file, a socket) behind
+/// /dev/null on a read-only nodev mount, which open(2) refuses (EACCES)
+/// and connect(2) finds no socket at (ECONNREFUSED).
 fn hide(path: &Path) -> Result<(), MountError> {
+    if path.is_dir() {
+        return mask(path);
+    }
+    null_over(path, MsFlags::MS_NODEV).map_err(failed("hide", path))
+}
+
+/// Cover `path` so that it reads empty (runc's `maskedPaths`): a file with
+/// /dev/null, a directory with an empty read-only tmpfs.
+fn mask(path: &Path) -> Result<(), MountError> {
     if path.is_dir() {
         mount(
             Some("tmpfs"),
@@ -236,20 +278,26 @@ fn hide(path: &Path) -> Result<(), MountError> {
         )
         .map_err(failed("hide", path))
     } else {
-        bind(Path::new("/dev/null"), path, MsFlags::empty()).map_err(failed("hide", path))?;
-        mount(
-            None::<&str>,
-            path,
-            None::<&str>,
-            MsFlags::MS_BIND
-                | MsFlags::MS_REMOUNT
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        )
-        .map_err(failed("make read-only", path))
+        null_over(path, MsFlags::empty()).map_err(failed("mask", path))
     }
+}
+
+/// Bind /dev/null over `path`, then make that mount read-only, nosuid,
+/// noexec and `extra`.
+fn null_over(path: &Path, extra: MsFlags) -> nix::Result<()> {
+    bind(Path::new("/dev/null"), path, MsFlags::empty())?;
+    mount(
+        None::<&str>,
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NOEXEC
+            | extra,
+        None::<&str>,
+    )
 }
 
 /// Detach every procfs (they show the host's processes, sluice's among

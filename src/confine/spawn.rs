@@ -10,7 +10,7 @@
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use super::child::{self, Forked};
 use super::init::{
     self, InitArgs, CHUNK, GO, LAST, MORE, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED, STARTED,
 };
-use super::{scm, ConfineError, RunAs, SluiceFiles};
+use super::{plan_replacements, scm, ConfineError, RunAs, SluiceFiles};
 
 /// How long the init may take to confine and start the workload.
 const START_LIMIT: Duration = Duration::from_secs(30);
@@ -40,6 +40,8 @@ pub struct PreparedInit {
     held: Option<Held>,
     /// Once it was sent its plan ([`PreparedInit::plan`]).
     planned: Option<Planned>,
+    /// (source, target) pairs for the plan ([`PreparedInit::replace`]).
+    replaced: Vec<(PathBuf, PathBuf)>,
 }
 
 /// What sluice holds of a prepared init.
@@ -135,6 +137,7 @@ impl PreparedInit {
                 pidfd,
             }),
             planned: None,
+            replaced: Vec::new(),
         };
         back.map_err(|e| {
             ConfineError::Setup(format!(
@@ -147,6 +150,26 @@ impl PreparedInit {
     /// The init's pid (in sluice's PID namespace).
     pub fn id(&self) -> u32 {
         self.pid.as_raw() as u32
+    }
+
+    /// Show the workload `source`'s content at `target`, read-only: a file
+    /// (or directory) sluice wrote, bound over the workload's own (the
+    /// sandbox's CA bundle over the distribution's). Taken into the plan
+    /// ([`PreparedInit::plan`]), so call it before that: then a target that
+    /// does not exist is left alone, and a source that does not exist is an
+    /// error. The source itself is read-only for the workload too.
+    pub fn replace(
+        &mut self,
+        source: impl Into<PathBuf>,
+        target: impl Into<PathBuf>,
+    ) -> Result<(), ConfineError> {
+        if self.planned.is_some() {
+            return Err(ConfineError::Setup(
+                "the workload's init was told what to run already".into(),
+            ));
+        }
+        self.replaced.push((source.into(), target.into()));
+        Ok(())
     }
 
     /// Tell the init what it will run: `argv` as `run_as` (root when
@@ -175,9 +198,11 @@ impl PreparedInit {
             .to_string_lossy()
             .into_owned();
         let cwd = std::env::current_dir().map_err(ConfineError::Init)?;
+        let mut plan = files.plan(&cwd)?;
+        plan_replacements(&self.replaced, &mut plan)?;
         let message = InitArgs {
             run_as,
-            files: files.plan(&cwd)?,
+            files: plan,
             env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
             argv: argv.to_vec(),
         }
