@@ -538,10 +538,21 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    files.hidden.extend(interception.secrets.files());
+    for file in interception.secrets.files() {
+        files.hide(file);
+    }
     // Now that sluice's files exist (the session made its records): the
     // init protects them and confines itself while the namespace is made.
     let mut init = opts.init;
+    if let Some(bundle) = &delivered {
+        // Over the distribution's bundle: clients that read it, and not
+        // the variables, trust the sandbox CA too.
+        let system = PathBuf::from(crate::intercept::roots::SYSTEM_BUNDLE);
+        if let Err(err) = init.replace(bundle.clone(), system) {
+            session.finish(None, Leftovers::Unknown).await;
+            return Err(attach::AttachError::Confine(err).into());
+        }
+    }
     if let Err(err) = init.plan(&opts.command, run_as, &files, &env) {
         session.finish(None, Leftovers::Unknown).await;
         return Err(attach::AttachError::Confine(err).into());
@@ -615,7 +626,6 @@ fn deliver_ca(
         env.push((var.to_string(), path.display().to_string()));
     }
     files.read_only.push(path.clone());
-    files.replace(path.clone(), system.to_path_buf());
     Ok(Some(path))
 }
 
