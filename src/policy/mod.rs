@@ -14,9 +14,15 @@
 //! return for that name. An IPv6 address that embeds IPv4 (NAT64, 6to4,
 //! Teredo, IPv4-compatible) is private if the IPv4 inside is, and IPv4 deny
 //! rules deny it; IPv4 allow rules do not admit it (docs/policy.md).
+//!
+//! Requests (DESIGN.md, "Requests: L7 rules"): an allow rule with `http` or
+//! `inject` [`terminates`](Rule::terminates) its connections, and each
+//! request is then decided by [`Rule::admits_request`]; `secrets` names
+//! where injected values come from, never the values.
 
 mod error;
 mod hostname;
+mod http;
 mod matcher;
 mod model;
 mod net;
@@ -27,6 +33,10 @@ pub(crate) mod yaml;
 mod tests;
 
 pub use error::{PolicyError, Violation};
+pub use http::{
+    is_secret_name, refused_path, HttpEntry, Inject, PathPattern, RequestReason, SecretRef,
+    SecretSource, Template, DEFAULT_SECRET_TTL,
+};
 pub use model::{
     query_type_name, DnsConfig, DnsLimits, Limits, Mode, PortRange, Reason, Rule, Verdict,
     DEFAULT_QUERY_TYPES, QUERY_TYPES,
@@ -34,6 +44,7 @@ pub use model::{
 pub use net::{canonical, embedded_v4, is_local_host, is_private, names_loopback};
 
 use matcher::Matcher;
+use std::collections::HashMap;
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -87,6 +98,9 @@ pub struct Policy {
     dns: DnsConfig,
     limits: Limits,
     rules: Vec<Rule>,
+    /// Rule index by name, for [`Policy::rule_named`].
+    by_name: HashMap<Arc<str>, usize>,
+    secrets: Vec<SecretRef>,
     matcher: Matcher,
 }
 
@@ -110,11 +124,18 @@ impl Policy {
         let v = validate::validate(&root).map_err(invalid)?;
         Ok(Policy {
             matcher: Matcher::new(&v.rules),
+            by_name: v
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r.name.clone(), i))
+                .collect(),
             name: v.name,
             mode: v.mode,
             dns: v.dns,
             limits: v.limits,
             rules: v.rules,
+            secrets: v.secrets,
         })
     }
 
@@ -169,6 +190,17 @@ impl Policy {
     /// The validated rules in file order.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The rule called `name` (names are unique), e.g. the one a
+    /// [`Decision`] names.
+    pub fn rule_named(&self, name: &str) -> Option<&Rule> {
+        self.by_name.get(name).map(|&i| &self.rules[i])
+    }
+
+    /// The `secrets` entries in file order: names and sources, never values.
+    pub fn secrets(&self) -> &[SecretRef] {
+        &self.secrets
     }
 
     /// Decides a connection to `dst`, whose hostname (SNI, Host, or the name

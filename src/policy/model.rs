@@ -1,6 +1,8 @@
 //! The validated policy's plain data: rules as written (normalized), modes,
-//! verdicts and reasons. Nothing here parses or matches.
+//! verdicts and reasons. Nothing here parses or matches (request matching
+//! lives in `http`).
 
+use super::http::{self, HttpEntry, Inject, RequestReason};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::fmt;
@@ -122,6 +124,8 @@ impl fmt::Display for PortRange {
 /// One validated rule, in file order. Hosts are lowercased without a
 /// trailing dot (`*.example.com` stays a wildcard); CIDRs are in network
 /// form, IPv4-mapped IPv6 networks turned into IPv4; `ports` empty = any.
+/// `http` and `inject` are empty unless the rule is an allow rule with
+/// `hosts` and no `cidrs` (the validator sees to it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     /// Shared, so that a connection's record can hold it past a reload
@@ -131,12 +135,48 @@ pub struct Rule {
     pub cidrs: Vec<IpNet>,
     pub hosts: Vec<String>,
     pub ports: Vec<PortRange>,
+    /// What requests it admits; empty: every request.
+    pub http: Vec<HttpEntry>,
+    /// Headers set from secrets on the requests it admits.
+    pub inject: Vec<Inject>,
 }
 
 impl Rule {
     /// True if the rule applies to `port`.
     pub fn covers_port(&self, port: u16) -> bool {
         self.ports.is_empty() || self.ports.iter().any(|r| r.contains(port))
+    }
+
+    /// Connections this rule admits are terminated and each request decided.
+    pub fn terminates(&self) -> bool {
+        !self.http.is_empty() || !self.inject.is_empty()
+    }
+
+    /// One request (method as sent, path WITHOUT the query) under this rule.
+    /// With no `http` entries every request is admitted (an inject-only
+    /// rule); otherwise some entry must list the method (or `*`) and have a
+    /// path pattern that matches. No entry with the method: `Method`;
+    /// else `Path`, also for a path sluice refuses to match at all.
+    pub fn admits_request(&self, method: &str, path: &str) -> Result<(), RequestReason> {
+        if self.http.is_empty() {
+            return Ok(());
+        }
+        let mut with_method = self.http.iter().filter(|e| e.has_method(method)).peekable();
+        if with_method.peek().is_none() {
+            return Err(RequestReason::Method);
+        }
+        // Split and decode the path once for every pattern.
+        let Some(segments) = http::segments(path) else {
+            return Err(RequestReason::Path);
+        };
+        if with_method
+            .flat_map(|e| &e.paths)
+            .any(|p| p.matches_segments(&segments))
+        {
+            Ok(())
+        } else {
+            Err(RequestReason::Path)
+        }
     }
 }
 

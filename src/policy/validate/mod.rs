@@ -3,12 +3,15 @@
 //! Messages say what is wrong and what to write instead.
 
 mod dns;
+mod http;
+mod secrets;
 
 use super::hostname::{self, Pattern};
+use super::http::SecretRef;
 use super::model::{DnsConfig, Limits, Mode, PortRange, Rule, Verdict};
 use super::yaml::{self, list, Node, Pos, Problem, Value};
 use ipnet::{IpNet, Ipv4Net};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 /// Everything a valid file says.
@@ -19,13 +22,18 @@ pub(crate) struct Validated {
     pub rules: Vec<Rule>,
     pub dns: DnsConfig,
     pub limits: Limits,
+    pub secrets: Vec<SecretRef>,
 }
 
-const TOP_KEYS: &[&str] = &["version", "name", "mode", "rules", "dns", "limits"];
+const TOP_KEYS: &[&str] = &[
+    "version", "name", "mode", "rules", "dns", "limits", "secrets",
+];
 const LIMIT_KEYS: &[&str] = &["request_head_seconds"];
 /// The longest `limits.request_head_seconds` accepted (an hour).
 const MAX_REQUEST_HEAD_SECONDS: i128 = 3600;
-const RULE_KEYS: &[&str] = &["name", "action", "cidrs", "hosts", "ports"];
+const RULE_KEYS: &[&str] = &[
+    "name", "action", "cidrs", "hosts", "ports", "http", "inject",
+];
 
 /// Validates a parsed policy document.
 pub(crate) fn validate(root: &Node) -> Result<Validated, Vec<Problem>> {
@@ -41,6 +49,8 @@ pub(crate) fn validate(root: &Node) -> Result<Validated, Vec<Problem>> {
 #[derive(Default)]
 struct Checker {
     problems: Vec<Problem>,
+    /// Names `secrets` declares, for checking the rules' templates.
+    secret_names: HashSet<String>,
 }
 
 impl Checker {
@@ -66,6 +76,7 @@ impl Checker {
             rules: Vec::new(),
             dns: DnsConfig::default(),
             limits: Limits::default(),
+            secrets: Vec::new(),
         };
         let entries = match &root.value {
             Value::Map(entries) => entries,
@@ -120,6 +131,10 @@ impl Checker {
                     ),
                 ),
             }
+        }
+        // Before the rules, wherever the file has it: templates refer to it.
+        if let Some(v) = f.get("secrets") {
+            out.secrets = self.secrets(v);
         }
         if let Some(v) = f.get("rules") {
             out.rules = self.rules(v);
@@ -351,6 +366,35 @@ impl Checker {
                 }
             }
         }
+        let mut http = Vec::new();
+        let mut inject = Vec::new();
+        for key in ["http", "inject"] {
+            let Some(block) = f.get(key) else { continue };
+            // sluice terminates TLS for these connections and verifies the
+            // origin for the name: it needs one, from `hosts`, and an
+            // address rule would admit connections without one.
+            let denies = f
+                .get("action")
+                .is_some_and(|a| matches!(&a.value, Value::Str(s) if s == "deny"));
+            let why = if denies {
+                Some("a deny rule refuses the whole connection, so no request is left to decide; make it `action: allow` or remove the block")
+            } else if !cidrs.is_empty() || f.get("cidrs").is_some() {
+                Some("it has `cidrs` (sluice needs a name from `hosts` to verify the origin's certificate for); move the addresses to a rule of their own")
+            } else if hosts.is_empty() && f.get("hosts").is_none() {
+                Some("it has no `hosts` (sluice needs a name to verify the origin's certificate for); add `hosts: [...]`")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                self.err(block.pos, format!("{label} cannot have `{key}`: {why}"));
+                continue;
+            }
+            if key == "http" {
+                http = self.http(block, &label);
+            } else {
+                inject = self.inject(block, &label);
+            }
+        }
         if given == 0 {
             self.err(
                 v.pos,
@@ -367,6 +411,8 @@ impl Checker {
                 cidrs,
                 hosts,
                 ports: Vec::new(),
+                http: Vec::new(),
+                inject: Vec::new(),
             };
             return (!rule.name.is_empty()).then_some((rule, name_at));
         }
@@ -377,6 +423,8 @@ impl Checker {
                 cidrs,
                 hosts,
                 ports: merge_ports(ports),
+                http,
+                inject,
             },
             name_at,
         ))
