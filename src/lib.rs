@@ -83,6 +83,8 @@ pub mod report;
 #[forbid(unsafe_code)]
 pub mod sandbox_id;
 #[forbid(unsafe_code)]
+pub mod secret;
+#[forbid(unsafe_code)]
 pub mod testbed;
 #[forbid(unsafe_code)]
 pub mod timing;
