@@ -61,6 +61,8 @@ pub mod enforce;
 #[forbid(unsafe_code)]
 pub mod exit_class;
 #[forbid(unsafe_code)]
+pub mod intercept;
+#[forbid(unsafe_code)]
 pub mod mac;
 #[forbid(unsafe_code)]
 pub mod metrics;
@@ -82,7 +84,6 @@ pub mod reload;
 pub mod report;
 #[forbid(unsafe_code)]
 pub mod sandbox_id;
-#[forbid(unsafe_code)]
 pub mod secret;
 #[forbid(unsafe_code)]
 pub mod testbed;

@@ -147,7 +147,10 @@ fn an_admitted_request_reaches_the_origin_with_the_credential_the_workload_never
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     assert!(text.contains("ok /user"), "{text}");
     // The workload holds a placeholder, never the secret.
-    assert!(text.contains("placeholder=sluice-placeholder-gh-"), "{text}");
+    assert!(
+        text.contains("placeholder=sluice-placeholder-gh-"),
+        "{text}"
+    );
     assert!(!text.contains(SECRET), "{text}");
     let seen = s.seen.all();
     assert_eq!(seen.len(), 1, "{seen:?}");
@@ -193,7 +196,10 @@ fn a_method_no_entry_lists_is_refused_with_a_403_naming_the_rule_and_audited() {
     let out = s.sh("curl -sS -X DELETE -D - https://api.github.test/user");
     let text = stdout(&out);
     assert!(text.contains("403"), "{text}\n{}", stderr(&out));
-    assert!(text.contains("code-host-read") && text.contains("http-method"), "{text}");
+    assert!(
+        text.contains("code-host-read") && text.contains("http-method"),
+        "{text}"
+    );
     assert!(s.seen.all().is_empty(), "the origin saw {:?}", s.seen.all());
     let records = s.request_records();
     assert_eq!(records.len(), 1, "{records:?}");
@@ -220,9 +226,8 @@ fn a_path_no_pattern_matches_is_refused_and_its_record_drops_the_query() {
 #[test]
 fn a_dot_segment_path_is_refused_even_when_it_would_normalise_into_an_admitted_one() {
     let Some(s) = setup() else { return };
-    let out = s.sh(
-        "curl -sS --path-as-is 'https://api.github.test/repos/a/b/contents/../../../../admin'",
-    );
+    let out = s
+        .sh("curl -sS --path-as-is 'https://api.github.test/repos/a/b/contents/../../../../admin'");
     assert!(stdout(&out).contains("http-path"), "{}", stdout(&out));
     assert!(s.seen.all().is_empty());
 }
@@ -241,13 +246,17 @@ fn a_second_request_on_a_kept_alive_connection_to_a_forbidden_path_is_refused() 
     let Some(s) = setup() else { return };
     // One curl, one connection: the first request is admitted, the second
     // is decided on its own.
-    let out = s.sh(
-        "curl -sS https://api.github.test/user https://api.github.test/admin 2>&1; echo",
-    );
+    let out =
+        s.sh("curl -sS https://api.github.test/user https://api.github.test/admin 2>&1; echo");
     let text = stdout(&out);
     assert!(text.contains("ok /user"), "{text}");
     assert!(text.contains("http-path"), "{text}");
-    let targets: Vec<String> = s.seen.all().iter().map(|r| r.target().to_string()).collect();
+    let targets: Vec<String> = s
+        .seen
+        .all()
+        .iter()
+        .map(|r| r.target().to_string())
+        .collect();
     assert_eq!(targets, ["/user"]);
 }
 
@@ -317,22 +326,27 @@ for raw in pairs:
         if not d:
             break
         got += d
-    print("STATUS", got.split(b"\r\n")[0].decode(errors="replace"))
+    statuses = [l.decode(errors="replace") for l in got.split(b"\r\n") if l.startswith(b"HTTP/1.1 ")]
+    print("STATUS", " | ".join(statuses))
 "#;
     let out = s.run(&[python.to_str().unwrap(), "-c", script]);
     let text = stdout(&out);
     let statuses: Vec<&str> = text.lines().filter(|l| l.starts_with("STATUS")).collect();
     assert_eq!(statuses.len(), 3, "{text}\n{}", stderr(&out));
-    for status in &statuses {
-        assert!(
-            status.contains(" 400") || status.contains(" 403"),
-            "{statuses:?}"
-        );
-    }
+    // CL+TE: hyper reads the body as chunked, drops the Content-Length (the
+    // origin gets one framing) and closes the connection after answering:
+    // the bytes after the chunked body are never a request to anyone.
+    assert_eq!(statuses[0], "STATUS HTTP/1.1 200 OK", "{statuses:?}");
+    // Two lengths, and an obs-folded header: refused outright.
+    assert!(statuses[1].ends_with("400 Bad Request"), "{statuses:?}");
+    assert!(statuses[2].ends_with("400 Bad Request"), "{statuses:?}");
+    let seen = s.seen.all();
+    assert!(seen.iter().all(|r| r.target() != "/admin"), "{seen:?}");
     assert!(
-        s.seen.all().iter().all(|r| r.target() != "/admin"),
-        "{:?}",
-        s.seen.all()
+        seen.iter().all(
+            |r| r.header("content-length").is_none() || r.header("transfer-encoding").is_none()
+        ),
+        "{seen:?}"
     );
 }
 
@@ -359,7 +373,11 @@ fn an_origin_whose_certificate_is_not_for_the_name_gets_no_request_and_no_creden
         .args(["--", "curl", "-sS", "https://api.github.test/user"])
         .output()
         .unwrap();
-    assert!(stdout(&out).contains("upstream-certificate"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("upstream-certificate"),
+        "{}",
+        stdout(&out)
+    );
     assert!(seen.all().is_empty(), "{:?}", seen.all());
     assert!(w
         .audit()
@@ -414,9 +432,18 @@ for path in ["/ws", "/admin-ws"]:
 "#;
     let out = s.run(&[python.to_str().unwrap(), "-c", script]);
     let text = stdout(&out);
-    assert!(text.contains("/ws STATUS HTTP/1.1 101"), "{text}\n{}", stderr(&out));
+    assert!(
+        text.contains("/ws STATUS HTTP/1.1 101"),
+        "{text}\n{}",
+        stderr(&out)
+    );
     assert!(text.contains("/ws ECHO raw-bytes-after-upgrade"), "{text}");
     assert!(text.contains("/admin-ws STATUS HTTP/1.1 403"), "{text}");
-    let targets: Vec<String> = s.seen.all().iter().map(|r| r.target().to_string()).collect();
+    let targets: Vec<String> = s
+        .seen
+        .all()
+        .iter()
+        .map(|r| r.target().to_string())
+        .collect();
     assert_eq!(targets, ["/ws"]);
 }

@@ -22,8 +22,8 @@ mod writer;
 pub use checkpoint::{AuditKey, CheckpointKeys, KeyError};
 pub use head::{Anchor, AuditHead};
 pub use record::{
-    line_hash, seal, unseal, AuditEvent, RequestFields, AuditLine, AuditRecord, CheckpointRecord, Flow, Proto,
-    CHECKPOINT_KIND, GENESIS,
+    line_hash, seal, unseal, AuditEvent, AuditLine, AuditRecord, CheckpointRecord, Flow, Proto,
+    RequestFields, CHECKPOINT_KIND, GENESIS,
 };
 pub use rotate::{rotated_path, rotated_set};
 pub use tail::{format_line, format_record, tail, TailOptions, Tailer};

@@ -32,7 +32,9 @@ use super::upstream::connect_upstream;
 use super::ProxyContext;
 use crate::audit::RequestFields;
 use crate::intercept::ca::SandboxCa;
-use crate::outcome::{Cause, DenyReason, Outcome, Refusal, RequestDenial, UpstreamFailure, Verdict};
+use crate::outcome::{
+    Cause, DenyReason, Outcome, Refusal, RequestDenial, UpstreamFailure, Verdict,
+};
 use crate::policy::{Mode, Reason, RequestReason, Rule};
 use crate::secret::SecretStore;
 
@@ -72,7 +74,7 @@ pub(super) struct Served {
     pub connected: bool,
     pub bytes_up: u64,
     pub bytes_down: u64,
-    pub first_byte_down: Option<tokio::time::Instant>,
+    pub first_byte_down: Option<std::time::Instant>,
 }
 
 /// Serve `client` request by request until either side ends.
@@ -110,21 +112,34 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
     let served = if conn.plain {
         serve_http(client, conn.ctx, scope, state.clone(), head_timeout).await
     } else {
-        let acceptor = tokio_rustls::LazyConfigAcceptor::new(
-            rustls::server::Acceptor::default(),
-            client,
-        );
+        let acceptor =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), client);
         let start = match tokio::time::timeout(head_timeout, acceptor).await {
             Ok(Ok(start)) => start,
             // Not TLS after all, a ClientHello rustls refuses, or silence.
             _ => {
-                return finish(counters, &state, Some(refused(&conn, RequestDenial::BadHandshake)));
+                return finish(
+                    counters,
+                    &state,
+                    Some(refused(&conn, RequestDenial::BadHandshake)),
+                );
             }
         };
-        let sni = start.client_hello().server_name().map(str::to_ascii_lowercase);
+        let sni = start
+            .client_hello()
+            .server_name()
+            .map(str::to_ascii_lowercase);
         if sni.as_deref().is_some_and(|s| !same_name(s, &conn.host)) {
             let outcome = refused(&conn, RequestDenial::HostMismatch);
-            audit_request(conn.ctx, conn.peer, conn.dst, &outcome, Some(conn.host.clone()), None).await;
+            audit_request(
+                conn.ctx,
+                conn.peer,
+                conn.dst,
+                &outcome,
+                Some(conn.host.clone()),
+                None,
+            )
+            .await;
             return finish(counters, &state, Some(outcome));
         }
         // The leaf is minted (or taken from the cache) for the decided name;
@@ -162,7 +177,15 @@ fn refused(conn: &Terminated<'_>, denial: RequestDenial) -> Outcome {
 
 async fn refused_connection(conn: &Terminated<'_>, denial: RequestDenial) -> Served {
     let outcome = refused(conn, denial);
-    audit_request(conn.ctx, conn.peer, conn.dst, &outcome, Some(conn.host.clone()), None).await;
+    audit_request(
+        conn.ctx,
+        conn.peer,
+        conn.dst,
+        &outcome,
+        Some(conn.host.clone()),
+        None,
+    )
+    .await;
     Served {
         outcome: Some(outcome),
         ..Served::default()
@@ -260,7 +283,9 @@ impl RequestHandle {
             secret: None,
             header: None,
         };
-        let rule = policy.rule_named(&self.scope.rule).filter(|r| r.terminates());
+        let rule = policy
+            .rule_named(&self.scope.rule)
+            .filter(|r| r.terminates());
         let checked = match rule {
             None => Err(Checked::Policy(Reason::NoRule)),
             Some(rule) => self.check(&req, rule),
@@ -269,7 +294,8 @@ impl RequestHandle {
             Ok(injections) => injections,
             Err(why) => {
                 let outcome = self.outcome_of(why, mode);
-                self.record(&outcome, Some(fields.clone()), policy.label()).await;
+                self.record(&outcome, Some(fields.clone()), policy.label())
+                    .await;
                 if outcome.is_denied() {
                     return self.refuse(outcome);
                 }
@@ -339,7 +365,10 @@ impl RequestHandle {
             self.record(&outcome, Some(fields.clone()), &label).await;
         }
 
-        let upgrade = req.headers().contains_key(UPGRADE).then(|| hyper::upgrade::on(&mut req));
+        let upgrade = req
+            .headers()
+            .contains_key(UPGRADE)
+            .then(|| hyper::upgrade::on(&mut req));
         let misuse = Arc::new(OnceLock::new());
         let (parts, body) = req.into_parts();
         let body = Scanned {
@@ -410,19 +439,34 @@ impl RequestHandle {
         let (Some(host), None) = (hosts.next(), hosts.next()) else {
             return Err(Checked::Request(RequestDenial::HostMismatch));
         };
-        if !host_header_names(host, &self.scope.host, self.scope.dst.port(), self.scope.plain) {
+        if !host_header_names(
+            host,
+            &self.scope.host,
+            self.scope.dst.port(),
+            self.scope.plain,
+        ) {
             return Err(Checked::Request(RequestDenial::HostMismatch));
         }
         // hyper reads CL+TE as chunked and keeps both headers: an origin
         // that prefers Content-Length would read another request out of
         // the body. One framing, or none.
         let headers = req.headers();
-        let lengths = headers.get_all(hyper::header::CONTENT_LENGTH).iter().count();
-        let codings = headers.get_all(hyper::header::TRANSFER_ENCODING).iter().count();
+        let lengths = headers
+            .get_all(hyper::header::CONTENT_LENGTH)
+            .iter()
+            .count();
+        let codings = headers
+            .get_all(hyper::header::TRANSFER_ENCODING)
+            .iter()
+            .count();
         if lengths > 1 || (lengths > 0 && codings > 0) {
             return Err(Checked::Framing(Refusal::ConflictingLength));
         }
-        if codings > 1 || headers.get(hyper::header::TRANSFER_ENCODING).is_some_and(|v| v != "chunked") {
+        if codings > 1
+            || headers
+                .get(hyper::header::TRANSFER_ENCODING)
+                .is_some_and(|v| v != "chunked")
+        {
             return Err(Checked::Framing(Refusal::BadTransferEncoding));
         }
         rule.admits_request(req.method().as_str(), uri.path())
@@ -463,7 +507,12 @@ impl RequestHandle {
             };
             let mut value = value;
             value.set_sensitive(true);
-            let secret = inject.value.secrets().next().unwrap_or_default().to_string();
+            let secret = inject
+                .value
+                .secrets()
+                .next()
+                .unwrap_or_default()
+                .to_string();
             out.push((secret, name, value));
         }
         Ok(out)
@@ -495,8 +544,10 @@ impl RequestHandle {
         }
         let name = rustls::pki_types::ServerName::try_from(self.scope.host.clone())
             .map_err(|_| Connect::Certificate)?;
-        let connector = tokio_rustls::TlsConnector::from(self.scope.interception.upstream_tls.clone());
-        let tls = match tokio::time::timeout(self.connect_timeout, connector.connect(name, tcp)).await
+        let connector =
+            tokio_rustls::TlsConnector::from(self.scope.interception.upstream_tls.clone());
+        let tls = match tokio::time::timeout(self.connect_timeout, connector.connect(name, tcp))
+            .await
         {
             Ok(Ok(tls)) => tls,
             Ok(Err(err)) if is_certificate_error(&err) => {
@@ -611,7 +662,8 @@ fn is_certificate_error(err: &std::io::Error) -> bool {
 
 /// True if `a` and `b` are one DNS name (case and a trailing dot aside).
 fn same_name(a: &str, b: &str) -> bool {
-    a.trim_end_matches('.').eq_ignore_ascii_case(b.trim_end_matches('.'))
+    a.trim_end_matches('.')
+        .eq_ignore_ascii_case(b.trim_end_matches('.'))
 }
 
 /// True if the Host header `value` names `host` (and, with a port, the
@@ -628,7 +680,8 @@ fn host_header_names(value: &HeaderValue, host: &str, port: u16, plain: bool) ->
         _ => (value, None),
     };
     let default = if plain { 80 } else { 443 };
-    same_name(name, host) && given_port.is_none_or(|p| p == port || (p == default && port == default))
+    same_name(name, host)
+        && given_port.is_none_or(|p| p == port || (p == default && port == default))
 }
 
 /// Whether `needle` occurs in `haystack`.
@@ -662,7 +715,12 @@ impl Body for Scanned {
             Some(Ok(frame)) => frame,
         };
         if let Some(data) = frame.data_ref() {
-            let longest = this.placeholders.iter().map(|(_, p)| p.len()).max().unwrap_or(0);
+            let longest = this
+                .placeholders
+                .iter()
+                .map(|(_, p)| p.len())
+                .max()
+                .unwrap_or(0);
             let mut window = std::mem::take(&mut this.tail);
             window.extend_from_slice(data);
             for (secret, placeholder) in this.placeholders.iter() {
@@ -737,7 +795,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 struct Counters {
     up: AtomicU64,
     down: AtomicU64,
-    first_down: OnceLock<tokio::time::Instant>,
+    first_down: OnceLock<std::time::Instant>,
 }
 
 struct Counted<S> {
@@ -770,7 +828,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
         let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = polled {
             if n > 0 {
-                let _ = this.counters.first_down.set(tokio::time::Instant::now());
+                let _ = this.counters.first_down.set(std::time::Instant::now());
             }
             this.counters.down.fetch_add(n as u64, Ordering::Relaxed);
         }
@@ -785,4 +843,3 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
-

@@ -11,13 +11,12 @@
 //! [`SecretStore`] names the secrets only.
 
 mod read;
-mod source;
 
 #[cfg(test)]
 mod tests;
 
+pub use crate::policy::{SecretRef, SecretSource};
 pub use read::{SourceError, COMMAND_DEADLINE, VALUE_LIMIT};
-pub use source::{SecretRef, SecretSource};
 
 use std::fmt;
 use std::path::PathBuf;

@@ -26,7 +26,9 @@ impl Seen {
     pub fn header(&self, name: &str) -> Option<String> {
         self.head.lines().skip(1).find_map(|line| {
             let (n, v) = line.split_once(':')?;
-            n.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
         })
     }
 }
@@ -44,9 +46,16 @@ impl Requests {
 /// An HTTPS origin on `addr` in the world's outer namespace for `names`,
 /// with a certificate from a fresh test CA; returns the CA file and the
 /// requests it reads.
-pub fn keepalive_origin(w: &World, addr: &str, names: &[&str]) -> (std::path::PathBuf, Arc<Requests>) {
+pub fn keepalive_origin(
+    w: &World,
+    addr: &str,
+    names: &[&str],
+) -> (std::path::PathBuf, Arc<Requests>) {
     let pki = test_pki(names);
-    let ca_path = w.dir.path().join(format!("origin-ca-{}.pem", addr.replace([':', '[', ']'], "_")));
+    let ca_path = w.dir.path().join(format!(
+        "origin-ca-{}.pem",
+        addr.replace([':', '[', ']'], "_")
+    ));
     std::fs::write(&ca_path, &pki.ca_pem).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = Arc::new(
@@ -58,7 +67,11 @@ pub fn keepalive_origin(w: &World, addr: &str, names: &[&str]) -> (std::path::Pa
             .unwrap(),
     );
     let addr: SocketAddr = addr.parse().unwrap();
-    let listener = w.outer.run_in(move || TcpListener::bind(addr)).unwrap().unwrap();
+    let listener = w
+        .outer
+        .run_in(move || TcpListener::bind(addr))
+        .unwrap()
+        .unwrap();
     let requests = Arc::new(Requests::default());
     let seen = requests.clone();
     std::thread::spawn(move || {
@@ -111,7 +124,10 @@ fn serve<S: Read + Write>(stream: S, seen: &Requests) -> std::io::Result<()> {
                 }
                 body.extend_from_slice(&chunk[..n]);
             }
-        } else if let Some(n) = request.header("content-length").and_then(|n| n.parse().ok()) {
+        } else if let Some(n) = request
+            .header("content-length")
+            .and_then(|n| n.parse().ok())
+        {
             body = vec![0u8; n];
             reader.read_exact(&mut body)?;
         }
