@@ -5,8 +5,10 @@ mod dns;
 mod embedded;
 mod errors;
 mod files;
+mod l7_errors;
 mod limits;
 mod reference;
+mod requests;
 
 use super::{Decision, Policy, ResolvedNames};
 use std::net::{IpAddr, SocketAddr};

@@ -280,24 +280,25 @@ impl Checker {
         if unknown.is_empty() {
             return Some(template);
         }
-        let declared = if self.secret_names.is_empty() {
-            "the policy declares none; add a `secrets:` entry for it".to_string()
+        let refs = unknown
+            .iter()
+            .map(|n| format!("`{{{{{n}}}}}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let message = if self.secret_names.is_empty() {
+            format!(
+                "the header value refers to {refs}, but the policy has no `secrets`; add `secrets: [{{name: {}, file: /path/to/it}}]` (or `env:` or `command:`)",
+                unknown[0]
+            )
         } else {
             let mut names: Vec<&str> = self.secret_names.iter().map(String::as_str).collect();
             names.sort_unstable();
-            format!("declare it in `secrets` or use one of {}", list(&names))
-        };
-        self.err(
-            v.pos,
             format!(
-                "the header value refers to {}, which `secrets` does not declare; {declared}",
-                unknown
-                    .iter()
-                    .map(|n| format!("`{{{{{n}}}}}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
+                "the header value refers to {refs}, which `secrets` does not declare; declare it there or use one of {}",
+                list(&names)
+            )
+        };
+        self.err(v.pos, message);
         None
     }
 }

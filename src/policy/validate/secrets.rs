@@ -99,24 +99,22 @@ impl Checker {
             );
         }
 
-        let given: Vec<&str> = SOURCES
+        // In file order, so that "both" points at the second one written.
+        let mut given: Vec<(&str, &Node)> = SOURCES
             .iter()
-            .copied()
-            .filter(|k| f.get(k).is_some())
+            .filter_map(|k| Some((*k, f.get(k)?)))
             .collect();
+        given.sort_by_key(|(_, n)| n.pos);
         let mut source = None;
         match given.as_slice() {
             [] => self.err(
                 v.pos,
                 format!("{label} has no source; add one of `file: /path`, `env: NAME` or `command: [program, arg]`"),
             ),
-            [one] => source = self.secret_source(one, f.get(one)?, &label),
-            [_, second, ..] => self.err(
-                f.get(second)?.pos,
-                format!(
-                    "{label} has both {}; keep exactly one source",
-                    list(&given)
-                ),
+            [(key, node)] => source = self.secret_source(key, node, &label),
+            [(first, _), (second, node), ..] => self.err(
+                node.pos,
+                format!("{label} has both `{first}` and `{second}`; keep exactly one source"),
             ),
         }
         if let Some(t) = f.get("ttl") {
@@ -126,7 +124,7 @@ impl Checker {
                         *ttl = d;
                     }
                 }
-                _ if given.as_slice() == ["command"] => {
+                _ if matches!(given.as_slice(), [("command", _)]) => {
                     // The command itself was bad; still check the ttl.
                     self.ttl(t, &label);
                 }
