@@ -61,6 +61,8 @@ pub mod enforce;
 #[forbid(unsafe_code)]
 pub mod exit_class;
 #[forbid(unsafe_code)]
+pub mod intercept;
+#[forbid(unsafe_code)]
 pub mod mac;
 #[forbid(unsafe_code)]
 pub mod metrics;

@@ -1,0 +1,2 @@
+pub mod ca;
+pub mod roots;
