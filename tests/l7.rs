@@ -405,6 +405,11 @@ fn a_client_that_pins_its_own_ca_fails_closed_and_nothing_reaches_the_origin() {
     ));
     assert!(!stdout(&out).contains("status=0"), "{}", stdout(&out));
     assert!(s.seen.all().is_empty());
+    assert!(s
+        .w
+        .audit()
+        .iter()
+        .any(|r| r["reason"] == "tls-handshake" && r["verdict"] == "deny"));
 }
 
 #[test]

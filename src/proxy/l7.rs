@@ -118,11 +118,7 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
             Ok(Ok(start)) => start,
             // Not TLS after all, a ClientHello rustls refuses, or silence.
             _ => {
-                return finish(
-                    counters,
-                    &state,
-                    Some(refused(&conn, RequestDenial::BadHandshake)),
-                );
+                return handshake_failed(&conn, counters, &state).await;
             }
         };
         let sni = start
@@ -149,10 +145,29 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
             Ok(Ok(tls)) => serve_http(tls, conn.ctx, scope, state.clone(), head_timeout).await,
             // A client that pins its certificates, or does not trust the
             // sandbox CA, gives up here: nothing reached the origin.
-            _ => Some(refused(&conn, RequestDenial::BadHandshake)),
+            _ => return handshake_failed(&conn, counters, &state).await,
         }
     };
     finish(counters, &state, served)
+}
+
+/// The client's TLS handshake with sluice failed: refused and audited.
+async fn handshake_failed(
+    conn: &Terminated<'_>,
+    counters: Arc<Counters>,
+    state: &Shared,
+) -> Served {
+    let outcome = refused(conn, RequestDenial::BadHandshake);
+    audit_request(
+        conn.ctx,
+        conn.peer,
+        conn.dst,
+        &outcome,
+        Some(conn.host.clone()),
+        None,
+    )
+    .await;
+    finish(counters, state, Some(outcome))
 }
 
 fn finish(counters: Arc<Counters>, state: &Shared, served: Option<Outcome>) -> Served {
