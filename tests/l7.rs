@@ -452,3 +452,14 @@ for path in ["/ws", "/admin-ws"]:
         .collect();
     assert_eq!(targets, ["/ws"]);
 }
+
+#[test]
+fn an_upgrade_to_anything_but_websocket_is_refused_so_no_request_escapes_the_decisions() {
+    let Some(s) = setup() else { return };
+    // h2c would carry HTTP/2 requests sluice no longer reads.
+    let out = s.sh(
+        "curl -sS -H 'Connection: Upgrade, HTTP2-Settings' -H 'Upgrade: h2c' -H 'HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA' https://api.github.test/user",
+    );
+    assert!(stdout(&out).contains("http-upgrade"), "{}", stdout(&out));
+    assert!(s.seen.all().is_empty(), "{:?}", s.seen.all());
+}

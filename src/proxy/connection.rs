@@ -206,7 +206,9 @@ pub(super) async fn serve(
     if let Some(conn) = terminated(&policy, &record, &first, peer, dst, ctx) {
         drop(policy);
         drop(first);
-        let served = l7::serve(client, conn).await;
+        // Boxed: its state (TLS, hyper) would otherwise grow every
+        // connection's future, terminated or not (pinned by a size test).
+        let served = Box::pin(l7::serve(client, conn)).await;
         if served.connected {
             record.connected();
         }

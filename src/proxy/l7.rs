@@ -484,6 +484,14 @@ impl RequestHandle {
         {
             return Err(Checked::Framing(Refusal::BadTransferEncoding));
         }
+        // WebSocket only: after any other upgrade (h2c above all) the bytes
+        // would be requests sluice no longer decides.
+        let upgrades: Vec<&HeaderValue> = headers.get_all(UPGRADE).iter().collect();
+        if !upgrades.is_empty()
+            && (upgrades.len() > 1 || !upgrades[0].as_bytes().eq_ignore_ascii_case(b"websocket"))
+        {
+            return Err(Checked::Framing(Refusal::Upgrade));
+        }
         rule.admits_request(req.method().as_str(), uri.path())
             .map_err(Checked::Rule)?;
         // A placeholder in the target is never admitted; in a header, only
