@@ -463,3 +463,40 @@ fn an_upgrade_to_anything_but_websocket_is_refused_so_no_request_escapes_the_dec
     assert!(stdout(&out).contains("http-upgrade"), "{}", stdout(&out));
     assert!(s.seen.all().is_empty(), "{:?}", s.seen.all());
 }
+
+#[test]
+fn a_secret_read_from_sluices_environment_is_not_in_the_workloads() {
+    let Some(w) = World::new() else { return };
+    let (ca, seen) = keepalive_origin(&w, ORIGIN, &["api.github.test"]);
+    let text =
+        policy(Path::new("/unused")).replace("    file: /unused", "    env: SLUICE_TEST_GH_TOKEN");
+    let policy = w.policy(&text);
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .env("SLUICE_TEST_GH_TOKEN", SECRET)
+        .arg("run")
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--state-dir")
+        .arg(w.state_dir())
+        .arg("--upstream-ca")
+        .arg(&ca)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo token=${SLUICE_TEST_GH_TOKEN:-unset}; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c s3cret; curl -sS https://api.github.test/user",
+        ])
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("token=unset"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains(SECRET), "{text}");
+    assert!(text.contains("ok /user"), "{text}");
+    let seen = seen.all();
+    assert_eq!(
+        seen[0].header("authorization").as_deref(),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+}

@@ -544,6 +544,15 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
     // Now that sluice's files exist (the session made its records): the
     // init protects them and confines itself while the namespace is made.
     let mut init = opts.init;
+    // A secret read from sluice's own environment is not the workload's.
+    for secret in session.policy().secrets() {
+        if let crate::policy::SecretSource::Env(var) = &secret.source {
+            if let Err(err) = init.unset_env(var.clone()) {
+                session.finish(None, Leftovers::Unknown).await;
+                return Err(attach::AttachError::Confine(err).into());
+            }
+        }
+    }
     if let Some(bundle) = &delivered {
         // Over the distribution's bundle: clients that read it, and not
         // the variables, trust the sandbox CA too.

@@ -69,6 +69,9 @@ pub(crate) struct InitArgs {
     pub files: FilePlan,
     /// Added to the environment the workload inherits (not the init's).
     pub env: Vec<(OsString, OsString)>,
+    /// Removed from the environment the workload inherits (a secret that
+    /// sluice reads from its own environment).
+    pub unset: Vec<OsString>,
     pub argv: Vec<OsString>,
 }
 
@@ -113,6 +116,10 @@ impl InitArgs {
             field(key.as_bytes())?;
             field(value.as_bytes())?;
         }
+        for key in &self.unset {
+            field(b"unset")?;
+            field(key.as_bytes())?;
+        }
         field(b"--")?;
         for arg in &self.argv {
             field(arg.as_bytes())?;
@@ -132,6 +139,7 @@ impl InitArgs {
         let (mut uid, mut gid) = (None, None);
         let mut files = FilePlan::default();
         let mut env = Vec::new();
+        let mut unset = Vec::new();
         let number = |v: OsString, what: &str| -> Result<u32, String> {
             v.to_str()
                 .and_then(|v| v.parse().ok())
@@ -152,6 +160,7 @@ impl InitArgs {
                 }
                 Some("hide") => files.hidden.push(PathBuf::from(next("hide")?)),
                 Some("env") => env.push((next("env")?, next("env")?)),
+                Some("unset") => unset.push(next("unset")?),
                 _ => return Err(format!("unknown field {arg:?}")),
             }
         }
@@ -168,6 +177,7 @@ impl InitArgs {
             run_as,
             files,
             env,
+            unset,
             argv,
         })
     }
@@ -385,6 +395,9 @@ fn confine(args: &InitArgs) -> Result<Ready, String> {
     let mut cmd = std::process::Command::new(&args.argv[0]);
     cmd.args(&args.argv[1..])
         .envs(args.env.iter().map(|(k, v)| (k, v)));
+    for key in &args.unset {
+        cmd.env_remove(key);
+    }
     child::prepare(
         &mut cmd,
         ChildSetup {
@@ -526,6 +539,7 @@ mod tests {
                 ("SLUICE_TAP".into(), "tap0".into()),
                 ("EMPTY".into(), "".into()),
             ],
+            unset: vec!["GH_TOKEN".into()],
             argv: vec![
                 "sh".into(),
                 "-c".into(),
@@ -545,6 +559,7 @@ mod tests {
             run_as: None,
             files: FilePlan::default(),
             env: vec![],
+            unset: vec![],
             argv: vec!["true".into()],
         };
         assert_eq!(

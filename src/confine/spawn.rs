@@ -42,6 +42,7 @@ pub struct PreparedInit {
     planned: Option<Planned>,
     /// (source, target) pairs for the plan ([`PreparedInit::replace`]).
     replaced: Vec<(PathBuf, PathBuf)>,
+    unset: Vec<String>,
 }
 
 /// What sluice holds of a prepared init.
@@ -138,6 +139,7 @@ impl PreparedInit {
             }),
             planned: None,
             replaced: Vec::new(),
+            unset: Vec::new(),
         };
         back.map_err(|e| {
             ConfineError::Setup(format!(
@@ -169,6 +171,19 @@ impl PreparedInit {
             ));
         }
         self.replaced.push((source.into(), target.into()));
+        Ok(())
+    }
+
+    /// Remove `name` from the environment the workload inherits from
+    /// sluice (a secret sluice reads from its own environment). Call it
+    /// before [`PreparedInit::plan`].
+    pub fn unset_env(&mut self, name: impl Into<String>) -> Result<(), ConfineError> {
+        if self.planned.is_some() {
+            return Err(ConfineError::Setup(
+                "the workload's init was told what to run already".into(),
+            ));
+        }
+        self.unset.push(name.into());
         Ok(())
     }
 
@@ -204,6 +219,7 @@ impl PreparedInit {
             run_as,
             files: plan,
             env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            unset: self.unset.iter().map(Into::into).collect(),
             argv: argv.to_vec(),
         }
         .to_message()

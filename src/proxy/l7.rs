@@ -303,7 +303,10 @@ impl RequestHandle {
             .filter(|r| r.terminates());
         let checked = match rule {
             None => Err(Checked::Policy(Reason::NoRule)),
-            Some(rule) => self.check(&req, rule),
+            Some(rule) => match self.check(&req, rule) {
+                Ok(injects) => self.render(injects).await,
+                Err(why) => Err(why),
+            },
         };
         let injections = match checked {
             Ok(injections) => injections,
@@ -443,7 +446,7 @@ impl RequestHandle {
         &self,
         req: &Request<Incoming>,
         rule: &Rule,
-    ) -> Result<Vec<(String, HeaderName, HeaderValue)>, Checked> {
+    ) -> Result<Vec<crate::policy::Inject>, Checked> {
         // Only origin-form targets: an absolute-form or authority-form
         // target names a host of its own.
         let uri = req.uri();
@@ -518,27 +521,43 @@ impl RequestHandle {
             // certificate verified for the name.
             return Err(Checked::Request(RequestDenial::InjectNeedsTls));
         }
-        let secrets = &self.scope.interception.secrets;
-        let mut out = Vec::new();
-        for inject in &rule.inject {
-            let Ok(name) = HeaderName::from_bytes(inject.header.as_bytes()) else {
-                return Err(Checked::Request(RequestDenial::SecretUnavailable));
-            };
-            let rendered = inject.value.render(&|s| secrets.value(s));
-            let Some(value) = rendered.and_then(|v| HeaderValue::from_str(&v).ok()) else {
-                return Err(Checked::Request(RequestDenial::SecretUnavailable));
-            };
-            let mut value = value;
-            value.set_sensitive(true);
-            let secret = inject
-                .value
-                .secrets()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            out.push((secret, name, value));
+        Ok(rule.inject.clone())
+    }
+
+    /// The headers `injects` set, with the secrets' current values. On a
+    /// blocking thread: a command secret whose ttl passed is run again
+    /// (up to its deadline), which must not hold up the sandbox's other
+    /// connections.
+    async fn render(
+        &self,
+        injects: Vec<crate::policy::Inject>,
+    ) -> Result<Vec<(String, HeaderName, HeaderValue)>, Checked> {
+        if injects.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(out)
+        let secrets = self.scope.interception.secrets.clone();
+        let rendered = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for inject in &injects {
+                let name = HeaderName::from_bytes(inject.header.as_bytes()).ok()?;
+                let value = inject.value.render(&|s| secrets.value(s))?;
+                let mut value = HeaderValue::from_str(&value).ok()?;
+                value.set_sensitive(true);
+                let secret = inject
+                    .value
+                    .secrets()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                out.push((secret, name, value));
+            }
+            Some(out)
+        })
+        .await;
+        match rendered {
+            Ok(Some(out)) => Ok(out),
+            _ => Err(Checked::Request(RequestDenial::SecretUnavailable)),
+        }
     }
 
     /// The placeholders a request body of `rule` must not carry: all of
