@@ -539,15 +539,20 @@ pub(super) async fn audit(
 
 /// A plain-HTTP client gets a readable answer instead of a bare reset.
 pub(super) async fn reply_forbidden(client: TcpStream, outcome: &Outcome) {
-    let body = format!(
+    let body = denial_text(outcome);
+    reply_and_close(client, "403 Forbidden", outcome.reason(), &body).await;
+}
+
+/// The body of a refusal: the rule (or the default deny) and the reason.
+pub(super) fn denial_text(outcome: &Outcome) -> String {
+    format!(
         "sluice: denied by {} ({})\n",
         outcome
             .rule_name()
             .map(|r| format!("rule \"{r}\""))
             .unwrap_or_else(|| "default deny".to_string()),
         outcome.reason()
-    );
-    reply_and_close(client, "403 Forbidden", outcome.reason(), &body).await;
+    )
 }
 
 /// Answers with `status`, the reason in `X-Sluice-Reason` and `body`, then

@@ -27,7 +27,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::connection::audit_request;
+use super::connection::{audit_request, denial_text};
 use super::upstream::connect_upstream;
 use super::ProxyContext;
 use crate::audit::RequestFields;
@@ -639,14 +639,7 @@ impl RequestHandle {
     }
 
     fn reply(&self, status: StatusCode, outcome: &Outcome, close: bool) -> Response<ProxyBody> {
-        let body = format!(
-            "sluice: denied by {} ({})\n",
-            outcome
-                .rule_name()
-                .map(|r| format!("rule \"{r}\""))
-                .unwrap_or_else(|| "default deny".to_string()),
-            outcome.reason()
-        );
+        let body = denial_text(outcome);
         let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|n| match n {}).boxed());
         *resp.status_mut() = status;
         let headers = resp.headers_mut();
