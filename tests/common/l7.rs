@@ -41,6 +41,11 @@ impl Requests {
     pub fn all(&self) -> Vec<Seen> {
         self.0.lock().unwrap().clone()
     }
+
+    /// The request targets, in the order they came.
+    pub fn targets(&self) -> Vec<String> {
+        self.all().iter().map(|r| r.target().to_string()).collect()
+    }
 }
 
 /// An HTTPS origin on `addr` in the world's outer namespace for `names`,
