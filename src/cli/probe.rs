@@ -38,9 +38,11 @@ pub enum ProbeCommand {
         /// Server name to send (default: the host part of TARGET).
         #[arg(long)]
         sni: Option<String>,
-        /// PEM file of the CA to trust.
+        /// PEM file of the CAs to trust (default: $SSL_CERT_FILE, else
+        /// /etc/ssl/certs/ca-certificates.crt, as curl and openssl do; inside
+        /// a sandbox whose policy terminates TLS that holds sluice's CA).
         #[arg(long, value_name = "FILE")]
-        ca: PathBuf,
+        ca: Option<PathBuf>,
     },
     /// Open a TCP connection, send LINE, print what comes back.
     Tcp {
@@ -133,7 +135,10 @@ pub fn execute(cmd: ProbeCommand) -> i32 {
                 probe::http(&url, body)
             }
         }
-        ProbeCommand::Tls { target, sni, ca } => probe::tls(&target, sni.as_deref(), &ca),
+        ProbeCommand::Tls { target, sni, ca } => {
+            let ca = ca.unwrap_or_else(probe::default_ca_file);
+            probe::tls(&target, sni.as_deref(), &ca)
+        }
         ProbeCommand::Tcp {
             target,
             send,

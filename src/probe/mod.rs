@@ -69,6 +69,16 @@ pub fn http_many(
     }
 }
 
+/// The CA file a TLS client trusts when not told: `$SSL_CERT_FILE`, else
+/// the distribution's bundle (where sluice puts its sandbox CA for
+/// containers and host commands alike).
+pub fn default_ca_file() -> std::path::PathBuf {
+    std::env::var_os("SSL_CERT_FILE")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| crate::intercept::roots::SYSTEM_BUNDLE.into())
+}
+
 pub fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
     let name = sni.map(str::to_string).unwrap_or_else(|| {
@@ -81,9 +91,14 @@ pub fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     let mut roots = rustls::RootCertStore::empty();
     let certs = CertificateDer::pem_file_iter(ca)
         .map_err(|e| format!("FAIL read CA {}: {e}", ca.display()))?;
-    for cert in certs {
-        let cert = cert.map_err(|e| format!("FAIL parse CA {}: {e}", ca.display()))?;
-        roots.add(cert).map_err(|e| format!("FAIL CA: {e}"))?;
+    let certs = certs
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("FAIL parse CA {}: {e}", ca.display()))?;
+    // A system bundle may hold a certificate rustls cannot use; the others
+    // still count, as they would for any client.
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(format!("FAIL CA {}: no usable certificate", ca.display()));
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
