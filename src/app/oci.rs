@@ -6,10 +6,17 @@
 //! (its id is the `sandbox` of every record); and everything is torn down
 //! when the container ends: at podman's exit, or for `podman run -d` when
 //! `podman wait` returns.
+//!
+//! The sandbox CA and the secrets are made before podman runs (under a
+//! provisional name: the container id is not known yet; the records carry
+//! the container id all the same): the container gets the secrets'
+//! placeholders and, when a rule terminates TLS, the system roots plus the
+//! sandbox CA over the distribution's bundle, as `podman run` options.
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -18,9 +25,10 @@ use tokio::io::AsyncReadExt;
 use super::{supervise, supervise_command, CtrlC, PolicySource, ServedSandbox, ServiceOptions};
 use super::{Session, STOP_GRACE};
 use crate::attach::oci::{self as podman, PodmanRun};
-use crate::attach::oci_check::WrapperHook;
+use crate::attach::oci_check::{Guarded, WrapperHook};
 use crate::attach::Sandbox;
 use crate::drain::Watch;
+use crate::proxy::Interception;
 
 /// Everything `sluice oci` was asked to do.
 pub struct OciOptions {
@@ -40,18 +48,41 @@ const CIDFILE_POLL: Duration = Duration::from_millis(5);
 /// own status when podman fails before the container runs).
 pub async fn run(opts: OciOptions) -> Result<i32> {
     // No bind mount of the container may reach a checkpoint key.
-    let secrets = crate::audit::checkpoint::key_paths(&opts.services.checkpoints.state_dir);
+    let mut secrets = Guarded::keys(crate::audit::checkpoint::key_paths(
+        &opts.services.checkpoints.state_dir,
+    ));
     let session = Session::start(opts.services, opts.policy).await?;
-    let prepared =
-        super::fresh_sandbox(opts.sandbox).and_then(|sandbox| Ok((PrivateDir::create()?, sandbox)));
-    let (workdir, sandbox) = match prepared {
+    // Nor one of the policy's secret files.
+    secrets.extend(Guarded::of_policy(&session.policy()));
+    let provisional = crate::sandbox_id::SandboxId::numbered("oci", std::process::id());
+    let prepared = session
+        .services
+        .shared
+        .interception(&provisional, &session.policy())
+        .context("the container was not started")
+        .and_then(|interception| {
+            let sandbox = super::fresh_sandbox(opts.sandbox)?;
+            let workdir = PrivateDir::create()?;
+            let delivery = Delivery::prepare(&interception, &session.policy(), &workdir)?;
+            Ok((workdir, sandbox, interception, delivery))
+        });
+    let (workdir, sandbox, interception, delivery) = match prepared {
         Ok(prepared) => prepared,
         Err(err) => {
             session.finish(None, super::Leftovers::Unknown).await;
             return Err(err);
         }
     };
-    let status = contain(&session, sandbox, &opts.podman, &workdir, &secrets).await;
+    let status = contain(
+        &session,
+        sandbox,
+        &opts.podman,
+        &workdir,
+        &secrets,
+        interception,
+        &delivery,
+    )
+    .await;
     let (status, served) = match status {
         Ok((status, served)) => (Ok(status), served),
         Err((err, served)) => (Err(err), served),
@@ -77,7 +108,9 @@ async fn contain(
     sandbox: Sandbox,
     run: &PodmanRun,
     workdir: &PrivateDir,
-    secrets: &[PathBuf],
+    secrets: &[Guarded],
+    interception: Arc<Interception>,
+    delivery: &Delivery,
 ) -> Contained {
     // Kept to clear out the namespace if the sandbox is never served.
     let netns = match sandbox.netns.clone_handle() {
@@ -91,7 +124,7 @@ async fn contain(
         std::process::id(),
         sandbox.netns.as_fd().as_raw_fd()
     ));
-    let argv = run.command_line(&netns_path, sandbox.netns.inode(), &ours);
+    let argv = run.command_line(&netns_path, sandbox.netns.inode(), &ours, &delivery.options);
     // The confinement check runs on the container's final config, in a hook
     // of the wrapper's own (see attach::oci_check).
     let hook = match WrapperHook::install(&workdir.0, sandbox.netns.inode(), secrets) {
@@ -103,7 +136,7 @@ async fn contain(
     };
     let argv = hook.command_line(argv, &run.podman());
     tracing::info!(command = %podman::shown(&argv), "starting podman");
-    let mut child = match podman::spawn_podman(&argv) {
+    let mut child = match podman::spawn_podman(&argv, &delivery.unset) {
         Ok(child) => child,
         Err(err) => return Err((err.into(), None)),
     };
@@ -121,6 +154,7 @@ async fn contain(
         sandbox,
         session.reloading.handle.clone(),
         session.services.shared.clone(),
+        interception,
         stop_rx,
     ));
     let status = supervise_command(&mut child, session).await;
@@ -181,6 +215,7 @@ async fn serve_when_named(
     sandbox: Sandbox,
     policy: crate::bundle::PolicyHandle,
     shared: super::Shared,
+    interception: Arc<Interception>,
     stop: Watch,
 ) -> Result<Option<ServedSandbox>> {
     loop {
@@ -196,7 +231,8 @@ async fn serve_when_named(
                 sandbox = %id,
                 "sandbox ready"
             );
-            return ServedSandbox::start(sandbox, id, policy, &shared).map(Some);
+            return ServedSandbox::start_with(sandbox, id, policy, &shared, Some(interception))
+                .map(Some);
         }
         if stopping {
             return Ok(None);
@@ -254,11 +290,80 @@ async fn wait_detached(session: &Session, run: &PodmanRun, id: &str) -> Result<i
     }
 }
 
+/// What the container is given of the sandbox CA and the secrets, as
+/// `podman run` options, and what podman itself must not pass on.
+struct Delivery {
+    /// `--env SLUICE_SECRET_<NAME>=<placeholder>` for every secret, and when
+    /// a rule terminates TLS `--volume BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro`
+    /// and `--env VAR=/etc/ssl/certs/ca-certificates.crt` for each of
+    /// [`super::CA_BUNDLE_VARIABLES`].
+    options: Vec<OsString>,
+    /// Variables sluice read secrets from: not podman's (its `-e VAR` and
+    /// `--env-host` would copy them into the container).
+    unset: Vec<String>,
+}
+
+impl Delivery {
+    /// Write the bundle (system roots plus the sandbox CA) into `workdir`
+    /// when the policy terminates TLS, and say how podman hands it and the
+    /// placeholders to the container.
+    fn prepare(
+        interception: &Interception,
+        policy: &crate::policy::Policy,
+        workdir: &PrivateDir,
+    ) -> Result<Delivery> {
+        let mut options: Vec<OsString> = Vec::new();
+        let system = crate::intercept::roots::SYSTEM_BUNDLE;
+        if policy.rules().iter().any(|r| r.terminates()) {
+            let pem = crate::intercept::ca::bundle_pem(&interception.ca, Path::new(system));
+            let bundle = workdir.0.join("ca-bundle.pem");
+            write_readable(&bundle, &pem).with_context(|| {
+                format!("cannot write the sandbox CA bundle {}", bundle.display())
+            })?;
+            let mut volume = bundle.into_os_string();
+            volume.push(format!(":{system}:ro"));
+            options.push("--volume".into());
+            options.push(volume);
+            for var in super::CA_BUNDLE_VARIABLES {
+                options.push("--env".into());
+                options.push(format!("{var}={system}").into());
+            }
+        }
+        for (var, placeholder) in interception.secrets.placeholder_env() {
+            options.push("--env".into());
+            options.push(format!("{var}={placeholder}").into());
+        }
+        let unset = policy
+            .secrets()
+            .iter()
+            .filter_map(|s| match &s.source {
+                crate::policy::SecretSource::Env(var) => Some(var.clone()),
+                _ => None,
+            })
+            .collect();
+        Ok(Delivery { options, unset })
+    }
+}
+
+/// `text` in a new file any user in the container may read (the directory
+/// around it stays root's).
+fn write_readable(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)?;
+    file.write_all(text.as_bytes())
+}
+
 /// Where the wrappers' private directories live (root-owned tmpfs).
 const WORK_PARENT: &str = "/run/sluice";
 
-/// A directory only root can enter, for the container id file; removed as
-/// soon as the id is read, and on drop. A SIGKILLed wrapper's directory is
+/// A directory only root can enter, for the container id file (removed as
+/// soon as the id is read), the wrapper's hook and the CA bundle the
+/// container binds; removed on drop. A SIGKILLed wrapper's directory is
 /// removed by the next `sluice oci`.
 struct PrivateDir(PathBuf);
 

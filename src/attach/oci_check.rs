@@ -8,8 +8,10 @@
 //! the user opts in with the `io.sluice.allow-net-admin=true` annotation,
 //! and even then never together with a way to name another network
 //! namespace (a bind of /proc, of /run/netns, of a namespace file). A bind
-//! mount that reaches one of sluice's secrets (the audit log's checkpoint
-//! signing key) is refused too: whoever reads it can forge checkpoints.
+//! mount that reaches one of sluice's secrets is refused too: the audit
+//! log's checkpoint signing key (whoever reads it can forge checkpoints)
+//! and the policy's secret files (which sluice injects so that the
+//! container never holds them).
 //! Every reason is reported at once, each naming the podman option that
 //! causes it.
 //!
@@ -48,7 +50,7 @@ pub struct Refusal {
 
 /// Check the final OCI runtime config of a container; `secrets` are files
 /// no bind mount may reach (those that do not exist are not checked).
-pub fn check(config: &Value, secrets: &[PathBuf]) -> Result<(), Refusal> {
+pub fn check(config: &Value, secrets: &[Guarded]) -> Result<(), Refusal> {
     let mut reasons = Vec::new();
     let caps = &config["process"]["capabilities"];
     let has = |cap: &str| {
@@ -118,30 +120,84 @@ pub fn check(config: &Value, secrets: &[PathBuf]) -> Result<(), Refusal> {
     }
 }
 
+/// A file of sluice's that no bind mount of a container may reach, and
+/// what it is (for the reason given).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guarded {
+    pub path: PathBuf,
+    pub kind: GuardedKind,
+}
+
+/// What a [`Guarded`] file is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardedKind {
+    /// An audit checkpoint signing key: whoever reads it can forge the
+    /// audit log's checkpoints.
+    CheckpointKey,
+    /// A `file:` secret of the policy: sluice injects it into requests so
+    /// that the container never holds it.
+    PolicySecret,
+}
+
+impl Guarded {
+    /// Audit checkpoint keys.
+    pub fn keys(paths: impl IntoIterator<Item = PathBuf>) -> Vec<Guarded> {
+        Guarded::all(paths, GuardedKind::CheckpointKey)
+    }
+
+    /// The policy's secret files.
+    pub fn policy_secrets(paths: impl IntoIterator<Item = PathBuf>) -> Vec<Guarded> {
+        Guarded::all(paths, GuardedKind::PolicySecret)
+    }
+
+    fn all(paths: impl IntoIterator<Item = PathBuf>, kind: GuardedKind) -> Vec<Guarded> {
+        paths
+            .into_iter()
+            .map(|path| Guarded { path, kind })
+            .collect()
+    }
+
+    /// The files of a policy's `file:` secrets.
+    pub fn of_policy(policy: &crate::policy::Policy) -> Vec<Guarded> {
+        Guarded::policy_secrets(policy.secrets().iter().filter_map(|s| match &s.source {
+            crate::policy::SecretSource::File(path) => Some(path.clone()),
+            _ => None,
+        }))
+    }
+}
+
 /// Why each bind of `sources` (source, destination if known) that is,
-/// holds or lies in one of `secrets` (that exists) is refused: one reason
+/// holds or lies in one of `guarded` (that exists) is refused: one reason
 /// per bind.
-pub fn secret_binds(sources: &[(PathBuf, String)], secrets: &[PathBuf]) -> Vec<String> {
-    let secrets: Vec<PathBuf> = secrets
+pub fn secret_binds(sources: &[(PathBuf, String)], guarded: &[Guarded]) -> Vec<String> {
+    let guarded: Vec<(PathBuf, GuardedKind)> = guarded
         .iter()
-        .filter_map(|s| std::fs::canonicalize(s).ok())
+        .filter_map(|g| Some((std::fs::canonicalize(&g.path).ok()?, g.kind)))
         .collect();
     let mut reasons = Vec::new();
     for (source, destination) in sources {
         let resolved = std::fs::canonicalize(source).unwrap_or_else(|_| source.clone());
-        let reached = secrets.iter().find(|secret| {
+        let reached = guarded.iter().find(|(secret, _)| {
             [source, &resolved]
                 .iter()
                 .any(|p| secret.starts_with(p) || p.starts_with(secret))
         });
-        if let Some(secret) = reached {
+        if let Some((secret, kind)) = reached {
             let at = if destination.is_empty() {
                 String::new()
             } else {
                 format!(" at {destination}")
             };
+            let what = match kind {
+                GuardedKind::CheckpointKey => {
+                    "sluice's audit checkpoint signing key, with which it could forge the audit log's checkpoints"
+                }
+                GuardedKind::PolicySecret => {
+                    "a secret file of the policy, which sluice injects into requests so that the container never holds it"
+                }
+            };
             reasons.push(format!(
-                "its bind mount of {}{at} (podman -v or --mount) holds {}, sluice's audit checkpoint signing key, with which it could forge the audit log's checkpoints: mount a directory that does not hold it",
+                "its bind mount of {}{at} (podman -v or --mount) holds {}, {what}: mount a directory that does not hold it",
                 source.display(),
                 secret.display()
             ));
@@ -196,15 +252,25 @@ fn reaches_namespaces(source: &Path) -> bool {
     near(source) || near(&resolved) || nsfs
 }
 
+/// What the hook needs of a container's runtime config once it passed
+/// [`check`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedBundle {
+    /// Its bind mounts (source, destination), for the daemon to check
+    /// against its own secrets.
+    pub binds: Vec<(PathBuf, String)>,
+    /// Its root filesystem on the host (`root.path`, made absolute against
+    /// the bundle directory).
+    pub rootfs: Option<PathBuf>,
+}
+
 /// Read the runtime config of the container whose OCI bundle is `bundle`
-/// and [`check`] it; returns its bind mounts (for the daemon to check
-/// against its own secrets). When the hook runs for `sluice oci`
-/// ([`REPORT_ENV`] set), a refusal is also written where the wrapper reads
-/// it.
+/// and [`check`] it. When the hook runs for `sluice oci` ([`REPORT_ENV`]
+/// set), a refusal is also written where the wrapper reads it.
 pub fn check_bundle(
     bundle: &Path,
-    secrets: &[PathBuf],
-) -> Result<Vec<(PathBuf, String)>, super::oci::OciError> {
+    secrets: &[Guarded],
+) -> Result<CheckedBundle, super::oci::OciError> {
     let path = bundle.join("config.json");
     let config: Value = std::fs::read(&path)
         .map_err(|e| e.to_string())
@@ -216,7 +282,14 @@ pub fn check_bundle(
         }
         super::oci::OciError::from(refusal)
     })?;
-    Ok(bind_sources(&config))
+    let rootfs = config["root"]["path"]
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .map(|p| bundle.join(p));
+    Ok(CheckedBundle {
+        binds: bind_sources(&config),
+        rootfs,
+    })
 }
 
 /// The hook `sluice oci` adds to podman for its own container: a hooks
@@ -245,7 +318,7 @@ impl WrapperHook {
     pub fn install(
         private: &Path,
         inode: u64,
-        secrets: &[PathBuf],
+        secrets: &[Guarded],
     ) -> std::io::Result<WrapperHook> {
         let dir = private.join("hooks.d");
         std::fs::create_dir_all(&dir)?;
@@ -253,8 +326,12 @@ impl WrapperHook {
         let sluice = std::env::current_exe()?;
         let mut args = vec!["sluice".to_string(), "oci-hook".to_string()];
         for secret in secrets {
-            args.push("--secret".to_string());
-            args.push(secret.display().to_string());
+            let option = match secret.kind {
+                GuardedKind::CheckpointKey => "--secret",
+                GuardedKind::PolicySecret => "--policy-secret",
+            };
+            args.push(option.to_string());
+            args.push(secret.path.display().to_string());
         }
         let hook = serde_json::json!({
             "version": "1.0.0",
@@ -479,7 +556,7 @@ mod tests {
                 json!({}),
             )
         };
-        let secrets = [key.clone()];
+        let secrets = Guarded::keys([key.clone()]);
         for reaching in [dir.path(), &state, &key] {
             let r = check(&bind(reaching), &secrets)
                 .err()
@@ -490,7 +567,54 @@ mod tests {
         }
         assert_eq!(check(&bind(&dir.path().join("data")), &secrets), Ok(()));
         // A key that does not exist (yet) refuses nothing.
-        assert_eq!(check(&bind(&state), &[state.join("none")]), Ok(()));
+        assert_eq!(
+            check(&bind(&state), &Guarded::keys([state.join("none")])),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_bind_that_reaches_a_policy_secret_file_is_refused_and_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("gh-token");
+        std::fs::write(&secret, "s3cret").unwrap();
+        let c = config(
+            &[],
+            Some(""),
+            json!([{"destination": "/x", "type": "bind", "source": dir.path(), "options": ["rbind"]}]),
+            json!({}),
+        );
+        let r = check(&c, &Guarded::policy_secrets([secret.clone()]))
+            .err()
+            .map(|r| r.reasons)
+            .unwrap_or_default();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0].contains("a secret file of the policy"), "{r:?}");
+        assert!(r[0].contains("gh-token"), "{r:?}");
+    }
+
+    #[test]
+    fn the_wrapper_hook_passes_policy_secrets_apart_from_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut guarded = Guarded::keys([PathBuf::from("/k")]);
+        guarded.extend(Guarded::policy_secrets([PathBuf::from("/s")]));
+        WrapperHook::install(dir.path(), 7, &guarded).unwrap();
+        let file: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("hooks.d/00-sluice-oci-wrapper.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            file["hook"]["args"],
+            json!([
+                "sluice",
+                "oci-hook",
+                "--secret",
+                "/k",
+                "--policy-secret",
+                "/s"
+            ])
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //!
 //! ```text
 //! POST   /v1/sandboxes        AttachRequest (JSON) -> 201 SandboxInfo   (first byte 'F' + fd;
+//!                             with `ca_bundle` when the policy terminates TLS;
 //!                             with `vm`: fence that tap in the namespace sent)
 //! GET    /v1/sandboxes        -> 200 [SandboxInfo]                       (first byte 'N')
 //! DELETE /v1/sandboxes/{id}   -> 200 SandboxInfo | 404                   (first byte 'N';
@@ -177,6 +178,11 @@ pub struct SandboxInfo {
     /// A microVM's tap and guest (path `vm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<VmInfo>,
+    /// In the answer to an attach whose policy terminates TLS: the system
+    /// roots plus the sandbox's CA (PEM), for the hook to put over the
+    /// container's /etc/ssl/certs/ca-certificates.crt. Not in listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
 }
 
 /// Connection counts of one sandbox.

@@ -166,13 +166,16 @@ impl Registry {
         let id = req.id.clone();
         let remembered = req.clone();
         match self.attach_reserved(req, fd).await {
-            Ok(entry) => {
+            Ok((entry, ca_bundle)) => {
                 if remembered.pid.is_some() {
                     if let Err(err) = self.records.save(&remembered, entry.netns.inode()) {
                         tracing::warn!(sandbox = %id, %err, "cannot write the sandbox's restart record: a restarted daemon will not adopt it again");
                     }
                 }
-                let info = self.info_of(&id, &entry);
+                let info = SandboxInfo {
+                    ca_bundle,
+                    ..self.info_of(&id, &entry)
+                };
                 self.lock().insert(id, Slot::Ready(entry));
                 Ok(info)
             }
@@ -187,22 +190,10 @@ impl Registry {
     /// A container that could read the daemon's checkpoint key could forge
     /// its audit log's checkpoints: refuse it before anything is attached.
     fn check_binds(&self, req: &AttachRequest) -> Result<(), ApiError> {
-        let binds: Vec<(std::path::PathBuf, String)> = req
-            .binds
-            .iter()
-            .map(|source| (source.clone(), String::new()))
-            .collect();
-        let secrets = crate::audit::checkpoint::key_paths(&self.defaults.state_dir);
-        let reasons = crate::attach::oci_check::secret_binds(&binds, &secrets);
-        if reasons.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::bad(format!(
-                "container {} refused: {}",
-                req.id,
-                reasons.join("; ")
-            )))
-        }
+        let keys = crate::attach::oci_check::Guarded::keys(crate::audit::checkpoint::key_paths(
+            &self.defaults.state_dir,
+        ));
+        refuse_binds(req, &keys)
     }
 
     /// Mark `id` as being attached. Another attach of the same namespace is
@@ -254,16 +245,34 @@ impl Registry {
         Ok(stale)
     }
 
+    /// Attach and serve; returns the entry and, when the policy terminates
+    /// TLS, the CA bundle for the container (see [`SandboxInfo::ca_bundle`]).
     async fn attach_reserved(
         self: &Arc<Self>,
         req: AttachRequest,
         fd: OwnedFd,
-    ) -> Result<Box<Entry>, ApiError> {
+    ) -> Result<(Box<Entry>, Option<String>), ApiError> {
         // The policy first: a bad one must not touch the namespace.
         let source = self.policy_source(&req)?;
         let active = ActiveSource::load(source, &self.shared)
             .await
             .map_err(|e| ApiError::bad(crate::report::error_line(&e)))?;
+        let policy = active.handle.current();
+        // A container that could read one of the policy's secret files
+        // would hold the credential sluice injects for it.
+        refuse_binds(&req, &crate::attach::oci_check::Guarded::of_policy(&policy))?;
+        // The CA and the secrets before the namespace changes: a secret that
+        // cannot be read refuses the container with nothing attached.
+        let interception = self
+            .shared
+            .interception(&req.id, &policy)
+            .map_err(|e| ApiError::bad(crate::report::error_line(&e)))?;
+        let ca_bundle = policy.rules().iter().any(|r| r.terminates()).then(|| {
+            crate::intercept::ca::bundle_pem(
+                &interception.ca,
+                std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE),
+            )
+        });
 
         let pid = req.pid;
         let vm = req.vm.as_ref().map(vm_net).transpose()?;
@@ -281,11 +290,12 @@ impl Registry {
 
         let mut reload = Drain::new("reloader");
         let reloading = active.spawn(&mut reload);
-        let served = match ServedSandbox::start(
+        let served = match ServedSandbox::start_with(
             sandbox,
             req.id.clone(),
             reloading.handle().clone(),
             &self.shared,
+            Some(interception),
         ) {
             Ok(served) => served,
             Err(err) => {
@@ -310,7 +320,7 @@ impl Registry {
             policy = %served.policy.label(),
             "sandbox attached"
         );
-        Ok(Box::new(Entry {
+        let entry = Box::new(Entry {
             generation,
             served,
             netns,
@@ -320,7 +330,8 @@ impl Registry {
             reloading,
             reload,
             watcher: Some(watcher),
-        }))
+        });
+        Ok((entry, ca_bundle))
     }
 
     fn policy_source(&self, req: &AttachRequest) -> Result<PolicySource, ApiError> {
@@ -675,7 +686,31 @@ impl Registry {
                 active: tally.active,
             },
             dropped_packets: None,
+            ca_bundle: None,
         }
+    }
+}
+
+/// Refuse `req` if one of its container's bind sources reaches one of
+/// `guarded`.
+fn refuse_binds(
+    req: &AttachRequest,
+    guarded: &[crate::attach::oci_check::Guarded],
+) -> Result<(), ApiError> {
+    let binds: Vec<(std::path::PathBuf, String)> = req
+        .binds
+        .iter()
+        .map(|source| (source.clone(), String::new()))
+        .collect();
+    let reasons = crate::attach::oci_check::secret_binds(&binds, guarded);
+    if reasons.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::bad(format!(
+            "container {} refused: {}",
+            req.id,
+            reasons.join("; ")
+        )))
     }
 }
 

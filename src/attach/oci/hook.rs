@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::attach::oci_check::Guarded;
+
 use super::{
     check_bundle_confinement, OciError, ANNOTATION_BUNDLE, ANNOTATION_NETNS, ANNOTATION_POLICY,
     ANNOTATION_SOCKET, ANNOTATION_TRUST,
@@ -123,15 +125,18 @@ pub struct ContainerAttach {
     pub bundle: Option<String>,
     pub trust: Option<PathBuf>,
     /// The sources of its bind mounts, for the daemon to check against its
-    /// own secrets.
+    /// own secrets and the policy's.
     pub binds: Vec<PathBuf>,
+    /// Its root filesystem on the host, where the sandbox CA is put when the
+    /// daemon hands one back.
+    pub rootfs: Option<PathBuf>,
     pub netns: File,
 }
 
 /// Check the container described by `state` and say what to ask the
 /// daemon. A container that could leave its namespace, or whose bind mounts
 /// reach one of `secrets`, is refused, whatever started it.
-pub fn plan(state: &OciState, secrets: &[PathBuf]) -> Result<HookStep, OciError> {
+pub fn plan(state: &OciState, secrets: &[Guarded]) -> Result<HookStep, OciError> {
     if state.is_stopped() {
         return Ok(HookStep::Release {
             id: state.id.clone(),
@@ -139,7 +144,7 @@ pub fn plan(state: &OciState, secrets: &[PathBuf]) -> Result<HookStep, OciError>
     }
     let pid = state.pid.filter(|p| *p > 0).ok_or(OciError::NoPid)?;
     let bundle = state.bundle.as_deref().ok_or(OciError::NoBundle)?;
-    let binds = check_bundle_confinement(bundle, secrets)?;
+    let checked = check_bundle_confinement(bundle, secrets)?;
     match HookPlan::from_annotations(&state.annotations)? {
         HookPlan::CheckWrapped { inode } => {
             check_wrapped(pid, &inode)?;
@@ -166,7 +171,12 @@ pub fn plan(state: &OciState, secrets: &[PathBuf]) -> Result<HookStep, OciError>
                 policy,
                 bundle,
                 trust,
-                binds: binds.into_iter().map(|(source, _)| source).collect(),
+                binds: checked
+                    .binds
+                    .into_iter()
+                    .map(|(source, _)| source)
+                    .collect(),
+                rootfs: checked.rootfs,
                 netns,
             }))
         }

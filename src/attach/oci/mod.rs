@@ -23,6 +23,8 @@
 //! hook refuse a start in any namespace but the one sluice enforced.
 
 #[forbid(unsafe_code)]
+pub mod ca_mount;
+#[forbid(unsafe_code)]
 pub mod hook;
 
 use std::ffi::{OsStr, OsString};
@@ -130,11 +132,11 @@ pub fn check_confinement(config: &serde_json::Value) -> Result<(), OciError> {
 /// Read the runtime config of the container whose OCI bundle is `bundle`
 /// and check it with [`check_confinement`] (the hook's check, for the
 /// daemon's containers and the wrapper's alike); no bind may reach
-/// `secrets`. Returns the container's bind mounts (source, destination).
+/// `secrets`. Returns the container's bind mounts and its rootfs.
 pub fn check_bundle_confinement(
     bundle: &Path,
-    secrets: &[std::path::PathBuf],
-) -> Result<Vec<(std::path::PathBuf, String)>, OciError> {
+    secrets: &[super::oci_check::Guarded],
+) -> Result<super::oci_check::CheckedBundle, OciError> {
     super::oci_check::check_bundle(bundle, secrets)
 }
 
@@ -298,9 +300,17 @@ impl PodmanRun {
     }
 
     /// The command line podman is run with: the user's, plus
-    /// `--network ns:NETNS`, the annotation naming the namespace's inode, and
-    /// `--cidfile CIDFILE` unless the user gave one.
-    pub fn command_line(&self, netns: &Path, inode: u64, cidfile: &Path) -> Vec<OsString> {
+    /// `--network ns:NETNS`, the annotation naming the namespace's inode,
+    /// `--cidfile CIDFILE` unless the user gave one, and `extra` (more
+    /// `run` options: the CA bundle's volume, environment), all among
+    /// `run`'s options, before the user's own and the image.
+    pub fn command_line(
+        &self,
+        netns: &Path,
+        inode: u64,
+        cidfile: &Path,
+        extra: &[OsString],
+    ) -> Vec<OsString> {
         let mut argv = self.argv[..self.insert_at].to_vec();
         let mut network = OsString::from("ns:");
         network.push(netns.as_os_str());
@@ -312,6 +322,7 @@ impl PodmanRun {
             argv.push("--cidfile".into());
             argv.push(cidfile.into());
         }
+        argv.extend_from_slice(extra);
         argv.extend_from_slice(&self.argv[self.insert_at..]);
         argv
     }
@@ -334,15 +345,20 @@ impl PodmanRun {
     }
 }
 
-/// Start `argv` (podman) in sluice's own namespace. Like `sluice run`'s
+/// Start `argv` (podman) in sluice's own namespace, without the variables
+/// `unset` (secrets sluice read from its environment: podman's `-e VAR` or
+/// `--env-host` would hand them to the container). Like `sluice run`'s
 /// workload, it is SIGTERMed if the thread that started it (the runtime's
 /// main thread) dies; the container itself then keeps a namespace whose only
 /// way out, sluice's listener, is gone.
-pub fn spawn_podman(argv: &[OsString]) -> Result<Child, OciError> {
+pub fn spawn_podman(argv: &[OsString], unset: &[String]) -> Result<Child, OciError> {
     use crate::confine::child::{self, ChildSetup, Parent};
     let program = argv[0].to_string_lossy().into_owned();
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);
+    for var in unset {
+        cmd.env_remove(var);
+    }
     child::prepare(
         &mut cmd,
         ChildSetup {
@@ -453,12 +469,32 @@ mod tests {
     fn a_plain_run_is_accepted_and_gets_the_namespace_after_run() {
         let run = parse("podman --log-level warn run --rm -it img sh -c x").unwrap();
         assert!(!run.detach);
-        let line = run.command_line(Path::new("/proc/1/fd/5"), 42, Path::new("/tmp/c"));
+        let line = run.command_line(Path::new("/proc/1/fd/5"), 42, Path::new("/tmp/c"), &[]);
         assert_eq!(
             shown(&line),
             "podman --log-level warn run --network ns:/proc/1/fd/5 --annotation io.sluice.netns=42 --cidfile /tmp/c --rm -it img sh -c x"
         );
         assert_eq!(shown(&run.podman()), "podman --log-level warn");
+    }
+
+    #[test]
+    fn extra_options_go_among_runs_options_before_the_image_and_its_command() {
+        let extra = argv("--volume /b.pem:/etc/ssl/certs/ca-certificates.crt:ro --env A=1");
+        for (given, expected) in [
+            (
+                "podman --root /r container run -e X=1 -v /a:/a img -e no --volume no",
+                "podman --root /r container run --network ns:/n --annotation io.sluice.netns=1 --cidfile /c --volume /b.pem:/etc/ssl/certs/ca-certificates.crt:ro --env A=1 -e X=1 -v /a:/a img -e no --volume no",
+            ),
+            (
+                "podman run img",
+                "podman run --network ns:/n --annotation io.sluice.netns=1 --cidfile /c --volume /b.pem:/etc/ssl/certs/ca-certificates.crt:ro --env A=1 img",
+            ),
+        ] {
+            let line = parse(given)
+                .unwrap()
+                .command_line(Path::new("/n"), 1, Path::new("/c"), &extra);
+            assert_eq!(shown(&line), expected);
+        }
     }
 
     #[test]
@@ -513,7 +549,7 @@ mod tests {
         assert!(!parse("podman run --detach=false img").unwrap().detach);
         let run = parse("podman run --cidfile /x/c -d img").unwrap();
         assert_eq!(run.cidfile.as_deref(), Some(Path::new("/x/c")));
-        let line = run.command_line(Path::new("/n"), 1, Path::new("/ours"));
+        let line = run.command_line(Path::new("/n"), 1, Path::new("/ours"), &[]);
         assert!(!shown(&line).contains("/ours"));
     }
 
