@@ -368,8 +368,22 @@ fn run_container(
     extra: &[&str],
     script: &str,
 ) -> Ran {
+    run_container_trusting(w, env, via, policy, None, extra, script)
+}
+
+/// [`run_container`], the wrapper trusting `upstream_ca` for origins.
+fn run_container_trusting(
+    w: &World,
+    env: &OciEnv,
+    via: Via,
+    policy: &Path,
+    upstream_ca: Option<&Path>,
+    extra: &[&str],
+    script: &str,
+) -> Ran {
     let cidfile = unique(w, "cid");
-    let mut cmd = container_command(w, env, via, policy, &cidfile, extra, script);
+    let mut cmd =
+        container_command_trusting(w, env, via, policy, upstream_ca, &cidfile, extra, script);
     let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -394,6 +408,22 @@ fn container_command(
     extra: &[&str],
     script: &str,
 ) -> Command {
+    container_command_trusting(w, env, via, policy, None, cidfile, extra, script)
+}
+
+/// [`container_command`], the wrapper trusting `upstream_ca` for origins
+/// (the daemon's is its config's `upstream_ca`).
+#[allow(clippy::too_many_arguments)]
+fn container_command_trusting(
+    w: &World,
+    env: &OciEnv,
+    via: Via,
+    policy: &Path,
+    upstream_ca: Option<&Path>,
+    cidfile: &Path,
+    extra: &[&str],
+    script: &str,
+) -> Command {
     let mut cmd = match via {
         Via::Wrapper => {
             let mut cmd = in_outer(w, env, sluice_bin());
@@ -402,8 +432,11 @@ fn container_command(
                 .arg("--audit")
                 .arg(w.audit_path())
                 .arg("--state-dir")
-                .arg(w.state_dir())
-                .args(["--", "podman", "run"]);
+                .arg(w.state_dir());
+            if let Some(ca) = upstream_ca {
+                cmd.arg("--upstream-ca").arg(ca);
+            }
+            cmd.args(["--", "podman", "run"]);
             cmd
         }
         Via::Hook(daemon) => {
@@ -1561,6 +1594,138 @@ fn a_bind_mount_that_reaches_the_audit_checkpoint_key_is_refused_whichever_way_i
         let form = &["-v", volume.as_str()];
         let ran = run_container(w, env, via, &w.policy(POLICY), form, "echo container-ran");
         assert_refused(&ran, via, form, "audit checkpoint signing key");
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Requests (L7): the sandbox CA and the secrets' placeholders, delivered.
+
+/// A world with an HTTPS origin for api.github.test (198.18.0.1:443, its
+/// own test CA), the secret on the host, and a policy that admits `GET /`
+/// there and injects the secret; for the hook, a daemon that trusts the
+/// origin's CA.
+struct Injecting {
+    policy: PathBuf,
+    origin_ca: PathBuf,
+    seen: std::sync::Arc<common::l7::Requests>,
+    secret_dir: PathBuf,
+}
+
+fn injecting(w: &World) -> Injecting {
+    let (origin_ca, seen) = common::l7::keepalive_origin(w, "198.18.0.1:443", &["api.github.test"]);
+    let secret_dir = w.dir.path().join("secrets");
+    std::fs::create_dir(&secret_dir).unwrap();
+    let secret_file = secret_dir.join("gh-token");
+    std::fs::write(&secret_file, format!("{}\n", common::l7::SECRET)).unwrap();
+    let policy = w.policy(&common::l7::injecting_policy(&secret_file, &["/"]));
+    Injecting {
+        policy,
+        origin_ca,
+        seen,
+        secret_dir,
+    }
+}
+
+/// Run `f` through the wrapper and through a daemon (and hook), each
+/// trusting the world's origin.
+fn both_ways_injecting(f: impl Fn(&World, &OciEnv, Via, &Injecting)) {
+    {
+        let Some((w, env)) = setup() else { return };
+        let s = injecting(&w);
+        f(&w, env, Via::Wrapper, &s);
+    }
+    let Some((w, env)) = setup() else { return };
+    let s = injecting(&w);
+    let daemon = Daemon::start_with(
+        &w,
+        env,
+        &format!("upstream_ca: [{}]\n", s.origin_ca.display()),
+    );
+    f(&w, env, Via::Hook(&daemon), &s);
+}
+
+const CA_VARIABLES: [&str; 5] = [
+    "SSL_CERT_FILE",
+    "CURL_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
+
+#[test]
+fn a_container_trusts_the_sandbox_ca_with_no_flags_and_its_request_carries_the_credential_it_never_held(
+) {
+    both_ways_injecting(|w, env, via, s| {
+        // The container's view: its environment, the bundle's mount, and a
+        // TLS client with no --ca.
+        let script = "env | grep -E '^(SLUICE_SECRET_|SSL_CERT_FILE|CURL_CA_BUNDLE|REQUESTS_CA_BUNDLE|NODE_EXTRA_CA_CERTS|GIT_SSL_CAINFO)' ; \
+             if echo x >> /etc/ssl/certs/ca-certificates.crt; then echo bundle-writable; fi; \
+             sluice probe tls api.github.test:443";
+        let ran = run_container_trusting(w, env, via, &s.policy, Some(&s.origin_ca), &[], script);
+        let _guard = RemoveOnDrop(env, ran.id.clone());
+        let daemon_log = match via {
+            Via::Hook(d) => d.log(),
+            Via::Wrapper => String::new(),
+        };
+        assert!(
+            ran.out.status.success(),
+            "{}: {}\n{}\n{daemon_log}",
+            which(via),
+            ran.stdout(),
+            ran.stderr()
+        );
+        let out = ran.stdout();
+        assert!(
+            out.contains("TLS api.github.test HTTP/1.1 200 OK"),
+            "{}: {out}",
+            which(via)
+        );
+        assert!(!out.contains("bundle-writable"), "{}: {out}", which(via));
+        assert!(!out.contains(common::l7::SECRET), "{}: {out}", which(via));
+        let requests = s.seen.all();
+        assert_eq!(requests.len(), 1, "{}: {requests:?}", which(via));
+        assert_eq!(requests[0].target(), "/");
+        assert_eq!(
+            requests[0].header("authorization").as_deref(),
+            Some(format!("Bearer {}", common::l7::SECRET).as_str()),
+            "{}",
+            which(via)
+        );
+        if let Via::Wrapper = via {
+            // The hook cannot set a container's environment (docs/oci.md).
+            assert!(
+                out.lines()
+                    .any(|l| l.starts_with("SLUICE_SECRET_GH=sluice-placeholder-gh-")),
+                "{out}"
+            );
+            for var in CA_VARIABLES {
+                assert!(
+                    out.lines()
+                        .any(|l| l == format!("{var}=/etc/ssl/certs/ca-certificates.crt")),
+                    "{var}: {out}"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn a_bind_mount_that_reaches_a_policy_secret_file_is_refused_whichever_way_in() {
+    both_ways_injecting(|w, env, via, s| {
+        let volume = format!("{}:/x", s.secret_dir.display());
+        let form = &["-v", volume.as_str()];
+        let ran = run_container_trusting(
+            w,
+            env,
+            via,
+            &s.policy,
+            Some(&s.origin_ca),
+            form,
+            "echo container-ran",
+        );
+        let _guard = RemoveOnDrop(env, ran.id.clone());
+        assert_refused(&ran, via, form, "a secret file of the policy");
+        assert!(s.seen.all().is_empty());
     });
 }
 

@@ -9,6 +9,41 @@ use std::sync::{Arc, Mutex};
 
 use super::{test_pki, World};
 
+/// The credential [`injecting_policy`] injects: on the host only, never the
+/// workload's.
+pub const SECRET: &str = "s3cret-value-0451";
+
+/// A policy whose one rule admits `GET` of `paths` on api.github.test:443
+/// (198.18.0.1, answered by sluice's DNS) and injects secret `gh`, read
+/// from `secret_file`, as `Authorization: Bearer <secret>`.
+pub fn injecting_policy(secret_file: &std::path::Path, paths: &[&str]) -> String {
+    format!(
+        r#"
+version: 1
+name: l7-inject
+secrets:
+  - name: gh
+    file: {}
+rules:
+  - name: code-host
+    action: allow
+    hosts: ["api.github.test"]
+    ports: [443]
+    http:
+      - methods: [GET]
+        paths: {paths:?}
+    inject:
+      - header: Authorization
+        value: "Bearer {{{{gh}}}}"
+dns:
+  upstream: []
+  hosts:
+    api.github.test: ["198.18.0.1"]
+"#,
+        secret_file.display()
+    )
+}
+
 /// One request as the origin read it.
 #[derive(Debug, Clone)]
 pub struct Seen {
