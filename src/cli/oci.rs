@@ -11,8 +11,12 @@ pub const AFTER_HELP: &str = "Example:\n  sluice oci --policy policies/dev.yaml 
 sluice creates the sandbox namespace as `sluice run` does and adds `--network ns:<it>` to podman's \
 options; a --network, --net or --pod of your own is refused. Before the container runs, a hook sluice \
 adds checks its final OCI config and refuses (exit 2) CAP_SYS_ADMIN (--privileged), a PID namespace \
-not its own (--pid host, ns:PATH, container:ID), and CAP_NET_ADMIN unless \
---annotation io.sluice.allow-net-admin=true (never with a bind of /proc or /run/netns). \
+not its own (--pid host, ns:PATH, container:ID), CAP_NET_ADMIN unless \
+--annotation io.sluice.allow-net-admin=true (never with a bind of /proc or /run/netns), and a bind \
+mount that reaches an audit checkpoint key or one of the policy's secret files. The container gets \
+SLUICE_SECRET_<NAME> placeholders and, when a rule terminates TLS, the system roots plus the \
+sandbox CA read-only at /etc/ssl/certs/ca-certificates.crt with SSL_CERT_FILE, CURL_CA_BUNDLE, \
+REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS and GIT_SSL_CAINFO pointing there (podman --volume/--env). \
 Exits with podman's status (the container's). With \
 `podman run -d`, sluice stays until the container stops (`podman stop ID` ends both). Audit, timing \
 and metrics records carry path \"oci\" and the container id. Needs root; podman must use runc \
