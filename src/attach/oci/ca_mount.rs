@@ -228,3 +228,85 @@ fn make_dirs(root: &OwnedFd, dir: &str, in_root: ResolveFlags) -> std::io::Resul
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a private mount namespace of a thread of its own (the host's
+    /// mounts never see it): the bundle, mounted under `rootfs`; returns
+    /// what the mounted file, expected at `rootfs/<lands>/ssl/certs/...`,
+    /// reads and whether writing to it failed.
+    fn mount_privately(rootfs: &Path, lands: &str) -> (String, bool) {
+        let rootfs = rootfs.to_path_buf();
+        let lands = lands.to_string();
+        std::thread::spawn(move || {
+            use nix::mount::MsFlags;
+            use nix::sched::CloneFlags;
+            nix::sched::unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).unwrap();
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .unwrap();
+            let (mount, _file) = detached_copy("PEM\n").unwrap();
+            mount_in_root(&rootfs, "etc/ssl/certs/ca-certificates.crt", &mount)
+                .map_err(|(step, e)| format!("{step}: {e}"))
+                .unwrap();
+            let target = rootfs.join(lands).join("ssl/certs/ca-certificates.crt");
+            let read = std::fs::read_to_string(&target).unwrap();
+            let refused = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&target)
+                .is_err();
+            (read, refused)
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    fn a_symlink_in_the_image_is_followed_inside_the_rootfs_never_out_of_it() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (mount namespaces)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let rootfs = dir.path().join("rootfs");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(rootfs.join("outside")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        // `etc` climbs above the root: on the host it leads to `outside`
+        // next to the rootfs, in the root (`..` of `/` is `/`) to its own.
+        std::os::unix::fs::symlink("../outside", rootfs.join("etc")).unwrap();
+        let (read, refused) = mount_privately(&rootfs, "outside");
+        assert_eq!(read, "PEM\n");
+        assert!(refused, "the mounted bundle is writable");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // Outside the private namespace the file made is empty: the mount
+        // was only there.
+        let made = rootfs.join("outside/ssl/certs/ca-certificates.crt");
+        assert_eq!(std::fs::read_to_string(made).unwrap(), "");
+    }
+
+    #[test]
+    fn an_absolute_symlink_in_the_image_is_taken_as_the_containers_own_path() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (mount namespaces)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let rootfs = dir.path().join("rootfs");
+        std::fs::create_dir_all(rootfs.join("inside")).unwrap();
+        // A host directory of the same name exists: it must not be used.
+        let host_inside = Path::new("/inside");
+        assert!(!host_inside.exists(), "the test needs /inside not to exist");
+        std::os::unix::fs::symlink("/inside", rootfs.join("etc")).unwrap();
+        let (read, _) = mount_privately(&rootfs, "inside");
+        assert_eq!(read, "PEM\n");
+        assert!(!host_inside.exists());
+    }
+}
