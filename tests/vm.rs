@@ -1223,6 +1223,40 @@ fn a_foreground_attach_whose_tap_is_removed_exits_1_and_leaves_no_rule_for_it() 
     assert!(!tables.contains("sluice-tap0"), "{tables}");
 }
 
+#[test]
+fn attach_with_a_ca_file_writes_the_bundle_while_it_serves_and_removes_it_when_it_stops() {
+    let Some(w) = World::new() else {
+        return;
+    };
+    let (_, _, policy) = l7_setup(&w);
+    let vmm = OuterNetns::create("sluice-vmca", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let ca_file = w.dir.path().join("guest-ca.pem");
+    let (sluice, log) = attach_logged(
+        &w,
+        &policy,
+        &vmm.path(),
+        "vm-ca-file",
+        &["--ca-file", ca_file.to_str().unwrap()],
+    );
+    let bundle = std::fs::read_to_string(&ca_file).unwrap();
+    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    assert_eq!(certificates(&bundle), certificates(&system) + 1);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&ca_file).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o444);
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sluice.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = wait_bounded(sluice, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0), "{}", log.lock().unwrap());
+    assert!(!ca_file.exists(), "the bundle outlived the attach");
+}
+
 /// A rule as broad as a user might write: every address, one port.
 const BROAD_POLICY: &str = r#"
 version: 1

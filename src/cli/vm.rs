@@ -446,6 +446,26 @@ mod tests {
     }
 
     #[test]
+    fn attach_takes_a_ca_file_but_not_through_the_daemon() {
+        let attach = |extra: &[&str]| {
+            let mut argv = vec![
+                "sluice", "vm", "attach", "--policy", "p.yaml", "--tap", "tap0", "--netns", "vm1",
+            ];
+            argv.extend(extra);
+            Cli::try_parse_from(argv).map(|cli| cli.command)
+        };
+        match attach(&["--ca-file", "/run/guest-ca.pem"]).unwrap() {
+            Command::Vm(VmArgs {
+                action: Some(VmAction::Attach(args)),
+                ..
+            }) => assert_eq!(args.ca_file, Some(PathBuf::from("/run/guest-ca.pem"))),
+            other => panic!("parsed as {other:?}"),
+        }
+        let err = attach(&["--ca-file", "/run/guest-ca.pem", "--daemon"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
     fn an_id_or_a_socket_without_the_daemon_is_refused() {
         assert!(detach_args(&["--tap", "tap0", "--netns", "vm1", "--id", "x"]).is_err());
         assert!(detach_args(&["--tap", "tap0", "--netns", "vm1", "--socket", "/s"]).is_err());
