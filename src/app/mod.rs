@@ -120,7 +120,7 @@ impl Services {
     pub fn start(opts: ServiceOptions) -> Result<Services> {
         // The origin side's roots: an unreadable --upstream-ca is an error
         // now, not a failed request later.
-        let upstream_tls = crate::intercept::roots::upstream_client_config(
+        let upstream_tls = crate::intercept::roots::UpstreamTrust::new(
             std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE),
             &opts.upstream_ca,
         )
@@ -513,15 +513,19 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         }
     };
     let mut files = opts.files;
-    let mut env = interception.secrets.placeholder_env();
-    let delivered = match deliver_ca(&interception, &session.policy(), &mut files, &mut env) {
-        Ok(delivered) => delivered,
-        Err(err) => {
-            session.finish(None, Leftovers::Unknown).await;
-            return Err(err);
-        }
-    };
-    for file in interception.secrets.files() {
+    let mut env = Vec::new();
+    let mut delivered = None;
+    if let Some(interception) = &interception {
+        env = interception.secrets.placeholder_env();
+        delivered = match deliver_ca(interception, &mut files, &mut env) {
+            Ok(delivered) => Some(delivered),
+            Err(err) => {
+                session.finish(None, Leftovers::Unknown).await;
+                return Err(err);
+            }
+        };
+    }
+    for file in secret_files(&session.policy()) {
         files.hide(file);
     }
     // Now that sluice's files exist (the session made its records): the
@@ -556,7 +560,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    let served = session.serve_with(sandbox, id, Some(interception))?;
+    let served = session.serve_with(sandbox, id, interception)?;
 
     // The workload comes from the init, forked before this thread got its
     // lead, so it keeps the priority sluice was started with.
@@ -596,26 +600,35 @@ pub const CA_BUNDLE_VARIABLES: [&str; 5] = [
     "GIT_SSL_CAINFO",
 ];
 
-/// When the policy has a rule that terminates TLS: write the system roots
+/// For a policy with a rule that terminates TLS: write the system roots
 /// plus the sandbox CA to a file, point the usual variables at it and put
 /// it over the distribution's bundle in the workload's mount namespace.
 /// Returns the file written, to remove when the workload is gone.
 fn deliver_ca(
     interception: &crate::proxy::Interception,
-    policy: &Policy,
     files: &mut crate::confine::SluiceFiles,
     env: &mut Vec<(String, String)>,
-) -> Result<Option<PathBuf>> {
-    if !terminates_tls(policy) {
-        return Ok(None);
-    }
+) -> Result<PathBuf> {
     let path = std::env::temp_dir().join(format!("sluice-ca-{}.pem", std::process::id()));
     write_ca_bundle(interception, &path)?;
     for var in CA_BUNDLE_VARIABLES {
         env.push((var.to_string(), path.display().to_string()));
     }
     files.read_only.push(path.clone());
-    Ok(Some(path))
+    Ok(path)
+}
+
+/// The files `policy`'s secrets are read from: hidden from the workload
+/// whether or not a rule uses them.
+pub(crate) fn secret_files(policy: &Policy) -> Vec<PathBuf> {
+    policy
+        .secrets()
+        .iter()
+        .filter_map(|s| match &s.source {
+            crate::policy::SecretSource::File(path) => Some(path.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Whether `policy` has a rule whose connections sluice terminates (an

@@ -61,14 +61,14 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
         }
     };
     let mut files = opts.files;
-    for file in interception.secrets.files() {
+    for file in super::secret_files(&session.policy()) {
         files.hide(file);
     }
     let mut env = opts.net.environment();
     // Removed when this returns (the CA dies with the sandbox).
-    let ca_file = if super::terminates_tls(&session.policy()) {
+    let ca_file = if let Some(interception) = &interception {
         let path = std::env::temp_dir().join(format!("sluice-vm-ca-{}.pem", std::process::id()));
-        match super::CaBundleFile::write(&interception, path) {
+        match super::CaBundleFile::write(interception, path) {
             Ok(file) => Some(file),
             Err(err) => {
                 session.finish(None, super::Leftovers::Unknown).await;
@@ -106,7 +106,7 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    let served = session.serve_with(sandbox, opts.id, Some(interception))?;
+    let served = session.serve_with(sandbox, opts.id, interception)?;
     // The VM's command comes from the init, forked before: it keeps
     // sluice's starting priority.
     super::runtime::serve_ahead_of_workload();
@@ -168,11 +168,16 @@ pub struct AttachOptions {
 /// so on stderr) when the tap was removed, its fence removed with it.
 pub async fn attach(opts: AttachOptions) -> Result<i32> {
     let session = Session::start(opts.services, opts.policy).await?;
-    let interception = match session
-        .services
-        .shared
-        .interception(&opts.id, &session.policy())
-    {
+    // With --ca-file the CA is made whatever the policy: the VM manager
+    // was promised a file to build the guest with.
+    let shared = &session.services.shared;
+    let interception = match &opts.ca_file {
+        Some(_) => shared
+            .mint_interception(&opts.id, &session.policy())
+            .map(Some),
+        None => shared.interception(&opts.id, &session.policy()),
+    };
+    let interception = match interception {
         Ok(interception) => interception,
         Err(err) => {
             session.finish(None, super::Leftovers::Unknown).await;
@@ -180,15 +185,15 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
         }
     };
     // Removed when this returns, whichever way (the CA dies with sluice).
-    let _ca_file = match opts.ca_file {
-        Some(path) => match super::CaBundleFile::write(&interception, path) {
+    let _ca_file = match (opts.ca_file, &interception) {
+        (Some(path), Some(interception)) => match super::CaBundleFile::write(interception, path) {
             Ok(file) => Some(file),
             Err(err) => {
                 session.finish(None, super::Leftovers::Unknown).await;
                 return Err(err);
             }
         },
-        None => None,
+        _ => None,
     };
     let net = opts.net;
     let netns = opts.netns;
@@ -219,7 +224,7 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
             return Err(anyhow::Error::from(err).context("cannot fence the tap"));
         }
     };
-    let served = session.serve_with(sandbox, opts.id, Some(interception))?;
+    let served = session.serve_with(sandbox, opts.id, interception)?;
     // The guest is someone else's process: nothing here inherits the lead.
     super::runtime::serve_ahead_of_workload();
     tracing::info!(tap = %net.tap, guest = %net.guest, "serving the tap until SIGINT or SIGTERM");

@@ -95,8 +95,13 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
     });
     let Some(interception) = conn.ctx.interception.clone() else {
         // A rule that needs requests reached a sandbox that cannot
-        // terminate (no CA): refused, never relayed undecided.
-        tracing::warn!(rule = %conn.rule, "a rule needs requests decided and this sandbox has no CA");
+        // terminate (no CA: its starting policy had no such rule, so its
+        // workload was given none to trust): refused, never relayed
+        // undecided.
+        tracing::warn!(
+            rule = %conn.rule,
+            "a rule needs requests decided and this sandbox has no CA (its starting policy terminated no TLS); restart the sandbox with this policy"
+        );
         return refused_connection(&conn, RequestDenial::NoInterception).await;
     };
     let scope = Arc::new(Scope {
