@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::*;
+use sluice::bench::{ConditionKind, Workload};
 
 /// The quick run: its output, its pid, the report dir, what ran.
 struct Run {
@@ -147,18 +148,27 @@ fn batches_csv_has_a_row_per_condition_workload_and_batch() {
         &read(run.dir.path(), "batches.csv"),
         sluice::bench::report::BATCHES_HEADER,
     );
-    let workloads = ["small", "serial", "bulk-1k", "bulk-64k", "stream"];
+    let mut expected = 0;
     for condition in &run.conditions {
-        for workload in workloads {
+        let kind = ConditionKind::parse(condition).unwrap();
+        for workload in Workload::ALL {
             let batches: Vec<&str> = rows
                 .iter()
-                .filter(|r| r["condition"] == *condition && r["workload"] == workload)
+                .filter(|r| r["condition"] == *condition && r["workload"] == workload.name())
                 .map(|r| r["batch"].as_str())
                 .collect();
-            assert_eq!(batches, ["1", "2", "3"], "{condition} {workload}");
+            // A condition that cannot run a workload (l7 without a proxy
+            // that terminates TLS) has no row for it.
+            let wanted: &[&str] = if kind.runs(workload) {
+                &["1", "2", "3"]
+            } else {
+                &[]
+            };
+            assert_eq!(batches, wanted, "{condition} {}", workload.name());
+            expected += wanted.len();
         }
     }
-    assert_eq!(rows.len(), run.conditions.len() * workloads.len() * 3);
+    assert_eq!(rows.len(), expected);
     for r in &rows {
         assert!(
             r["median_ms"].parse::<f64>().is_ok() || r["ok"] == "false",
@@ -168,6 +178,46 @@ fn batches_csv_has_a_row_per_condition_workload_and_batch() {
         let proxied = r["condition"] != "native";
         assert_eq!(!r["cpu_us_per_connection"].is_empty(), proxied, "{r:?}");
     }
+}
+
+#[test]
+fn the_report_sets_l7_beside_tls_for_sluice_and_the_peer_that_terminates() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    let report = read(run.dir.path(), "report.md");
+    let table = report
+        .split("## TLS: relayed by SNI (tls) and terminated with a header injected (l7)")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no TLS section in:\n{report}"));
+    let row = |condition: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {condition} |")))
+            .unwrap_or_else(|| panic!("no TLS row for {condition}:\n{table}"))
+            .split('|')
+            .map(str::trim)
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    // Columns: condition, tls P50, x native, tls tail, l7 P50, x native, l7 tail.
+    let mut terminating = vec!["native", "host"];
+    if run.conditions.contains(&"haproxy") {
+        terminating.push("haproxy");
+    }
+    for condition in terminating {
+        let cells = row(condition);
+        for (i, what) in [(2, "tls P50"), (5, "l7 P50")] {
+            assert!(
+                cells[i].parse::<f64>().is_ok(),
+                "{condition} {what}: {cells:?}"
+            );
+        }
+        assert_eq!(cells[7].split(" / ").count(), 3, "{condition}: {cells:?}");
+    }
+    // A TCP relay has nothing to terminate with: it says so.
+    let relay = row("tokio-proxy");
+    assert!(relay[2].parse::<f64>().is_ok(), "{relay:?}");
+    assert!(relay[7].starts_with("skipped: "), "{relay:?}");
 }
 
 #[test]
@@ -339,7 +389,7 @@ fn the_vm_conditions_run_every_workload_in_the_guest() {
         sluice::bench::report::BATCHES_HEADER,
     );
     for condition in ["vm", "vm-direct"] {
-        for workload in ["small", "serial", "bulk-1k", "bulk-64k", "stream"] {
+        for workload in ["small", "serial", "bulk-1k", "bulk-64k", "stream", "tls"] {
             let ok: Vec<&str> = rows
                 .iter()
                 .filter(|r| r["condition"] == condition && r["workload"] == workload)

@@ -7,6 +7,8 @@
 //! is told to trust (`--upstream-ca`); the clients are real curl and
 //! python3 inside the sandbox.
 
+#[path = "common/attack.rs"]
+mod attack;
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -486,5 +488,107 @@ fn a_secret_read_from_sluices_environment_is_not_in_the_workloads() {
     assert_eq!(
         seen[0].header("authorization").as_deref(),
         Some(format!("Bearer {SECRET}").as_str())
+    );
+}
+
+#[test]
+fn a_root_workload_hunting_through_proc_finds_neither_sluice_nor_a_secret_in_any_memory_it_reads() {
+    let Some(s) = setup() else { return };
+    // Besides the file's secret (read by sluice after the workload's init
+    // was forked), one from sluice's own environment, which that init
+    // inherited with the fork.
+    const ENV_SECRET: &str = "env-s3cret-value-0452";
+    let text = std::fs::read_to_string(&s.policy).unwrap().replace(
+        "secrets:\n",
+        "secrets:\n  - name: from-env\n    env: SLUICE_TEST_ENV_TOKEN\n",
+    );
+    let policy = s.w.policy(&text);
+    let needles = [hex::encode(SECRET), hex::encode(ENV_SECRET)];
+    let mut cmd = attack::sluice_run(
+        &s.w,
+        &policy,
+        &["--state-dir", s.w.state_dir().to_str().unwrap()],
+        &[
+            attack::python().to_str().unwrap(),
+            "-c",
+            attack::READ_MEMORY,
+        ],
+    );
+    cmd.args(&needles)
+        .env("SLUICE_TEST_ENV_TOKEN", ENV_SECRET)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn sluice");
+    // Once the workload runs, `ip netns exec` has become sluice: the
+    // child's pid is sluice's.
+    let first = attack::read_line(child.stdout.as_mut().unwrap());
+    assert_eq!(first, "ready");
+    let sluice = child.id();
+    let exe = std::fs::read_link(format!("/proc/{sluice}/exe")).unwrap();
+    assert!(exe.ends_with("sluice"), "{}", exe.display());
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{sluice}").unwrap();
+    }
+    let out = wait_bounded(child, std::time::Duration::from_secs(120));
+    let text = stdout(&out);
+    let says = |line: &str| text.lines().any(|l| l == line);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+
+    // The hunt is real: it sees its own process in /proc and reads its own
+    // memory through /proc/self/mem (the marker it holds is there).
+    let me = text
+        .lines()
+        .find_map(|l| l.strip_prefix("self "))
+        .unwrap_or_else(|| panic!("no self line: {text}"));
+    let pids: Vec<&str> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("pids "))
+        .unwrap_or_else(|| panic!("no pids line: {text}"))
+        .split(' ')
+        .collect();
+    assert!(pids.contains(&me), "{text}");
+    assert!(says(&format!("marker {me} mem")), "{text}");
+
+    // No secret in anything it read of any process.
+    assert!(!text.contains("FOUND"), "{text}");
+    // sluice is not among the processes it sees (its own PID namespace
+    // holds only its init and itself) ...
+    assert!(!pids.contains(&sluice.to_string().as_str()), "{text}");
+    for pid in &pids {
+        assert!(
+            *pid == me || *pid == "1",
+            "an unexpected process {pid}: {text}"
+        );
+    }
+    // ... and sluice's pid reaches nothing: no /proc entry, no signal, no
+    // pidfd, no trace, no copy of its memory.
+    for what in ["status", "cmdline", "environ", "maps", "mem"] {
+        assert!(
+            says(&format!("refused {sluice} {what} 2")),
+            "{what}: {text}"
+        );
+    }
+    for what in ["kill", "pidfd_open", "ptrace", "process_vm_readv"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("refused {sluice} {what} "))),
+            "{what}: {text}"
+        );
+    }
+    // Nor its own init's environment or memory (a fork of sluice, holding
+    // what sluice held then: the environment's secret among it).
+    for what in ["environ", "maps", "ptrace"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("refused 1 {what} "))),
+            "{what}: {text}"
+        );
+    }
+    assert!(
+        !text.contains("attached") && !text.contains("copied"),
+        "{text}"
     );
 }

@@ -597,6 +597,231 @@ fn sluice_vm_runs_the_vmm_on_a_verified_bundle_and_refuses_a_bundle_without_trus
     assert!(!marker.exists());
 }
 
+/// The secret the TLS tests' policy injects; no guest or VMM ever holds it.
+const SECRET: &str = "vm-s3cret-value-0451";
+/// The injecting origin (a real rustls server, tests/common/l7.rs).
+const L7_ORIGIN: &str = "198.18.0.1:443";
+
+/// A policy whose one rule terminates TLS to api.github.test and injects
+/// the secret from `secret_file` (read by sluice).
+fn l7_policy(secret_file: &Path) -> String {
+    format!(
+        r#"
+version: 1
+name: vm-l7
+secrets:
+  - name: gh
+    file: {}
+rules:
+  - name: code-host
+    action: allow
+    hosts: ["api.github.test"]
+    ports: [443]
+    http:
+      - methods: [GET]
+        paths: ["/"]
+    inject:
+      - header: Authorization
+        value: "Bearer {{{{gh}}}}"
+dns:
+  upstream: []
+  hosts:
+    api.github.test: ["198.18.0.1"]
+"#,
+        secret_file.display()
+    )
+}
+
+/// The TLS tests' world: the injecting origin up (its CA returned), the
+/// secret written, the policy.
+fn l7_setup(w: &World) -> (PathBuf, std::sync::Arc<common::l7::Requests>, PathBuf) {
+    let (origin_ca, seen) = common::l7::keepalive_origin(w, L7_ORIGIN, &["api.github.test"]);
+    let secret_file = w.dir.path().join("gh-token");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let policy = w.policy(&l7_policy(&secret_file));
+    (origin_ca, seen, policy)
+}
+
+/// Certificates in a PEM text.
+fn certificates(pem: &str) -> usize {
+    pem.matches("-----BEGIN CERTIFICATE-----").count()
+}
+
+#[test]
+fn the_vmm_of_a_policy_that_terminates_tls_gets_a_ca_bundle_it_can_read_but_not_write_removed_after(
+) {
+    let Some(w) = World::new() else { return };
+    let (_, _, policy) = l7_setup(&w);
+    // As nobody: the file's mode lets it read; and the bind keeps even a
+    // root VMM from writing (checked apart below).
+    let script = "echo file=$SLUICE_CA_FILE; echo certs=$(grep -c 'BEGIN CERTIFICATE' \"$SLUICE_CA_FILE\"); \
+                  (echo junk >> \"$SLUICE_CA_FILE\") 2>/dev/null && echo WROTE-AS-USER; \
+                  rm -f \"$SLUICE_CA_FILE\" 2>/dev/null; test -e \"$SLUICE_CA_FILE\" && echo STILL-THERE";
+    let out = sluice_vm(
+        &w,
+        &[
+            "--policy".as_ref(),
+            policy.as_ref(),
+            "--user".as_ref(),
+            "65534".as_ref(),
+        ],
+        &["sh", "-c", script],
+    );
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("file="))
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| panic!("no SLUICE_CA_FILE: {text}"));
+    // The system roots and one more: the sandbox CA.
+    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    let want = format!("certs={}", certificates(&system) + 1);
+    assert!(text.lines().any(|l| l == want), "{want}: {text}");
+    assert!(!text.contains("WROTE-AS-USER"), "{text}");
+    assert!(text.contains("STILL-THERE"), "{text}");
+    assert!(
+        !Path::new(path).exists(),
+        "{path} left behind after sluice vm exited"
+    );
+
+    let script = "(echo junk >> \"$SLUICE_CA_FILE\") 2>/dev/null && echo WROTE-AS-ROOT; \
+                  grep -c junk \"$SLUICE_CA_FILE\"";
+    let out = sluice_vm(
+        &w,
+        &["--policy".as_ref(), policy.as_ref()],
+        &["sh", "-c", script],
+    );
+    let text = stdout(&out);
+    assert!(!text.contains("WROTE-AS-ROOT"), "{text}\n{}", stderr(&out));
+    assert_eq!(text.trim(), "0", "{text}\n{}", stderr(&out));
+}
+
+#[test]
+fn without_a_rule_that_terminates_tls_the_vmm_gets_no_sluice_ca_file() {
+    let Some(w) = World::new() else { return };
+    let policy = w.policy(POLICY);
+    let out = sluice_vm(
+        &w,
+        &["--policy".as_ref(), policy.as_ref()],
+        &["sh", "-c", "env | grep ^SLUICE_"],
+    );
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    // The run is meaningful: the VMM got its other variables.
+    assert!(text.contains("SLUICE_TAP="), "{text}");
+    assert!(!text.contains("SLUICE_CA_FILE"), "{text}");
+}
+
+#[test]
+fn the_vmm_can_read_neither_a_secrets_file_nor_a_secret_from_sluices_environment() {
+    let Some(w) = World::new() else { return };
+    let (_, _, policy) = l7_setup(&w);
+    // And a secret sluice reads from its own environment.
+    let yaml = std::fs::read_to_string(&policy).unwrap().replace(
+        "secrets:\n",
+        "secrets:\n  - name: from-env\n    env: SLUICE_TEST_VM_SECRET\n",
+    );
+    let policy = w.policy(&yaml);
+    let secret_file = w.dir.path().join("gh-token");
+    let script = format!(
+        "cat {} 2>&1; echo env=$SLUICE_TEST_VM_SECRET; echo ran",
+        secret_file.display()
+    );
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .env("SLUICE_TEST_VM_SECRET", "vm-env-secret-0452")
+        .arg("vm")
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--state-dir")
+        .arg(w.state_dir())
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(|child| wait_bounded(child, Duration::from_secs(60)))
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("ran"), "{text}\n{}", stderr(&out));
+    assert!(!text.contains(SECRET), "{text}");
+    assert!(text.lines().any(|l| l == "env="), "{text}");
+    assert!(!text.contains("vm-env-secret-0452"), "{text}");
+}
+
+/// The guest builder's step, as a VMM script: the kit's initramfs plus a
+/// second (gzipped) cpio archive with $SLUICE_CA_FILE as the guest's
+/// trust store, then QEMU on that. Linux unpacks concatenated archives.
+const CA_INTO_INITRD: &str = r#"set -e
+kit=$1 initrd=$2 work=$3; shift 3
+mkdir -p "$work/root/etc/ssl/certs"
+cp "$SLUICE_CA_FILE" "$work/root/etc/ssl/certs/ca-certificates.crt"
+(cd "$work/root" && find etc | busybox cpio -o -H newc 2>/dev/null) | gzip -c > "$work/ca.cpio.gz"
+cat "$kit" "$work/ca.cpio.gz" > "$initrd"
+exec "$@""#;
+
+#[test]
+fn a_guest_that_trusts_sluice_ca_file_gets_its_request_to_the_origin_with_a_credential_it_never_held(
+) {
+    let Some((w, kit)) = world_and_kit() else {
+        return;
+    };
+    let _turn = one_vm();
+    let (origin_ca, seen, policy) = l7_setup(&w);
+    let work = w.dir.path().join("guest-ca");
+    std::fs::create_dir(&work).unwrap();
+    // QEMU boots the initramfs the script makes.
+    let with_ca = Kit {
+        kernel: kit.kernel.clone(),
+        initrd: work.join("initrd-with-ca.gz"),
+    };
+    let mut spec = wrapped_spec(&w, &policy, "vm-l7", static_net());
+    let dashes = spec.wrapper.pop();
+    assert_eq!(dashes.as_deref(), Some("--".as_ref()));
+    spec.wrapper.extend([
+        "--upstream-ca".into(),
+        origin_ca.into_os_string(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        CA_INTO_INITRD.into(),
+        "sh".into(),
+        kit.initrd.clone().into_os_string(),
+        with_ca.initrd.clone().into_os_string(),
+        work.clone().into_os_string(),
+    ]);
+    let mut vm = Vm::boot(&with_ca, &spec).expect("boot");
+
+    // The kit's own guest has no trust store: this one is the bundle, the
+    // host's roots and the sandbox CA.
+    let out = vm
+        .check("grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt")
+        .unwrap();
+    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    assert_eq!(out.trim(), (certificates(&system) + 1).to_string(), "{out}");
+    let out = vm
+        .check("sluice probe tls api.github.test:443 --ca /etc/ssl/certs/ca-certificates.crt")
+        .unwrap();
+    assert!(out.contains("TLS api.github.test HTTP/1.1 200 OK"), "{out}");
+
+    let requests = seen.all();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(
+        requests[0].header("authorization").as_deref(),
+        Some(format!("Bearer {SECRET}").as_str()),
+        "{requests:?}"
+    );
+    // Nothing in the guest holds the secret: not its files, not its
+    // kernel command line, not its environment.
+    let ran = vm
+        .run(&format!(
+            "grep -rl {SECRET} /etc /init /root /tmp /proc/cmdline /proc/1/environ 2>/dev/null; echo done"
+        ))
+        .unwrap();
+    assert_eq!(ran.output.trim(), "done", "{}", ran.output);
+}
+
 #[test]
 fn bad_vm_addressing_is_refused_with_exit_2_before_anything_runs() {
     let Some(w) = World::new() else { return };
@@ -996,6 +1221,40 @@ fn a_foreground_attach_whose_tap_is_removed_exits_1_and_leaves_no_rule_for_it() 
     );
     let tables = tables_in(&vmm_path);
     assert!(!tables.contains("sluice-tap0"), "{tables}");
+}
+
+#[test]
+fn attach_with_a_ca_file_writes_the_bundle_while_it_serves_and_removes_it_when_it_stops() {
+    let Some(w) = World::new() else {
+        return;
+    };
+    let (_, _, policy) = l7_setup(&w);
+    let vmm = OuterNetns::create("sluice-vmca", &[]).expect("VMM namespace");
+    add_tap(vmm.name(), TAP, &[]).expect("tap");
+    let ca_file = w.dir.path().join("guest-ca.pem");
+    let (sluice, log) = attach_logged(
+        &w,
+        &policy,
+        &vmm.path(),
+        "vm-ca-file",
+        &["--ca-file", ca_file.to_str().unwrap()],
+    );
+    let bundle = std::fs::read_to_string(&ca_file).unwrap();
+    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    assert_eq!(certificates(&bundle), certificates(&system) + 1);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&ca_file).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o444);
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sluice.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = wait_bounded(sluice, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0), "{}", log.lock().unwrap());
+    assert!(!ca_file.exists(), "the bundle outlived the attach");
 }
 
 /// A rule as broad as a user might write: every address, one port.

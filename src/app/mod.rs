@@ -120,7 +120,7 @@ impl Services {
     pub fn start(opts: ServiceOptions) -> Result<Services> {
         // The origin side's roots: an unreadable --upstream-ca is an error
         // now, not a failed request later.
-        let upstream_tls = crate::intercept::roots::upstream_client_config(
+        let upstream_tls = crate::intercept::roots::UpstreamTrust::new(
             std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE),
             &opts.upstream_ca,
         )
@@ -396,7 +396,9 @@ impl Session {
         self.reloading.handle.current()
     }
 
-    /// [`Session::serve`] with the sandbox CA and secrets made already.
+    /// Serve `sandbox` as sandbox `id` under this session's policy, with
+    /// the sandbox CA and secrets made already (`None`: rules that
+    /// terminate TLS are refused).
     pub(crate) fn serve_with(
         &self,
         sandbox: attach::Sandbox,
@@ -414,25 +416,6 @@ impl Session {
             self.reloading.handle.clone(),
             &self.services.shared,
             interception,
-        )
-    }
-
-    /// Serve `sandbox` as sandbox `id` under this session's policy.
-    pub(crate) fn serve(
-        &self,
-        sandbox: attach::Sandbox,
-        id: crate::sandbox_id::SandboxId,
-    ) -> Result<ServedSandbox> {
-        tracing::info!(
-            netns_inode = sandbox.netns.inode(),
-            sandbox = %id,
-            "sandbox ready"
-        );
-        ServedSandbox::start(
-            sandbox,
-            id,
-            self.reloading.handle.clone(),
-            &self.services.shared,
         )
     }
 
@@ -530,15 +513,19 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
         }
     };
     let mut files = opts.files;
-    let mut env = interception.secrets.placeholder_env();
-    let delivered = match deliver_ca(&interception, &session.policy(), &mut files, &mut env) {
-        Ok(delivered) => delivered,
-        Err(err) => {
-            session.finish(None, Leftovers::Unknown).await;
-            return Err(err);
-        }
-    };
-    for file in interception.secrets.files() {
+    let mut env = Vec::new();
+    let mut delivered = None;
+    if let Some(interception) = &interception {
+        env = interception.secrets.placeholder_env();
+        delivered = match deliver_ca(interception, &mut files, &mut env) {
+            Ok(delivered) => Some(delivered),
+            Err(err) => {
+                session.finish(None, Leftovers::Unknown).await;
+                return Err(err);
+            }
+        };
+    }
+    for file in secret_files(&session.policy()) {
         files.hide(file);
     }
     // Now that sluice's files exist (the session made its records): the
@@ -573,7 +560,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    let served = session.serve_with(sandbox, id, Some(interception))?;
+    let served = session.serve_with(sandbox, id, interception)?;
 
     // The workload comes from the init, forked before this thread got its
     // lead, so it keeps the priority sluice was started with.
@@ -613,29 +600,101 @@ pub const CA_BUNDLE_VARIABLES: [&str; 5] = [
     "GIT_SSL_CAINFO",
 ];
 
-/// When the policy has a rule that terminates TLS: write the system roots
+/// For a policy with a rule that terminates TLS: write the system roots
 /// plus the sandbox CA to a file, point the usual variables at it and put
 /// it over the distribution's bundle in the workload's mount namespace.
 /// Returns the file written, to remove when the workload is gone.
 fn deliver_ca(
     interception: &crate::proxy::Interception,
-    policy: &Policy,
     files: &mut crate::confine::SluiceFiles,
     env: &mut Vec<(String, String)>,
-) -> Result<Option<PathBuf>> {
-    if !policy.rules().iter().any(|r| r.terminates()) {
-        return Ok(None);
-    }
-    let system = std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE);
-    let pem = crate::intercept::ca::bundle_pem(&interception.ca, system);
+) -> Result<PathBuf> {
     let path = std::env::temp_dir().join(format!("sluice-ca-{}.pem", std::process::id()));
-    std::fs::write(&path, pem)
-        .with_context(|| format!("cannot write the sandbox CA bundle {}", path.display()))?;
+    write_ca_bundle(interception, &path)?;
     for var in CA_BUNDLE_VARIABLES {
         env.push((var.to_string(), path.display().to_string()));
     }
     files.read_only.push(path.clone());
-    Ok(Some(path))
+    Ok(path)
+}
+
+/// The files `policy`'s secrets are read from: hidden from the workload
+/// whether or not a rule uses them.
+pub(crate) fn secret_files(policy: &Policy) -> Vec<PathBuf> {
+    policy
+        .secrets()
+        .iter()
+        .filter_map(|s| match &s.source {
+            crate::policy::SecretSource::File(path) => Some(path.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether `policy` has a rule whose connections sluice terminates (an
+/// `http` or `inject` block): only then does a workload need the sandbox CA.
+pub(crate) fn terminates_tls(policy: &Policy) -> bool {
+    policy.rules().iter().any(|r| r.terminates())
+}
+
+/// Write the system roots plus the sandbox CA to `path`, readable by
+/// anyone (certificates only, no key) and writable by no one but root. A
+/// file left there (a sluice killed before it removed it) is replaced; the
+/// new one is created, never opened through a link someone put there.
+pub(crate) fn write_ca_bundle(
+    interception: &crate::proxy::Interception,
+    path: &std::path::Path,
+) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let system = std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE);
+    let pem = crate::intercept::ca::bundle_pem(&interception.ca, system);
+    match std::fs::remove_file(path) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            return Err(err).with_context(|| {
+                format!(
+                    "cannot replace {} with the sandbox CA bundle (remove it, or name another path)",
+                    path.display()
+                )
+            })
+        }
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(path)
+        .and_then(|mut file| file.write_all(pem.as_bytes()))
+        .with_context(|| format!("cannot write the sandbox CA bundle {}", path.display()))
+}
+
+/// A CA bundle written by [`write_ca_bundle`] for a guest to trust, removed
+/// when this is dropped: the CA it holds dies with the sandbox.
+pub(crate) struct CaBundleFile(PathBuf);
+
+impl CaBundleFile {
+    pub(crate) fn write(
+        interception: &crate::proxy::Interception,
+        path: PathBuf,
+    ) -> Result<CaBundleFile> {
+        write_ca_bundle(interception, &path)?;
+        Ok(CaBundleFile(path))
+    }
+
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for CaBundleFile {
+    fn drop(&mut self) {
+        if let Err(err) = std::fs::remove_file(&self.0) {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %self.0.display(), %err, "cannot remove the sandbox CA bundle");
+            }
+        }
+    }
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the moment a session starts: a

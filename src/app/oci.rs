@@ -63,7 +63,7 @@ pub async fn run(opts: OciOptions) -> Result<i32> {
         .and_then(|interception| {
             let sandbox = super::fresh_sandbox(opts.sandbox)?;
             let workdir = PrivateDir::create()?;
-            let delivery = Delivery::prepare(&interception, &session.policy(), &workdir)?;
+            let delivery = Delivery::prepare(interception.as_deref(), &session.policy(), &workdir)?;
             Ok((workdir, sandbox, interception, delivery))
         });
     let (workdir, sandbox, interception, delivery) = match prepared {
@@ -109,7 +109,7 @@ async fn contain(
     run: &PodmanRun,
     workdir: &PrivateDir,
     secrets: &[Guarded],
-    interception: Arc<Interception>,
+    interception: Option<Arc<Interception>>,
     delivery: &Delivery,
 ) -> Contained {
     // Kept to clear out the namespace if the sandbox is never served.
@@ -215,7 +215,7 @@ async fn serve_when_named(
     sandbox: Sandbox,
     policy: crate::bundle::PolicyHandle,
     shared: super::Shared,
-    interception: Arc<Interception>,
+    interception: Option<Arc<Interception>>,
     stop: Watch,
 ) -> Result<Option<ServedSandbox>> {
     loop {
@@ -231,8 +231,7 @@ async fn serve_when_named(
                 sandbox = %id,
                 "sandbox ready"
             );
-            return ServedSandbox::start_with(sandbox, id, policy, &shared, Some(interception))
-                .map(Some);
+            return ServedSandbox::start_with(sandbox, id, policy, &shared, interception).map(Some);
         }
         if stopping {
             return Ok(None);
@@ -293,10 +292,11 @@ async fn wait_detached(session: &Session, run: &PodmanRun, id: &str) -> Result<i
 /// What the container is given of the sandbox CA and the secrets, as
 /// `podman run` options, and what podman itself must not pass on.
 struct Delivery {
-    /// `--env SLUICE_SECRET_<NAME>=<placeholder>` for every secret, and when
-    /// a rule terminates TLS `--volume BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro`
-    /// and `--env VAR=/etc/ssl/certs/ca-certificates.crt` for each of
-    /// [`super::CA_BUNDLE_VARIABLES`].
+    /// When a rule terminates TLS: `--volume
+    /// BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro`, `--env
+    /// VAR=/etc/ssl/certs/ca-certificates.crt` for each of
+    /// [`super::CA_BUNDLE_VARIABLES`], and `--env
+    /// SLUICE_SECRET_<NAME>=<placeholder>` for every secret.
     options: Vec<OsString>,
     /// Variables sluice read secrets from: not podman's (its `-e VAR` and
     /// `--env-host` would copy them into the container).
@@ -305,16 +305,16 @@ struct Delivery {
 
 impl Delivery {
     /// Write the bundle (system roots plus the sandbox CA) into `workdir`
-    /// when the policy terminates TLS, and say how podman hands it and the
-    /// placeholders to the container.
+    /// when there is an interception (the policy terminates TLS), and say
+    /// how podman hands it and the placeholders to the container.
     fn prepare(
-        interception: &Interception,
+        interception: Option<&Interception>,
         policy: &crate::policy::Policy,
         workdir: &PrivateDir,
     ) -> Result<Delivery> {
         let mut options: Vec<OsString> = Vec::new();
         let system = crate::intercept::roots::SYSTEM_BUNDLE;
-        if policy.rules().iter().any(|r| r.terminates()) {
+        if let Some(interception) = interception {
             let pem = crate::intercept::ca::bundle_pem(&interception.ca, Path::new(system));
             let bundle = workdir.0.join("ca-bundle.pem");
             write_readable(&bundle, &pem).with_context(|| {
@@ -328,10 +328,10 @@ impl Delivery {
                 options.push("--env".into());
                 options.push(format!("{var}={system}").into());
             }
-        }
-        for (var, placeholder) in interception.secrets.placeholder_env() {
-            options.push("--env".into());
-            options.push(format!("{var}={placeholder}").into());
+            for (var, placeholder) in interception.secrets.placeholder_env() {
+                options.push("--env".into());
+                options.push(format!("{var}={placeholder}").into());
+            }
         }
         let unset = policy
             .secrets()

@@ -34,24 +34,45 @@ pub struct Shared {
     pub internal: Vec<SocketAddr>,
     /// Upstream resolvers for policies without `dns.upstream`.
     pub default_upstream: Vec<SocketAddr>,
-    /// The origin side's TLS client (system roots plus `--upstream-ca`).
-    pub upstream_tls: Arc<rustls::ClientConfig>,
+    /// The origin side's TLS trust (system roots plus `--upstream-ca`).
+    pub upstream_tls: crate::intercept::roots::UpstreamTrust,
 }
 
 impl Shared {
-    /// A fresh sandbox CA for `id` and the secrets `policy` names, read now.
+    /// When `policy` has a rule that terminates TLS: a fresh sandbox CA for
+    /// `id` and the secrets `policy` names, read now. None otherwise: a
+    /// sandbox whose policy never terminates pays for no CA, and a rule a
+    /// later reload adds is refused (`no-interception`), as its clients
+    /// were never given a CA to trust.
     pub fn interception(
         &self,
         id: &SandboxId,
         policy: &crate::policy::Policy,
+    ) -> Result<Option<Arc<Interception>>> {
+        if !super::terminates_tls(policy) {
+            return Ok(None);
+        }
+        self.mint_interception(id, policy).map(Some)
+    }
+
+    /// [`Shared::interception`] whatever the policy (`sluice vm attach
+    /// --ca-file` hands the CA out before any rule needs it).
+    pub fn mint_interception(
+        &self,
+        id: &SandboxId,
+        policy: &crate::policy::Policy,
     ) -> Result<Arc<Interception>> {
+        let upstream_tls = self
+            .upstream_tls
+            .client_config()
+            .context("cannot load the CA files for origins (--upstream-ca)")?;
         let ca = crate::intercept::ca::SandboxCa::mint(id.as_str())
             .context("cannot mint the sandbox CA")?;
         let secrets = crate::secret::SecretStore::load(policy.secrets())
             .context("cannot read the policy's secrets")?;
         Ok(Arc::new(Interception {
             ca: Arc::new(ca),
-            upstream_tls: self.upstream_tls.clone(),
+            upstream_tls,
             secrets: Arc::new(secrets),
         }))
     }
@@ -74,20 +95,10 @@ pub struct ServedSandbox {
 }
 
 impl ServedSandbox {
-    /// Start serving `sandbox`'s sockets under `policy`, with a CA of its
-    /// own for rules that terminate TLS.
-    pub fn start(
-        sandbox: Sandbox,
-        id: SandboxId,
-        policy: PolicyHandle,
-        shared: &Shared,
-    ) -> Result<ServedSandbox> {
-        let interception = shared.interception(&id, &policy.current())?;
-        ServedSandbox::start_with(sandbox, id, policy, shared, Some(interception))
-    }
-
-    /// [`ServedSandbox::start`] with the CA and secrets given (`None`:
-    /// rules that terminate TLS are refused).
+    /// Start serving `sandbox`'s sockets under `policy`, with the CA and
+    /// secrets given ([`Shared::interception`], made before the workload
+    /// starts so that it can be given the CA; `None`: rules that terminate
+    /// TLS are refused).
     pub fn start_with(
         sandbox: Sandbox,
         id: SandboxId,

@@ -21,6 +21,9 @@ use crate::attach::{self, host, vm::VmNet};
 use crate::confine::{RunAs, SluiceFiles};
 use crate::netns::{SandboxNetns, TapOwner};
 
+/// The VMM's variable naming the CA bundle its guest should trust.
+pub const CA_FILE_VARIABLE: &str = "SLUICE_CA_FILE";
+
 /// Everything `sluice vm -- VMM ...` was asked to do.
 pub struct VmOptions {
     pub policy: PolicySource,
@@ -44,10 +47,55 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
         gid,
     });
     let session = Session::start(opts.services, opts.policy).await?;
+    // The sandbox CA and the secrets, before the VMM: it gets the CA bundle
+    // for its guest (when a rule terminates TLS), never a secret.
+    let interception = match session
+        .services
+        .shared
+        .interception(&opts.id, &session.policy())
+    {
+        Ok(interception) => interception,
+        Err(err) => {
+            session.finish(None, super::Leftovers::Unknown).await;
+            return Err(err.context("the VMM was not started"));
+        }
+    };
+    let mut files = opts.files;
+    for file in super::secret_files(&session.policy()) {
+        files.hide(file);
+    }
+    let mut env = opts.net.environment();
+    // Removed when this returns (the CA dies with the sandbox).
+    let ca_file = if let Some(interception) = &interception {
+        let path = std::env::temp_dir().join(format!("sluice-vm-ca-{}.pem", std::process::id()));
+        match super::CaBundleFile::write(interception, path) {
+            Ok(file) => Some(file),
+            Err(err) => {
+                session.finish(None, super::Leftovers::Unknown).await;
+                return Err(err.context("the VMM was not started"));
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(file) = &ca_file {
+        // Read-only for the VMM, root or not: the guest's trust is sluice's.
+        files.read_only.push(file.path().to_path_buf());
+        env.push((CA_FILE_VARIABLE.into(), file.path().display().to_string()));
+    }
     // Now that sluice's files exist (the session made its records): the
     // init protects them and confines itself while the namespace is made.
     let mut init = opts.init;
-    if let Err(err) = init.plan(&opts.command, run_as, &opts.files, &opts.net.environment()) {
+    // A secret read from sluice's own environment is not the VMM's.
+    for secret in session.policy().secrets() {
+        if let crate::policy::SecretSource::Env(var) = &secret.source {
+            if let Err(err) = init.unset_env(var.clone()) {
+                session.finish(None, super::Leftovers::Unknown).await;
+                return Err(attach::AttachError::Confine(err).into());
+            }
+        }
+    }
+    if let Err(err) = init.plan(&opts.command, run_as, &files, &env) {
         session.finish(None, super::Leftovers::Unknown).await;
         return Err(attach::AttachError::Confine(err).into());
     }
@@ -58,7 +106,7 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
             return Err(err);
         }
     };
-    let served = session.serve(sandbox, opts.id)?;
+    let served = session.serve_with(sandbox, opts.id, interception)?;
     // The VM's command comes from the init, forked before: it keeps
     // sluice's starting priority.
     super::runtime::serve_ahead_of_workload();
@@ -89,6 +137,7 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
     session
         .finish(Some(served), super::Leftovers::Unknown)
         .await;
+    drop(ca_file);
     status
 }
 
@@ -109,6 +158,9 @@ pub struct AttachOptions {
     pub netns: SandboxNetns,
     pub net: VmNet,
     pub id: crate::sandbox_id::SandboxId,
+    /// Where to write the CA bundle for the guest (`--ca-file`), removed
+    /// when the attach stops.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// Fence and serve a tap someone else made until SIGINT or SIGTERM; the
@@ -116,6 +168,33 @@ pub struct AttachOptions {
 /// so on stderr) when the tap was removed, its fence removed with it.
 pub async fn attach(opts: AttachOptions) -> Result<i32> {
     let session = Session::start(opts.services, opts.policy).await?;
+    // With --ca-file the CA is made whatever the policy: the VM manager
+    // was promised a file to build the guest with.
+    let shared = &session.services.shared;
+    let interception = match &opts.ca_file {
+        Some(_) => shared
+            .mint_interception(&opts.id, &session.policy())
+            .map(Some),
+        None => shared.interception(&opts.id, &session.policy()),
+    };
+    let interception = match interception {
+        Ok(interception) => interception,
+        Err(err) => {
+            session.finish(None, super::Leftovers::Unknown).await;
+            return Err(err);
+        }
+    };
+    // Removed when this returns, whichever way (the CA dies with sluice).
+    let _ca_file = match (opts.ca_file, &interception) {
+        (Some(path), Some(interception)) => match super::CaBundleFile::write(interception, path) {
+            Ok(file) => Some(file),
+            Err(err) => {
+                session.finish(None, super::Leftovers::Unknown).await;
+                return Err(err);
+            }
+        },
+        _ => None,
+    };
     let net = opts.net;
     let netns = opts.netns;
     let added = match netns.adopt_tap(&net.tap, &net.gateway_addresses()) {
@@ -145,7 +224,7 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
             return Err(anyhow::Error::from(err).context("cannot fence the tap"));
         }
     };
-    let served = session.serve(sandbox, opts.id)?;
+    let served = session.serve_with(sandbox, opts.id, interception)?;
     // The guest is someone else's process: nothing here inherits the lead.
     super::runtime::serve_ahead_of_workload();
     tracing::info!(tap = %net.tap, guest = %net.guest, "serving the tap until SIGINT or SIGTERM");

@@ -31,12 +31,25 @@ pub enum Command {
         threads: usize,
         expect_len: usize,
         expect_sha256: String,
+        /// For an https:// URL: the name to ask for and the CA to trust.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tls: Option<TlsFetch>,
     },
     /// A socket to `forbidden` (`addr:port`, a live service the policy
     /// forbids) and a GET of `allowed` (the control).
     Deny { forbidden: String, allowed: String },
     /// Exit.
     Quit,
+}
+
+/// An https:// fetch's name (SNI and Host) and the CA (PEM) the client
+/// trusts, besides the bundle in `$SSL_CERT_FILE` when its sandbox set one
+/// (`sluice run` does, with the sandbox CA in it, for a policy that
+/// terminates TLS).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsFetch {
+    pub name: String,
+    pub ca_pem: String,
 }
 
 /// The line a client prints first, once it runs.
@@ -131,7 +144,15 @@ pub fn execute(command: &Command) -> Reply {
             threads,
             expect_len,
             expect_sha256,
-        } => fetch(url, *count, *threads, *expect_len, expect_sha256),
+            tls,
+        } => fetch(
+            url,
+            *count,
+            *threads,
+            *expect_len,
+            expect_sha256,
+            tls.as_ref(),
+        ),
         Command::Deny { forbidden, allowed } => Reply {
             deny: Some(deny(forbidden, allowed)),
             ..Reply::default()
@@ -140,16 +161,36 @@ pub fn execute(command: &Command) -> Reply {
     }
 }
 
-fn fetch(url: &str, count: usize, threads: usize, len: usize, sha256: &str) -> Reply {
-    let batch = match load::fetch_many(url, count.max(1), threads.max(1)) {
-        Ok(batch) => batch,
-        Err(why) => {
-            return Reply {
-                failed: count,
-                first_failure: Some(why),
-                ..Reply::default()
+fn fetch(
+    url: &str,
+    count: usize,
+    threads: usize,
+    len: usize,
+    sha256: &str,
+    tls: Option<&TlsFetch>,
+) -> Reply {
+    let failed = |why: String| Reply {
+        failed: count,
+        first_failure: Some(why),
+        ..Reply::default()
+    };
+    // Once per batch, before the clock: the trust store.
+    let tls = match tls {
+        None => None,
+        Some(t) => {
+            let delivered = std::env::var_os("SSL_CERT_FILE").map(std::path::PathBuf::from);
+            match crate::testbed::tls::client_config(&t.ca_pem, delivered.as_deref()) {
+                Ok(config) => Some(load::TlsTarget {
+                    config,
+                    name: t.name.clone(),
+                }),
+                Err(why) => return failed(format!("FAIL TLS trust: {why}")),
             }
         }
+    };
+    let batch = match load::fetch_many_with(url, count.max(1), threads.max(1), tls) {
+        Ok(batch) => batch,
+        Err(why) => return failed(why),
     };
     // The clock has stopped for every request: now the content check.
     let mut reply = Reply {
@@ -225,6 +266,7 @@ mod tests {
             threads: 8,
             expect_len: 1024,
             expect_sha256: "ab".into(),
+            tls: None,
         };
         let line = serde_json::to_string(&command).unwrap();
         assert!(line.starts_with(r#"{"op":"fetch","#), "{line}");

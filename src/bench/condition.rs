@@ -83,13 +83,44 @@ impl ConditionKind {
         self.is_sluice()
     }
 
+    /// Whether this condition runs `workload`, and if not, why (the
+    /// report says so): the `l7` workload needs a proxy that terminates
+    /// TLS and a client that trusts it.
+    pub fn skips(self, workload: super::Workload) -> Option<&'static str> {
+        if workload != super::Workload::L7 {
+            return None;
+        }
+        match self {
+            ConditionKind::TokioProxy | ConditionKind::UringProxy => {
+                Some("a TCP relay with no TLS of its own: nothing to terminate with")
+            }
+            ConditionKind::Oci => Some("the container gets no sandbox CA from `sluice oci` yet"),
+            ConditionKind::Vm | ConditionKind::VmDirect => {
+                Some("the guest kit holds no sandbox CA (SLUICE_CA_FILE is not built in)")
+            }
+            ConditionKind::Native | ConditionKind::Host | ConditionKind::Haproxy => None,
+        }
+    }
+
+    /// Whether its proxy adds the `l7` rule's header (and so the origin
+    /// must see it on every `l7` request): sluice and haproxy; native
+    /// sends none.
+    pub fn injects(self) -> bool {
+        self.is_sluice() || self == ConditionKind::Haproxy
+    }
+
+    /// Whether this condition runs `workload` ([`ConditionKind::skips`]).
+    pub fn runs(self, workload: super::Workload) -> bool {
+        self.skips(workload).is_none()
+    }
+
     /// One line on what the condition is, for the report.
     pub fn describe(self) -> &'static str {
         match self {
             ConditionKind::Native => "the client straight to the origin (no sluice, no nftables)",
             ConditionKind::Host => "the client as the workload of `sluice run` (with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead of the client, 2 unless set, 3 more while 4 or more connections are in flight, and the peers at its priority)",
             ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead, 2 unless set, 3 more while 4 or more connections are in flight)",
-            ConditionKind::Haproxy => "haproxy `mode tcp`, one fixed upstream, behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
+            ConditionKind::Haproxy => "haproxy `mode tcp` behind sluice's nft redirect, no policy: plain connections to the one origin, TLS routed by SNI (tls: relayed to the TLS origin; l7: to a second haproxy frontend that terminates TLS with the origin's certificate, allows GET /bytes/*, sets the header and connects to the origin over TLS, verifying it) (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::TokioProxy => "a minimal tokio proxy (SO_ORIGINAL_DST, copy_bidirectional, one thread) behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::UringProxy => "the minimal proxy of tokio-proxy with its accepts, connects, reads, writes, shutdowns and closes on io_uring (one thread, one ring) in place of tokio's epoll reactor; no policy (started once for the run)",
             ConditionKind::Vm => "the client in the test microVM (QEMU microvm, TCG emulation: no KVM here) under `sluice vm` (with --audit and --timings); request times on the guest's clock, start+exit includes the boot",
@@ -155,7 +186,8 @@ pub fn prepare(
 }
 
 /// The client command: this very binary's hidden `bench-client`.
-/// `sluice SUBCOMMAND` with the bench's policy, this condition's audit log,
+/// `sluice SUBCOMMAND` with the bench's policy (trusting the TLS origin's
+/// CA), this condition's audit log,
 /// a timings file for `round`, and the testbed's own state dir (the audit
 /// writer keeps its checkpoint key there: a throwaway one, so a benchmark
 /// leaves nothing in /var/lib). The caller adds the rest.
@@ -170,6 +202,8 @@ pub fn sluice_command(
     cmd.arg(subcommand)
         .arg("--policy")
         .arg(&bed.policy)
+        .arg("--upstream-ca")
+        .arg(&bed.ca_file)
         .arg("--audit")
         .arg(audit)
         .arg("--timings")

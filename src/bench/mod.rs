@@ -50,9 +50,20 @@ use progress::Progress;
 pub const ORIGIN: &str = "198.18.0.1:8080";
 /// A live service the policy forbids (the deny check's target).
 pub const FORBIDDEN: &str = "198.18.0.2:9090";
+/// The origin over TLS (the `tls` and `l7` workloads), with a certificate
+/// for both names below.
+pub const TLS_ORIGIN: &str = "198.18.0.1:8443";
+/// The name the `tls` workload asks for: its rule admits it by SNI.
+pub const TLS_NAME: &str = "tls.bench.test";
+/// The name the `l7` workload asks for: its rule decides requests and
+/// injects a credential.
+pub const L7_NAME: &str = "l7.bench.test";
+/// The header the `l7` rule injects, and the bench secret's value.
+pub const L7_HEADER: &str = "Authorization";
+pub(crate) const L7_SECRET: &str = "bench-token-not-a-secret";
 
-/// The policy sluice enforces in the bench: the origin, nothing else.
-pub const POLICY: &str = "version: 1
+/// The origin over HTTP and nothing else (`bench-scale`'s policy).
+pub const PLAIN_POLICY: &str = "version: 1
 name: bench
 rules:
   - name: origin
@@ -62,6 +73,45 @@ rules:
 dns:
   upstream: []
 ";
+
+/// The policy sluice enforces in the bench: the origin over HTTP, over
+/// TLS by SNI, and over TLS with every request decided and a credential
+/// (read from `secret_file`) injected; nothing else.
+pub fn policy(secret_file: &Path) -> String {
+    format!(
+        "version: 1
+name: bench
+secrets:
+  - name: token
+    file: {secret}
+rules:
+  - name: origin
+    action: allow
+    cidrs: [\"198.18.0.1/32\"]
+    ports: [8080]
+  - name: tls-origin
+    action: allow
+    hosts: [\"{TLS_NAME}\"]
+    ports: [8443]
+  - name: l7-origin
+    action: allow
+    hosts: [\"{L7_NAME}\"]
+    ports: [8443]
+    http:
+      - methods: [GET]
+        paths: [\"/bytes/*\"]
+    inject:
+      - header: {L7_HEADER}
+        value: \"Bearer {{{{token}}}}\"
+dns:
+  upstream: []
+  hosts:
+    {TLS_NAME}: [\"198.18.0.1\"]
+    {L7_NAME}: [\"198.18.0.1\"]
+",
+        secret = secret_file.display()
+    )
+}
 
 /// Upper bounds of a plan.
 pub const MAX_CONNS: usize = 100_000;
@@ -163,7 +213,13 @@ pub struct Testbed {
     pub dir: PathBuf,
     pub policy: PathBuf,
     pub exe: PathBuf,
+    /// The TLS origin's CA and certificate (haproxy serves the same one).
+    pub pki: crate::testbed::tls::TestPki,
+    /// `pki`'s CA, for `--upstream-ca` and haproxy's `ca-file`.
+    pub ca_file: PathBuf,
     forbidden_hits: Arc<AtomicU64>,
+    /// Requests the TLS origin saw carrying the `l7` rule's header.
+    injected_seen: Arc<AtomicU64>,
 }
 
 impl Testbed {
@@ -187,20 +243,40 @@ impl Testbed {
             path: dir.clone(),
             cause: e,
         })?;
+        let pki = crate::testbed::tls::TestPki::issue(&[TLS_NAME, L7_NAME])
+            .map_err(|e| setup("issuing the TLS origin's certificate")(e.into()))?;
         let bed = Testbed {
             policy: dir.join("policy.yaml"),
+            ca_file: dir.join("origin-ca.pem"),
             dir,
             exe,
+            pki,
             forbidden_hits: Arc::new(AtomicU64::new(0)),
+            injected_seen: Arc::new(AtomicU64::new(0)),
             outer,
         };
-        std::fs::write(&bed.policy, POLICY).map_err(|e| BenchError::Output {
-            path: bed.policy.clone(),
-            cause: e,
-        })?;
+        let secret = bed.dir.join("token");
+        for (path, text) in [
+            (&secret, format!("{L7_SECRET}\n")),
+            (&bed.policy, policy(&secret)),
+            (&bed.ca_file, bed.pki.ca_pem.clone()),
+        ] {
+            std::fs::write(path, text).map_err(|e| BenchError::Output {
+                path: path.clone(),
+                cause: e,
+            })?;
+        }
         bed.outer
             .http_origin(origin)
             .map_err(setup("starting the origin"))?;
+        let injected = bed.injected_seen.clone();
+        let seen = move |head: &str| {
+            if carries_injected_header(head) {
+                injected.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        bed.tls_origin(&bed.outer, Arc::new(seen))
+            .map_err(setup("starting the TLS origin"))?;
         let listener = bed
             .outer
             .run_in(move || std::net::TcpListener::bind(forbidden))
@@ -218,10 +294,38 @@ impl Testbed {
         Ok(bed)
     }
 
+    /// Start the TLS origin ([`TLS_ORIGIN`], with `pki`'s certificate) in
+    /// `ns`, giving `seen` every request head.
+    pub fn tls_origin(
+        &self,
+        ns: &crate::testbed::OuterNetns,
+        seen: Arc<dyn Fn(&str) + Send + Sync>,
+    ) -> anyhow::Result<()> {
+        let config = self.pki.server_config()?;
+        ns.https_origin(TLS_ORIGIN.parse().expect("literal"), config, seen)
+    }
+
+    /// Requests with the `l7` rule's injected header the TLS origin saw so
+    /// far.
+    pub fn injected_seen(&self) -> u64 {
+        self.injected_seen.load(Ordering::SeqCst)
+    }
+
     /// Connections the forbidden service accepted so far.
     pub fn forbidden_hits(&self) -> u64 {
         self.forbidden_hits.load(Ordering::SeqCst)
     }
+}
+
+/// Whether a request head carries the header the `l7` rule injects, with
+/// the bench secret's value.
+fn carries_injected_header(head: &str) -> bool {
+    let wanted = format!("Bearer {L7_SECRET}");
+    head.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case(L7_HEADER) && value.trim() == wanted
+        })
+    })
 }
 
 impl Drop for Testbed {
@@ -329,7 +433,8 @@ pub fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, BenchError> 
             }
         }
     }
-    let commands = workload::Commands::new(&plan.workloads, plan.conns, plan.threads);
+    let commands =
+        workload::Commands::new(&plan.workloads, plan.conns, plan.threads, &bed.pki.ca_pem);
     let total = plan.warmups + plan.batches;
     progress.begin(total, prepared.len());
     let mut rounds = Vec::new();
@@ -402,8 +507,15 @@ fn run_round(
     }
     let mut batches = Vec::new();
     for (workload, command) in &commands.workloads {
+        if !kind.runs(*workload) {
+            continue;
+        }
         let before = session.proxy_cpu_ns();
+        let injected = bed.injected_seen();
         let reply = session.request(command)?;
+        if *workload == Workload::L7 && kind.injects() {
+            check_injected(kind, &reply, bed.injected_seen() - injected)?;
+        }
         let cpu_ns = match (before, session.proxy_cpu_ns()) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a)),
             _ => None,
@@ -456,6 +568,23 @@ fn checked_batch(
         workload,
         reply,
         cpu_ns,
+    })
+}
+
+/// An `l7` batch counts only when the origin saw the injected header on
+/// every request that succeeded: a proxy that did not do the work must not
+/// be timed as if it had.
+fn check_injected(kind: ConditionKind, reply: &Reply, seen: u64) -> Result<(), BenchError> {
+    if seen >= reply.samples.len() as u64 {
+        return Ok(());
+    }
+    Err(BenchError::Content {
+        condition: kind,
+        workload: Workload::L7.name(),
+        detail: format!(
+            "the origin saw the injected {L7_HEADER} header on {seen} of {} requests",
+            reply.samples.len()
+        ),
     })
 }
 
@@ -562,6 +691,41 @@ mod tests {
     }
 
     #[test]
+    fn the_origin_counts_only_the_injected_header_with_the_secret() {
+        let head = |h: &str| format!("GET /bytes/1024 HTTP/1.1\r\nHost: {L7_NAME}\r\n{h}\r\n\r\n");
+        assert!(carries_injected_header(&head(&format!(
+            "authorization: Bearer {L7_SECRET}"
+        ))));
+        assert!(!carries_injected_header(&head(
+            "Authorization: Bearer other"
+        )));
+        assert!(!carries_injected_header(&head("X-Other: x")));
+    }
+
+    #[test]
+    fn an_l7_batch_whose_origin_missed_the_header_voids_the_run() {
+        let reply = Reply {
+            samples: vec![
+                client::Sample {
+                    connect_us: 1,
+                    first_byte_us: 2,
+                    last_byte_us: 3,
+                    total_us: 4,
+                };
+                3
+            ],
+            ..Reply::default()
+        };
+        assert!(check_injected(ConditionKind::Host, &reply, 3).is_ok());
+        let err = check_injected(ConditionKind::Haproxy, &reply, 2).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("injected Authorization header on 2 of 3 requests"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn the_same_seed_gives_the_same_condition_orders() {
         assert_eq!(round_orders(7, 10, 5), round_orders(7, 10, 5));
     }
@@ -598,6 +762,7 @@ mod tests {
             threads: 1,
             expect_len,
             expect_sha256: hex::encode(ring::digest::digest(&ring::digest::SHA256, expected)),
+            tls: None,
         })
     }
 

@@ -1,7 +1,8 @@
-//! The peers sluice is measured against: haproxy (`mode tcp`, one fixed
-//! upstream) and a minimal proxy (`sluice bench-proxy`: SO_ORIGINAL_DST
-//! and `copy_bidirectional` on tokio, or the same steps on io_uring), each with no policy, behind the same kind of
-//! nft redirect sluice uses. Each gets a throwaway namespace of its own,
+//! The peers sluice is measured against: haproxy (`mode tcp` to the fixed
+//! origin; TLS routed by SNI, the `l7` name terminated in `mode http`) and
+//! a minimal proxy (`sluice bench-proxy`: SO_ORIGINAL_DST and
+//! `copy_bidirectional` on tokio, or the same steps on io_uring), each with
+//! no policy, behind the same kind of nft redirect sluice uses. Each gets a throwaway namespace of its own,
 //! plumbed like a sandbox (the bridge with no ports that carries the
 //! default routes) with sluice's own host ruleset applied and read
 //! back; the proxy listens inside it (haproxy's `bind ... namespace`, the
@@ -23,6 +24,7 @@ use nix::unistd::Pid;
 use super::condition::{client_command, Condition, ConditionKind, Skip};
 use super::session::{self, Proxy, Session};
 use super::{interrupt, BenchError, Testbed, ORIGIN};
+use super::{L7_HEADER, L7_NAME, L7_SECRET, TLS_NAME, TLS_ORIGIN};
 use crate::attach::{DNS_PORT, PROXY_PORT};
 use crate::enforce::{self, SandboxSpec};
 use crate::netns::SandboxNetns;
@@ -58,10 +60,21 @@ impl Peer {
         };
         let ns = redirected_namespace("sluice-bench-haproxy")?;
         let config = bed.dir.join("haproxy.cfg");
-        std::fs::write(&config, haproxy_config(ns.name())).map_err(|e| BenchError::Output {
-            path: config.clone(),
-            cause: e,
-        })?;
+        // haproxy's `crt`: the TLS origin's certificate and key in one file.
+        let crt = bed.dir.join("haproxy-l7.pem");
+        let files = [
+            (&crt, format!("{}{}", bed.pki.cert_pem, bed.pki.key_pem)),
+            (
+                &config,
+                haproxy_config(ns.name(), &crt, &bed.ca_file, ns.name()),
+            ),
+        ];
+        for (path, text) in files {
+            std::fs::write(path, text).map_err(|e| BenchError::Output {
+                path: path.clone(),
+                cause: e,
+            })?;
+        }
         let mut cmd = Command::new(&haproxy);
         // -db: stay in the foreground, one process; -q: quiet.
         cmd.arg("-db")
@@ -180,10 +193,21 @@ fn redirected_namespace(prefix: &str) -> Result<OuterNetns, BenchError> {
 }
 
 /// haproxy's configuration: `mode tcp`, listening inside `netns` where the
-/// redirect sends every connection, one server (the origin), no policy;
-/// as many connections as `sluice run` serves by default, and haproxy's
-/// defaults otherwise (a thread per CPU, no splicing).
-fn haproxy_config(netns: &str) -> String {
+/// redirect sends every connection, no policy; as many connections as
+/// `sluice run` serves by default, and haproxy's defaults otherwise (a
+/// thread per CPU, no splicing). Plain connections go to the one origin.
+/// A TLS ClientHello is routed by its SNI: the `tls` workload's name is
+/// relayed to the TLS origin; the `l7` workload's goes to a second frontend
+/// (on an abstract socket named after `tag`) that terminates TLS with `crt`,
+/// allows only the `l7` rule's requests, sets its header and connects to the
+/// origin over TLS, verifying it against `ca_file`: what sluice's `l7-origin`
+/// rule does, as haproxy is configured for it.
+fn haproxy_config(
+    netns: &str,
+    crt: &std::path::Path,
+    ca_file: &std::path::Path,
+    tag: &str,
+) -> String {
     format!(
         "global\n\
          \x20   maxconn 4096\n\
@@ -194,9 +218,29 @@ fn haproxy_config(netns: &str) -> String {
          \x20   timeout server 60s\n\
          frontend redirected\n\
          \x20   bind 127.0.0.1:{PROXY_PORT} namespace {netns}\n\
+         \x20   tcp-request inspect-delay 5s\n\
+         \x20   tcp-request content accept if {{ req.ssl_hello_type 1 }}\n\
+         \x20   tcp-request content accept if {{ req.len gt 0 }}\n\
+         \x20   use_backend tls-relay if {{ req.ssl_sni -i {TLS_NAME} }}\n\
+         \x20   use_backend l7-terminate if {{ req.ssl_sni -i {L7_NAME} }}\n\
          \x20   default_backend origin\n\
          backend origin\n\
-         \x20   server origin {ORIGIN}\n"
+         \x20   server origin {ORIGIN}\n\
+         backend tls-relay\n\
+         \x20   server tls {TLS_ORIGIN}\n\
+         backend l7-terminate\n\
+         \x20   server l7 abns@{tag}-l7\n\
+         frontend l7\n\
+         \x20   mode http\n\
+         \x20   bind abns@{tag}-l7 ssl crt {crt} alpn http/1.1\n\
+         \x20   http-request deny unless {{ method GET }} {{ path_reg ^/bytes/[^/]+$ }}\n\
+         \x20   http-request set-header {L7_HEADER} \"Bearer {L7_SECRET}\"\n\
+         \x20   default_backend l7-origin\n\
+         backend l7-origin\n\
+         \x20   mode http\n\
+         \x20   server origin {TLS_ORIGIN} ssl verify required ca-file {ca} sni str({L7_NAME}) verifyhost {L7_NAME}\n",
+        crt = crt.display(),
+        ca = ca_file.display(),
     )
 }
 
@@ -346,11 +390,34 @@ mod tests {
 
     #[test]
     fn haproxy_listens_in_the_redirected_namespace_and_forwards_to_the_origin() {
-        let config = haproxy_config("sluice-bench-haproxy-1-0");
+        let config = haproxy_config(
+            "sluice-bench-haproxy-1-0",
+            std::path::Path::new("/b/crt.pem"),
+            std::path::Path::new("/b/ca.pem"),
+            "t",
+        );
         assert!(config.contains("mode tcp"));
         assert!(config.contains(&format!(
             "bind 127.0.0.1:{PROXY_PORT} namespace sluice-bench-haproxy-1-0\n"
         )));
         assert!(config.contains(&format!("server origin {ORIGIN}\n")));
+    }
+
+    #[test]
+    fn haproxy_terminates_only_the_l7_name_and_verifies_the_origin() {
+        let config = haproxy_config(
+            "ns",
+            std::path::Path::new("/b/crt.pem"),
+            std::path::Path::new("/b/ca.pem"),
+            "t",
+        );
+        assert!(config.contains(&format!(
+            "use_backend tls-relay if {{ req.ssl_sni -i {TLS_NAME} }}"
+        )));
+        assert!(config.contains("bind abns@t-l7 ssl crt /b/crt.pem alpn http/1.1\n"));
+        assert!(config.contains(&format!(
+            "server origin {TLS_ORIGIN} ssl verify required ca-file /b/ca.pem sni str({L7_NAME}) verifyhost {L7_NAME}\n"
+        )));
+        assert!(config.contains(&format!("http-request set-header {L7_HEADER} ")));
     }
 }

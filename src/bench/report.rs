@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::stats::{self, ConditionStats, MetricStats, Summary};
-use super::{BenchError, ConditionKind, Metric, Results};
+use super::{BenchError, ConditionKind, Metric, Results, Workload};
 
 /// The files a report consists of.
 pub const FILES: [&str; 6] = [
@@ -302,6 +302,59 @@ fn row(c: &ConditionStats) -> String {
     )
 }
 
+/// The `tls` and `l7` workloads side by side: per-batch P50, its ratio to
+/// native, and the P90/P99 of every request (the tail a median hides), the
+/// proxy's CPU per connection, and l7's P50 over tls's.
+pub fn tls_table(results: &Results, summary: &Summary) -> String {
+    let mut md = String::from(
+        "\n## TLS: relayed by SNI (tls) and terminated with a header injected (l7)\n\n\
+         Fresh TLS connections one at a time, one 1 KiB GET each, by address with the name as \
+         SNI. tls: the rule admits the name, the proxy relays the bytes. l7: the rule decides \
+         every request (GET /bytes/*) and injects `Authorization`; sluice terminates with its \
+         sandbox CA (the client trusts the bundle `sluice run` delivers in SSL_CERT_FILE), \
+         haproxy with the origin's own certificate, and each verifies the origin on a TLS \
+         connection of its own. Requests: P50 / P90 / P99 over every request of the formal \
+         batches.\n\n\
+         | condition | tls P50 | x native | tls requests P50 / P90 / P99 | l7 P50 | x native | l7 requests P50 / P90 / P99 | l7 / tls | proxy CPU / conn, tls | l7 |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let ratio = |m: Option<&MetricStats>, native: bool| match m.and_then(|m| m.ratio) {
+        Some(r) => format!("{r:.2}"),
+        None if native && m.is_some() => "1.00".into(),
+        None => "-".into(),
+    };
+    let tail = |c: ConditionKind, w: Workload| match stats::request_quantiles(results, c, w) {
+        Some([p50, p90, p99]) => format!("{:.3} / {:.3} / {:.3}", p50 / 1e3, p90 / 1e3, p99 / 1e3),
+        None => c
+            .skips(w)
+            .map_or("-".into(), |why| format!("skipped: {why}")),
+    };
+    let cpu = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0} µs"));
+    for c in &summary.conditions {
+        let native = c.condition == ConditionKind::Native;
+        let tls = c.metrics.get(&Metric::Tls);
+        let l7 = c.metrics.get(&Metric::L7);
+        let over = match (l7.and_then(|m| m.p50), tls.and_then(|m| m.p50)) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {over} | {} | {} |",
+            c.condition,
+            cell(tls),
+            ratio(tls, native),
+            tail(c.condition, Workload::Tls),
+            cell(l7),
+            ratio(l7, native),
+            tail(c.condition, Workload::L7),
+            cpu(c.cpu_tls_us),
+            cpu(c.cpu_l7_us),
+        );
+    }
+    md
+}
+
 /// The main table, as report.md has it (also printed at the end of a run).
 pub fn table(summary: &Summary) -> String {
     let mut out = String::from(
@@ -437,6 +490,14 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
                     .unwrap_or_else(|| "-".into()),
             );
         }
+    }
+    if results
+        .plan
+        .workloads
+        .iter()
+        .any(|w| matches!(w, Workload::Tls | Workload::L7))
+    {
+        md.push_str(&tls_table(results, summary));
     }
     let _ = writeln!(
         md,

@@ -129,7 +129,7 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
         sandboxes: Vec::new(),
     };
     let policy = dir.join("policy.yaml");
-    std::fs::write(&policy, super::POLICY)?;
+    std::fs::write(&policy, super::PLAIN_POLICY)?;
     let socket = dir.join("daemon.sock");
     let config = dir.join("daemon.yaml");
     std::fs::write(

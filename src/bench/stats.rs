@@ -58,6 +58,9 @@ pub struct ConditionStats {
     /// workloads, over every formal batch.
     pub cpu_small_us: Option<f64>,
     pub cpu_serial_us: Option<f64>,
+    /// The same over the `tls` and the `l7` workloads' connections.
+    pub cpu_tls_us: Option<f64>,
+    pub cpu_l7_us: Option<f64>,
 }
 
 /// The whole run's numbers.
@@ -200,10 +203,36 @@ pub fn summarise(results: &Results) -> Summary {
                 deny,
                 cpu_small_us: cpu(Workload::Small),
                 cpu_serial_us: cpu(Workload::Serial),
+                cpu_tls_us: cpu(Workload::Tls),
+                cpu_l7_us: cpu(Workload::L7),
             }
         })
         .collect();
     Summary { conditions }
+}
+
+/// The P50, P90 and P99 (µs) of every request's time (connect start to the
+/// body's last byte) in `condition`'s successful formal batches of
+/// `workload`: the tail a per-batch median hides.
+pub fn request_quantiles(
+    results: &Results,
+    condition: ConditionKind,
+    workload: Workload,
+) -> Option<[f64; 3]> {
+    let mut times: Vec<f64> = results
+        .rounds
+        .iter()
+        .filter(|r| r.condition == condition)
+        .flat_map(|r| &r.batches)
+        .filter(|b| b.workload == workload && b.ok())
+        .flat_map(|b| b.reply.samples.iter().map(|s| s.last_byte_us as f64))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    Some([
+        quantile_sorted(&times, 0.5)?,
+        quantile_sorted(&times, 0.9)?,
+        quantile_sorted(&times, 0.99)?,
+    ])
 }
 
 /// One of DESIGN.md's speed targets, judged on this run.

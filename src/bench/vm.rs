@@ -68,7 +68,7 @@ pub fn prepare(
         }
     };
     let tap_world = match kind {
-        ConditionKind::VmDirect => Some(plain_tap_world().map_err(|e| BenchError::Setup {
+        ConditionKind::VmDirect => Some(plain_tap_world(bed).map_err(|e| BenchError::Setup {
             what: "building vm-direct's namespace (a plain tap and an origin)".into(),
             cause: format!("{e:#}"),
         })?),
@@ -82,9 +82,9 @@ pub fn prepare(
     })))
 }
 
-/// vm-direct's namespace: the origin on its loopback, the tap with the
-/// guest's gateway address on it, up.
-fn plain_tap_world() -> anyhow::Result<OuterNetns> {
+/// vm-direct's namespace: the origin (plain and TLS) on its loopback, the
+/// tap with the guest's gateway address on it, up.
+fn plain_tap_world(bed: &Testbed) -> anyhow::Result<OuterNetns> {
     use anyhow::{bail, Context};
     let origin: SocketAddr = ORIGIN.parse().expect("literal");
     let world = OuterNetns::create("sluice-bench-tap", &[origin.ip()])?;
@@ -109,6 +109,7 @@ fn plain_tap_world() -> anyhow::Result<OuterNetns> {
         }
     }
     world.http_origin(origin)?;
+    bed.tls_origin(&world, std::sync::Arc::new(|_: &str| {}))?;
     Ok(world)
 }
 

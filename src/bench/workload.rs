@@ -8,12 +8,18 @@
 //! - bulk: one 32 MiB body in 1 KiB origin writes, and one in 64 KiB writes.
 //! - stream: [`STREAMS`] responses of ten 13-byte events 2 ms apart; the
 //!   batch statistics are the median time to the first byte and to the last.
+//! - tls: `--conns` fresh TLS connections one at a time, one 1 KiB GET
+//!   each, to a name whose rule admits it by SNI: sluice relays the bytes.
+//! - l7: the same to a name whose rule has an `http` block and injects a
+//!   header: sluice terminates the TLS, decides the request, adds the
+//!   credential and makes its own TLS connection to the origin. Request
+//!   time includes the handshake(s), as for any client.
 //!
 //! Every body's length and SHA-256 are checked by the client after the
 //! clock stopped; the expected digests are computed here, once.
 
-use super::client::Command;
-use super::{FORBIDDEN, ORIGIN};
+use super::client::{Command, TlsFetch};
+use super::{FORBIDDEN, L7_NAME, ORIGIN, TLS_NAME, TLS_ORIGIN};
 use crate::testbed::pattern;
 
 /// The bulk body size.
@@ -33,15 +39,19 @@ pub enum Workload {
     Bulk1k,
     Bulk64k,
     Stream,
+    Tls,
+    L7,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 5] = [
+    pub const ALL: [Workload; 7] = [
         Workload::Small,
         Workload::Serial,
         Workload::Bulk1k,
         Workload::Bulk64k,
         Workload::Stream,
+        Workload::Tls,
+        Workload::L7,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,7 +61,13 @@ impl Workload {
             Workload::Bulk1k => "bulk-1k",
             Workload::Bulk64k => "bulk-64k",
             Workload::Stream => "stream",
+            Workload::Tls => "tls",
+            Workload::L7 => "l7",
         }
+    }
+
+    pub fn parse(name: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == name)
     }
 
     /// One of the 32 MiB transfers.
@@ -67,6 +83,8 @@ impl Workload {
             Workload::Bulk1k => &[Metric::Bulk1k],
             Workload::Bulk64k => &[Metric::Bulk64k],
             Workload::Stream => &[Metric::StreamFirst, Metric::StreamLast],
+            Workload::Tls => &[Metric::Tls],
+            Workload::L7 => &[Metric::L7],
         }
     }
 }
@@ -81,17 +99,21 @@ pub enum Metric {
     Bulk64k,
     StreamFirst,
     StreamLast,
+    Tls,
+    L7,
     StartExit,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 7] = [
+    pub const ALL: [Metric; 9] = [
         Metric::Small,
         Metric::Serial,
         Metric::Bulk1k,
         Metric::Bulk64k,
         Metric::StreamFirst,
         Metric::StreamLast,
+        Metric::Tls,
+        Metric::L7,
         Metric::StartExit,
     ];
 
@@ -104,6 +126,8 @@ impl Metric {
             Metric::Bulk64k => "bulk-64k",
             Metric::StreamFirst => "stream-first-byte",
             Metric::StreamLast => "stream-last-byte",
+            Metric::Tls => "tls",
+            Metric::L7 => "l7",
             Metric::StartExit => "start-exit",
         }
     }
@@ -117,6 +141,10 @@ impl Metric {
             Metric::Bulk64k => "32 MiB in 64 KiB writes",
             Metric::StreamFirst => "stream, first byte",
             Metric::StreamLast => "stream, last byte",
+            Metric::Tls => "tls (fresh TLS connections, relayed), per-batch median",
+            Metric::L7 => {
+                "l7 (fresh TLS connections, terminated, header injected), per-batch median"
+            }
             Metric::StartExit => "session start + exit",
         }
     }
@@ -141,7 +169,9 @@ pub struct Commands {
 }
 
 impl Commands {
-    pub fn new(workloads: &[Workload], conns: usize, threads: usize) -> Commands {
+    /// `ca_pem`: the CA of the TLS origin (and of haproxy's certificate),
+    /// which every client trusts besides what its sandbox delivers.
+    pub fn new(workloads: &[Workload], conns: usize, threads: usize, ca_pem: &str) -> Commands {
         let digest =
             |len: usize| hex::encode(ring::digest::digest(&ring::digest::SHA256, &pattern(len)));
         let small = digest(1024);
@@ -159,6 +189,19 @@ impl Commands {
                     threads,
                     expect_len: len,
                     expect_sha256: sha.to_string(),
+                    tls: None,
+                };
+                // By address (no name to resolve), with the name as SNI.
+                let fetch_tls = |name: &str| Command::Fetch {
+                    url: format!("https://{TLS_ORIGIN}/bytes/1024"),
+                    count: conns,
+                    threads: 1,
+                    expect_len: 1024,
+                    expect_sha256: small.clone(),
+                    tls: Some(TlsFetch {
+                        name: name.to_string(),
+                        ca_pem: ca_pem.to_string(),
+                    }),
                 };
                 let command = match w {
                     Workload::Small => fetch("/bytes/1024".into(), conns, threads, 1024, &small),
@@ -183,6 +226,8 @@ impl Commands {
                             &digest(len),
                         )
                     }
+                    Workload::Tls => fetch_tls(TLS_NAME),
+                    Workload::L7 => fetch_tls(L7_NAME),
                 };
                 (w, command)
             })
@@ -204,14 +249,15 @@ mod tests {
 
     #[test]
     fn every_workload_asks_for_what_it_checks() {
-        let commands = Commands::new(&Workload::ALL, 256, 8);
-        assert_eq!(commands.workloads.len(), 5);
+        let commands = Commands::new(&Workload::ALL, 256, 8, "CA");
+        assert_eq!(commands.workloads.len(), 7);
         for (w, c) in &commands.workloads {
             let Command::Fetch {
                 url,
                 count,
                 threads,
                 expect_len,
+                tls,
                 ..
             } = c
             else {
@@ -223,6 +269,19 @@ mod tests {
                 Workload::Bulk1k => assert!(url.ends_with("?write=1024")),
                 Workload::Bulk64k => assert!(url.ends_with("?write=65536")),
                 Workload::Stream => assert_eq!(*expect_len, 130),
+                Workload::Tls | Workload::L7 => {
+                    let tls = tls.as_ref().expect("a TLS fetch");
+                    let name = if *w == Workload::Tls {
+                        TLS_NAME
+                    } else {
+                        L7_NAME
+                    };
+                    assert_eq!((*count, *threads, tls.name.as_str()), (256, 1, name));
+                    assert!(url.starts_with("https://"), "{url}");
+                }
+            }
+            if !matches!(w, Workload::Tls | Workload::L7) {
+                assert!(tls.is_none(), "{w:?}");
             }
         }
     }

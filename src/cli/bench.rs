@@ -23,7 +23,11 @@ run here is skipped with one line saying why.
 Every round (--warmups, then --batches) starts a fresh session per condition, in a shuffled \
 order, and runs: a deny check, small (--conns fresh connections, --threads at once, 1 KiB), \
 serial (the same one at a time), bulk (32 MiB in 1 KiB and in 64 KiB writes, length and SHA-256 \
-checked), stream (ten 13-byte events 2 ms apart). The report gives P50/P95 across batches, the \
+checked), stream (ten 13-byte events 2 ms apart), tls (--conns fresh TLS connections one at a \
+time, one 1 KiB GET each, to a name its rule admits by SNI: relayed) and l7 (the same to a name \
+whose rule decides each request and injects a header: sluice terminates TLS with the sandbox CA \
+and verifies the origin; haproxy does the same in `mode http`; the TCP relays and the container \
+and VM conditions skip it). --workloads picks some. The report gives P50/P95 across batches, the \
 ratio to native, the paired difference to native with a 95% bootstrap CI, the proxy's CPU per \
 connection and start+exit time; DIR gets report.md, batches.csv, paired.csv, raw.jsonl and two SVG \
 plots.
@@ -51,6 +55,15 @@ pub struct BenchArgs {
         default_value = "native,host,oci,haproxy,tokio-proxy,vm,vm-direct"
     )]
     pub conditions: Vec<String>,
+    /// Workloads to run, comma-separated: small, serial, bulk-1k,
+    /// bulk-64k, stream, tls, l7 (default: all).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "small,serial,bulk-1k,bulk-64k,stream,tls,l7"
+    )]
+    pub workloads: Vec<String>,
     /// Formal rounds (default 30; 3 with --quick).
     #[arg(long, value_name = "N")]
     pub batches: Option<usize>,
@@ -93,6 +106,20 @@ impl BenchArgs {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let mut workloads = self
+            .workloads
+            .iter()
+            .map(|name| {
+                Workload::parse(name.trim()).ok_or_else(|| {
+                    BenchError::BadPlan(format!(
+                        "--workloads: unknown workload `{name}`; known: {}",
+                        Workload::ALL.map(|w| w.name()).join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        workloads.sort();
+        workloads.dedup();
         let (batches, warmups) = if self.quick { (3, 1) } else { (30, 3) };
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -101,7 +128,7 @@ impl BenchArgs {
         });
         let plan = Plan {
             conditions,
-            workloads: Workload::ALL.to_vec(),
+            workloads,
             batches: self.batches.unwrap_or(batches),
             warmups: self.warmups.unwrap_or(warmups),
             conns: self.conns,

@@ -30,8 +30,11 @@ without CAP_NET_ADMIN), fences the tap (one nftables transaction, read back), an
 the one lease below and router solicitations with a router advertisement (the guest's IPv6 /64 \
 for SLAAC, sluice at fe80::1 as its router), then runs the VMM confined in that namespace (as `sluice run` runs a \
 command) with SLUICE_TAP, SLUICE_GUEST_MAC, SLUICE_GUEST_IP, SLUICE_GATEWAY, SLUICE_GUEST_IP6, \
-SLUICE_GATEWAY6 and SLUICE_KERNEL_IP_ARG (a kernel `ip=` argument) in its environment. It exits \
-with the VMM's status and leaves nothing behind. The guest's gateway is sluice: its DNS server \
+SLUICE_GATEWAY6 and SLUICE_KERNEL_IP_ARG (a kernel `ip=` argument) in its environment, and, \
+when a rule terminates TLS (an `http` or `inject` block), SLUICE_CA_FILE: a file holding the \
+system roots plus the sandbox CA, read-only, for the guest builder to put in the guest (e.g. as \
+/etc/ssl/certs/ca-certificates.crt; docs/vm.md). It exits with the VMM's status and leaves \
+nothing behind. The guest's gateway is sluice: its DNS server \
 and its only way out; TCP is proxied under the policy, DNS answered under it, everything else \
 dropped and counted (sluice_dropped_packets_total{reason}).\n\n\
 Addresses: the defaults (guest 198.19.254.2/30 behind 198.19.254.1, 2001:db8:5c:fffe::2/64 \
@@ -66,7 +69,9 @@ Stopping sluice (SIGINT, SIGTERM) never opens the tap: the fence stays, and the 
 nothing, until the tap goes or `sluice vm detach` removes the fence. SIGHUP reloads the policy. \
 If the tap itself is removed while sluice serves it, sluice removes the tap's fence too and exits \
 1, saying so on stderr (0 after SIGINT or SIGTERM). With --guest-ip6 the guest's IPv6 neighbour \
-entries are pinned on the tap and sluice answers its router solicitations (SLAAC in a /64).";
+entries are pinned on the tap and sluice answers its router solicitations (SLAAC in a /64). \
+--ca-file PATH writes the system roots plus the sandbox CA there before the fence goes up, for \
+the guest's trust store when a rule terminates TLS; it is removed when sluice stops.";
 
 /// The VM's addresses, common to the wrapper and attach.
 #[derive(Debug, Args)]
@@ -172,6 +177,10 @@ pub struct AttachArgs {
     /// With --daemon: its control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
     #[arg(long, value_name = "PATH", requires = "daemon")]
     pub socket: Option<PathBuf>,
+    /// Write the CA bundle the guest should trust (system roots plus the
+    /// sandbox CA) to PATH, replacing a file there; removed when sluice stops.
+    #[arg(long, value_name = "PATH", conflicts_with = "daemon")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `sluice vm detach`.
@@ -258,6 +267,7 @@ fn attach(args: AttachArgs) -> anyhow::Result<i32> {
         netns,
         net,
         id,
+        ca_file: args.ca_file,
     };
     crate::app::runtime::one_sandbox()?.block_on(crate::app::vm::attach(opts))
 }
@@ -433,6 +443,26 @@ mod tests {
         assert!(detach_args(&["--tap", "tap0"]).is_err());
         assert!(detach_args(&["--netns", "vm1"]).is_err());
         assert!(detach_args(&["--tap", "tap0", "--netns", "vm1", "--pid", "7"]).is_err());
+    }
+
+    #[test]
+    fn attach_takes_a_ca_file_but_not_through_the_daemon() {
+        let attach = |extra: &[&str]| {
+            let mut argv = vec![
+                "sluice", "vm", "attach", "--policy", "p.yaml", "--tap", "tap0", "--netns", "vm1",
+            ];
+            argv.extend(extra);
+            Cli::try_parse_from(argv).map(|cli| cli.command)
+        };
+        match attach(&["--ca-file", "/run/guest-ca.pem"]).unwrap() {
+            Command::Vm(VmArgs {
+                action: Some(VmAction::Attach(args)),
+                ..
+            }) => assert_eq!(args.ca_file, Some(PathBuf::from("/run/guest-ca.pem"))),
+            other => panic!("parsed as {other:?}"),
+        }
+        let err = attach(&["--ca-file", "/run/guest-ca.pem", "--daemon"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     #[test]

@@ -267,7 +267,7 @@ impl Registry {
             .shared
             .interception(&req.id, &policy)
             .map_err(|e| ApiError::bad(crate::report::error_line(&e)))?;
-        let ca_bundle = policy.rules().iter().any(|r| r.terminates()).then(|| {
+        let ca_bundle = interception.as_ref().map(|interception| {
             crate::intercept::ca::bundle_pem(
                 &interception.ca,
                 std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE),
@@ -295,7 +295,7 @@ impl Registry {
             req.id.clone(),
             reloading.handle().clone(),
             &self.shared,
-            Some(interception),
+            interception,
         ) {
             Ok(served) => served,
             Err(err) => {

@@ -7,7 +7,7 @@
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Where Debian and its derivatives keep the system's trusted roots (PEM).
 pub const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -69,6 +69,40 @@ pub fn upstream_client_config(
     Ok(Arc::new(config))
 }
 
+/// The origin side's trust, built on first use. The `--upstream-ca` files
+/// are checked when this is made, so a bad one is an error at start and
+/// not a failed request later; the system bundle (some 200 KiB of PEM) is
+/// parsed only when a sandbox first terminates TLS, so a policy that never
+/// does costs `sluice run` nothing for it.
+#[derive(Clone)]
+pub struct UpstreamTrust {
+    system: PathBuf,
+    extra: Vec<PathBuf>,
+    config: Arc<OnceLock<Arc<rustls::ClientConfig>>>,
+}
+
+impl UpstreamTrust {
+    pub fn new(system_bundle: &Path, extra: &[PathBuf]) -> Result<UpstreamTrust, RootsError> {
+        for path in extra {
+            extra_certificates(path)?;
+        }
+        Ok(UpstreamTrust {
+            system: system_bundle.to_path_buf(),
+            extra: extra.to_vec(),
+            config: Arc::default(),
+        })
+    }
+
+    /// The configuration ([`upstream_client_config`]), made once.
+    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, RootsError> {
+        if let Some(config) = self.config.get() {
+            return Ok(config.clone());
+        }
+        let config = upstream_client_config(&self.system, &self.extra)?;
+        Ok(self.config.get_or_init(|| config).clone())
+    }
+}
+
 /// Every certificate in the PEM file `path`, at least one.
 fn extra_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, RootsError> {
     // Read first: pem_file_iter reports a missing file as a PEM error.
@@ -93,6 +127,30 @@ fn extra_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, Roots
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_extra_file_is_refused_when_the_trust_is_made_not_at_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("extra.pem");
+        std::fs::write(&path, "not pem").unwrap();
+        let err = UpstreamTrust::new(Path::new("/nonexistent/bundle"), &[path])
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("extra.pem"), "{err}");
+    }
+
+    #[test]
+    fn the_trust_is_built_once_and_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("extra.pem");
+        std::fs::write(&path, ca_pem()).unwrap();
+        let trust = UpstreamTrust::new(Path::new("/nonexistent/bundle"), &[path]).unwrap();
+        let (a, b) = (
+            trust.client_config().unwrap(),
+            trust.clone().client_config().unwrap(),
+        );
+        assert!(Arc::ptr_eq(&a, &b));
+    }
 
     fn ca_pem() -> String {
         crate::intercept::ca::SandboxCa::mint("test")

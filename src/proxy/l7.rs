@@ -95,8 +95,13 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
     });
     let Some(interception) = conn.ctx.interception.clone() else {
         // A rule that needs requests reached a sandbox that cannot
-        // terminate (no CA): refused, never relayed undecided.
-        tracing::warn!(rule = %conn.rule, "a rule needs requests decided and this sandbox has no CA");
+        // terminate (no CA: its starting policy had no such rule, so its
+        // workload was given none to trust): refused, never relayed
+        // undecided.
+        tracing::warn!(
+            rule = %conn.rule,
+            "a rule needs requests decided and this sandbox has no CA (its starting policy terminated no TLS); restart the sandbox with this policy"
+        );
         return refused_connection(&conn, RequestDenial::NoInterception).await;
     };
     let scope = Arc::new(Scope {
@@ -171,7 +176,7 @@ async fn handshake_failed(
 }
 
 fn finish(counters: Arc<Counters>, state: &Shared, served: Option<Outcome>) -> Served {
-    let outcome = state.outcome.lock().unwrap().take().or(served);
+    let outcome = state.outcome().take().or(served);
     Served {
         outcome,
         connected: state.connected.get().is_some(),
@@ -225,6 +230,17 @@ struct Shared {
     outcome: Mutex<Option<Outcome>>,
     connected: OnceLock<()>,
     upstream: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<ProxyBody>>>,
+}
+
+impl Shared {
+    /// The outcome slot. Held only to set or take a value, so a poisoned
+    /// lock (a panic elsewhere while holding it) still holds a whole value:
+    /// its record must not be lost to a second panic.
+    fn outcome(&self) -> std::sync::MutexGuard<'_, Option<Outcome>> {
+        self.outcome
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Serve HTTP/1.1 on `io` (the client's TLS stream, or its plain bytes).
@@ -354,7 +370,7 @@ impl RequestHandle {
                     };
                     self.record(&outcome, Some(fields), &label).await;
                     let status = StatusCode::BAD_GATEWAY;
-                    *self.state.outcome.lock().unwrap() = Some(outcome.clone());
+                    *self.state.outcome() = Some(outcome.clone());
                     return self.reply(status, &outcome, true);
                 }
             }
@@ -420,7 +436,7 @@ impl RequestHandle {
                     rule: Some(self.scope.rule.clone()),
                     cause: Cause::Upstream(UpstreamFailure::Reset),
                 };
-                *self.state.outcome.lock().unwrap() = Some(outcome.clone());
+                *self.state.outcome() = Some(outcome.clone());
                 return self.reply(StatusCode::BAD_GATEWAY, &outcome, true);
             }
         };
@@ -634,7 +650,7 @@ impl RequestHandle {
     /// Refused: the connection's outcome from here on, and a 403 that
     /// closes it.
     fn refuse(&self, outcome: Outcome) -> Response<ProxyBody> {
-        *self.state.outcome.lock().unwrap() = Some(outcome.clone());
+        *self.state.outcome() = Some(outcome.clone());
         self.reply(StatusCode::FORBIDDEN, &outcome, true)
     }
 

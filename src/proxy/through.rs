@@ -733,3 +733,45 @@ async fn an_urgent_byte_from_the_origin_reaches_the_client_in_the_stream() {
     // where no read of the stream sees it: the client got "abde".
     assert_eq!(String::from_utf8_lossy(&got), "abcde");
 }
+
+/// A rule that decides requests, the origin's name pinned to an address
+/// nothing listens on (a refused connection never connects).
+const NEEDS_REQUESTS: &str = r#"
+version: 1
+name: needs-requests
+rules:
+  - name: api-read
+    action: allow
+    hosts: ["api.test"]
+    ports: [80]
+    http:
+      - methods: [GET]
+        paths: ["/**"]
+dns:
+  hosts:
+    api.test: ["198.18.0.9"]
+"#;
+
+#[tokio::test]
+async fn a_rule_that_decides_requests_in_a_sandbox_without_a_ca_is_refused_never_relayed() {
+    // A sandbox whose starting policy terminated nothing has no CA (a rule
+    // a reload added): the connection is refused and audited, not relayed
+    // undecided.
+    let proxy = Proxy::new(NEEDS_REQUESTS, InternalAddrs::default());
+    assert!(proxy.ctx.interception.is_none());
+    let got = proxy
+        .connect(
+            "198.18.0.9:80".parse().unwrap(),
+            b"GET /x HTTP/1.1\r\nHost: api.test\r\n\r\n",
+        )
+        .await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(!got.contains("200 OK"), "{got}");
+    let records = proxy.audit().await;
+    assert!(
+        records
+            .iter()
+            .any(|r| r.verdict == "deny" && r.reason == "no-interception"),
+        "{records:?}"
+    );
+}

@@ -7,7 +7,8 @@
 //! Blocking sockets on plain threads, on purpose: the client runs beside
 //! the proxy it measures and must not share its runtime. It speaks just
 //! enough HTTP/1.1 for the testbed's origin (`Connection: close`, read to
-//! the end) and never follows redirects or reuses a connection.
+//! the end), in the clear or over rustls ([`TlsTarget`]), and never follows
+//! redirects or reuses a connection.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -70,9 +71,58 @@ impl Fetched {
 /// GET `url` (http:// only) on a fresh connection and read the response to
 /// its end. The error is one line starting with FAIL.
 pub fn fetch(url: &str) -> Result<Fetched, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("FAIL {url}: only http:// URLs"))?;
+    fetch_with(url, None)
+}
+
+/// Where an https:// request goes: the TLS client configuration (the CAs
+/// it trusts) and the name it asks for and verifies (SNI), whatever the
+/// URL's authority (an address, so that no name needs resolving).
+#[derive(Clone)]
+pub struct TlsTarget {
+    pub config: Arc<rustls::ClientConfig>,
+    pub name: String,
+}
+
+/// A fresh connection, in the clear or in TLS.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// [`fetch`], or with `tls` an https:// URL: the handshake (with `tls`'s
+/// name as SNI and Host) is part of the request's time, as for any
+/// client. The error is one line starting with FAIL.
+pub fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String> {
+    let (rest, default_port) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(rest), _) if tls.is_none() => (rest, 80),
+        (_, Some(rest)) if tls.is_some() => (rest, 443),
+        _ if tls.is_some() => return Err(format!("FAIL {url}: TLS needs an https:// URL")),
+        _ => return Err(format!("FAIL {url}: only http:// URLs")),
+    };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -84,21 +134,38 @@ pub fn fetch(url: &str) -> Result<Fetched, String> {
     {
         authority.to_string()
     } else {
-        format!("{authority}:80")
+        format!("{authority}:{default_port}")
     };
-    let host = authority;
+    // Over TLS the Host is the name verified, with the port the URL gave.
+    let host = match tls {
+        Some(tls) => match target.rsplit_once(':') {
+            Some((_, "443")) | None => tls.name.clone(),
+            Some((_, port)) => format!("{}:{port}", tls.name),
+        },
+        None => authority.to_string(),
+    };
     let start_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
     let started = Instant::now();
     let us = |since: Instant| since.elapsed().as_micros() as u64;
-    let mut stream = connect(&target)?;
+    let tcp = connect(&target)?;
     let connect_us = us(started);
-    let _ = stream.set_nodelay(true);
-    let dst = stream
+    let _ = tcp.set_nodelay(true);
+    let dst = tcp
         .peer_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let mut stream = match tls {
+        None => Conn::Plain(tcp),
+        Some(tls) => {
+            let name = rustls::pki_types::ServerName::try_from(tls.name.clone())
+                .map_err(|e| format!("FAIL TLS name {:?}: {e}", tls.name))?;
+            let conn = rustls::ClientConnection::new(tls.config.clone(), name)
+                .map_err(|e| format!("FAIL TLS: {e}"))?;
+            Conn::Tls(Box::new(rustls::StreamOwned::new(conn, tcp)))
+        }
+    };
     let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: sluice-probe\r\nConnection: close\r\n\r\n");
     stream
         .write_all(request.as_bytes())
@@ -135,6 +202,11 @@ pub fn fetch(url: &str) -> Result<Fetched, String> {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A TLS peer that closed without close_notify after the whole
+            // body: the body is all there (Content-Length says so).
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && last_byte_us.is_some() => {
+                break
+            }
             Err(e) => return Err(format!("FAIL read: {e}")),
         }
     }
@@ -228,16 +300,27 @@ impl Batch {
 /// `count` GETs of `url`, each on a fresh connection, `concurrency` in
 /// flight at once (one thread each).
 pub fn fetch_many(url: &str, count: usize, concurrency: usize) -> Result<Batch, String> {
+    fetch_many_with(url, count, concurrency, None)
+}
+
+/// [`fetch_many`] with [`fetch_with`]'s `tls`.
+pub fn fetch_many_with(
+    url: &str,
+    count: usize,
+    concurrency: usize,
+    tls: Option<TlsTarget>,
+) -> Result<Batch, String> {
     let concurrency = concurrency.clamp(1, count.max(1));
     let next = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
             let next = next.clone();
             let url = url.to_string();
+            let tls = tls.clone();
             std::thread::spawn(move || {
                 let mut batch = Batch::default();
                 while next.fetch_add(1, Ordering::Relaxed) < count {
-                    match fetch(&url) {
+                    match fetch_with(&url, tls.as_ref()) {
                         Ok(f) if f.is_success() => batch.fetched.push(f),
                         Ok(f) => {
                             batch.failures += 1;

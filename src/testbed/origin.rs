@@ -4,7 +4,8 @@
 //! the network path and not the origin), written in `?write=W`-byte writes
 //! when asked; and `/stream?events=E&size=S&gap_ms=G` with E events of S
 //! pattern bytes, G ms apart (the first one with the head). The testbed
-//! namespace, `sluice probe serve` and the benchmark use it. It reads at
+//! namespace, `sluice probe serve` and the benchmark use it (over TLS too:
+//! `tls`). It reads at
 //! most a 64 KiB request head, bounds every parameter, and never keeps a
 //! connection open after answering.
 
@@ -33,6 +34,12 @@ pub(crate) fn serve_http_counting(listener: TcpListener, counter: &AtomicU64) {
 
 fn serve_http(mut stream: std::net::TcpStream) {
     let _ = stream.set_nodelay(true);
+    serve_http_on(&mut stream, &|_| {});
+}
+
+/// Answer one request on `stream` (plain TCP, or TLS: `tls`); `seen` gets
+/// the request's head (for an origin that counts what reached it).
+pub(crate) fn serve_http_on<S: Read + Write>(stream: &mut S, seen: &dyn Fn(&str)) {
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -45,6 +52,7 @@ fn serve_http(mut stream: std::net::TcpStream) {
         }
     }
     let text = String::from_utf8_lossy(&head);
+    seen(&text);
     let target = text.split_whitespace().nth(1).unwrap_or("/").to_string();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let param = |name: &str| {

@@ -93,6 +93,19 @@ impl OuterNetns {
         Ok(hits)
     }
 
+    /// Serve the same origin over TLS on `addr` with `config`, giving `seen`
+    /// every request head ([`super::tls::serve_https_seeing`]).
+    pub fn https_origin(
+        &self,
+        addr: SocketAddr,
+        config: Arc<rustls::ServerConfig>,
+        seen: Arc<dyn Fn(&str) + Send + Sync>,
+    ) -> Result<()> {
+        let listener = self.run_in(move || TcpListener::bind(addr))??;
+        std::thread::spawn(move || super::tls::serve_https_seeing(listener, config, seen));
+        Ok(())
+    }
+
     /// Count the datagrams arriving on `addr` (there should be none).
     pub fn udp_sink(&self, addr: SocketAddr) -> Result<Arc<AtomicU64>> {
         let socket = self.run_in(move || UdpSocket::bind(addr))??;

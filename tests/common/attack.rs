@@ -68,6 +68,122 @@ else:
     print("refused:", os.strerror(ctypes.get_errno()), flush=True)
 "#;
 
+/// argv: NEEDLE_HEX... (the bytes to look for, hex-encoded so that they
+/// are in no command line or environment); sluice's pid (in the host's PID
+/// namespace) comes on stdin once it has printed `ready`. A root workload hunting for secrets in memory:
+/// walks /proc/[0-9]*, reads each process's cmdline, environ and, through
+/// its maps, its mem; then tries sluice's pid directly (its /proc files,
+/// kill 0, pidfd_open, PTRACE_ATTACH, process_vm_readv) and PTRACE_ATTACH
+/// on its own PID 1. Prints one line per step, never the bytes it read:
+/// `pids P...`, `self P`, `proc P NAME`, `read P WHAT BYTES`, `FOUND P WHAT`
+/// (a needle in what it read of another process), `marker P mem` (it found
+/// the marker it keeps in its own memory: the reading works), `refused P
+/// WHAT ERRNO`, and `opened`/`signalled`/`pidfd`/`attached`/`copied P ...`
+/// for what succeeded.
+pub const READ_MEMORY: &str = r#"
+import ctypes, os, sys
+def out(*a): print(*a, flush=True)
+needles = [bytes.fromhex(h) for h in sys.argv[1:]]
+out("ready")
+sluice = int(sys.stdin.readline())
+me = os.getpid()
+marker = os.urandom(16).hex().encode()
+CHUNK = 8 << 20
+def scan(pid, what, data):
+    if pid == me:
+        # Our memory holds the needles we decoded: look only for the marker.
+        return marker in data
+    for n in needles:
+        if n in data:
+            out("FOUND", pid, what)
+    return False
+def read(pid, name):
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError as e:
+        out("refused", pid, name, e.errno)
+        return None
+def memory(pid):
+    maps = read(pid, "maps")
+    if maps is None:
+        return
+    try:
+        mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError as e:
+        out("refused", pid, "mem", e.errno)
+        return
+    total, marked, keep = 0, False, max(len(n) for n in needles)
+    for line in maps.decode(errors="replace").splitlines():
+        f = line.split()
+        if not f[1].startswith("r") or (len(f) > 5 and f[5] in ("[vvar]", "[vvar_vclock]", "[vsyscall]")):
+            continue
+        lo, hi = (int(x, 16) for x in f[0].split("-"))
+        tail = b""
+        for at in range(lo, hi, CHUNK):
+            try:
+                data = os.pread(mem, min(CHUNK, hi - at), at)
+            except OSError:
+                break
+            total += len(data)
+            marked |= scan(pid, "mem", tail + data)
+            tail = data[-keep:]
+    os.close(mem)
+    out("read", pid, "mem", total)
+    if marked:
+        out("marker", pid, "mem")
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+out("pids", *pids)
+out("self", me)
+for pid in pids:
+    status = read(pid, "status")
+    if status is not None:
+        name = status.split(b"\n", 1)[0].split(b"\t", 1)[-1].decode(errors="replace")
+        out("proc", pid, name)
+    for what in ("cmdline", "environ"):
+        data = read(pid, what)
+        if data is not None:
+            out("read", pid, what, len(data))
+            scan(pid, what, data)
+    memory(pid)
+for what in ("status", "cmdline", "environ", "maps", "mem"):
+    try:
+        open(f"/proc/{sluice}/{what}", "rb").close()
+        out("opened", sluice, what)
+    except OSError as e:
+        out("refused", sluice, what, e.errno)
+try:
+    os.kill(sluice, 0)
+    out("signalled", sluice)
+except OSError as e:
+    out("refused", sluice, "kill", e.errno)
+try:
+    os.pidfd_open(sluice)
+    out("pidfd", sluice)
+except OSError as e:
+    out("refused", sluice, "pidfd_open", e.errno)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+for pid in (sluice, 1):
+    if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
+        out("attached", pid)
+        libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+    else:
+        out("refused", pid, "ptrace", ctypes.get_errno())
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+buf = ctypes.create_string_buffer(4096)
+local = IoVec(ctypes.cast(buf, ctypes.c_void_p), 4096)
+remote = IoVec(0x400000, 4096)
+libc.syscall.restype = ctypes.c_long
+got = libc.syscall(310, ctypes.c_long(sluice), ctypes.byref(local), ctypes.c_ulong(1),
+                   ctypes.byref(remote), ctypes.c_ulong(1), ctypes.c_ulong(0))  # process_vm_readv
+if got >= 0:
+    out("copied", sluice, got)
+else:
+    out("refused", sluice, "process_vm_readv", ctypes.get_errno())
+"#;
+
 /// A process started for a test, with what it printed first.
 pub struct Started {
     pub child: Child,
@@ -102,18 +218,21 @@ pub fn start_and_read_line(mut cmd: Command) -> Started {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn");
-    let mut stdout = child.stdout.take().unwrap();
+    let line = read_line(child.stdout.as_mut().unwrap());
+    Started { child, line }
+}
+
+/// One line from `from`, read a byte at a time (nothing after it is
+/// consumed), trimmed.
+pub fn read_line(from: &mut impl Read) -> String {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while !line.ends_with(b"\n") {
-        let n = stdout.read(&mut byte).unwrap();
+        let n = from.read(&mut byte).unwrap();
         assert!(n > 0, "ended before printing a line");
         line.push(byte[0]);
     }
-    Started {
-        child,
-        line: String::from_utf8_lossy(&line).trim().to_string(),
-    }
+    String::from_utf8_lossy(&line).trim().to_string()
 }
 
 /// A process outside any sandbox, in the test's outer namespace, running
