@@ -13,8 +13,8 @@ options; a --network, --net or --pod of your own is refused. Before the containe
 adds checks its final OCI config and refuses (exit 2) CAP_SYS_ADMIN (--privileged), a PID namespace \
 not its own (--pid host, ns:PATH, container:ID), CAP_NET_ADMIN unless \
 --annotation io.sluice.allow-net-admin=true (never with a bind of /proc or /run/netns), and a bind \
-mount that reaches an audit checkpoint key or one of the policy's secret files. The container gets \
-SLUICE_SECRET_<NAME> placeholders and, when a rule terminates TLS, the system roots plus the \
+mount that reaches an audit checkpoint key or one of the policy's secret files. When a rule terminates \
+TLS, the container gets SLUICE_SECRET_<NAME> placeholders and the system roots plus the \
 sandbox CA read-only at /etc/ssl/certs/ca-certificates.crt with SSL_CERT_FILE, CURL_CA_BUNDLE, \
 REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS and GIT_SSL_CAINFO pointing there (podman --volume/--env). \
 Exits with podman's status (the container's). With \
