@@ -94,11 +94,15 @@ impl ConditionKind {
             ConditionKind::TokioProxy | ConditionKind::UringProxy => {
                 Some("a TCP relay with no TLS of its own: nothing to terminate with")
             }
-            ConditionKind::Oci => Some("the container gets no sandbox CA from `sluice oci` yet"),
             ConditionKind::Vm | ConditionKind::VmDirect => {
                 Some("the guest kit holds no sandbox CA (SLUICE_CA_FILE is not built in)")
             }
-            ConditionKind::Native | ConditionKind::Host | ConditionKind::Haproxy => None,
+            // The container gets the CA bundle and SSL_CERT_FILE from
+            // `sluice oci`, as a `sluice run` workload does.
+            ConditionKind::Native
+            | ConditionKind::Host
+            | ConditionKind::Oci
+            | ConditionKind::Haproxy => None,
         }
     }
 

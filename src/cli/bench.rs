@@ -26,8 +26,8 @@ serial (the same one at a time), bulk (32 MiB in 1 KiB and in 64 KiB writes, len
 checked), stream (ten 13-byte events 2 ms apart), tls (--conns fresh TLS connections one at a \
 time, one 1 KiB GET each, to a name its rule admits by SNI: relayed) and l7 (the same to a name \
 whose rule decides each request and injects a header: sluice terminates TLS with the sandbox CA \
-and verifies the origin; haproxy does the same in `mode http`; the TCP relays and the container \
-and VM conditions skip it). --workloads picks some. The report gives P50/P95 across batches, the \
+and verifies the origin; haproxy does the same in `mode http`; the TCP relays and the VM \
+conditions skip it). --workloads picks some. The report gives P50/P95 across batches, the \
 ratio to native, the paired difference to native with a 95% bootstrap CI, the proxy's CPU per \
 connection and start+exit time; DIR gets report.md, batches.csv, paired.csv, raw.jsonl and two SVG \
 plots.
