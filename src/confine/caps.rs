@@ -3,7 +3,7 @@
 
 #![forbid(unsafe_code)]
 
-use caps::Capability;
+use rustix::thread::CapabilitySet as Capability;
 
 /// Capabilities the workload can never have, even as root, with why:
 /// those that reach around a network namespace (setns into another one,
@@ -13,61 +13,58 @@ use caps::Capability;
 /// the host's kernel log and audit system.
 pub const DROPPED: [(Capability, &str); 22] = [
     (
-        Capability::CAP_DAC_READ_SEARCH,
+        Capability::DAC_READ_SEARCH,
         "open_by_handle_at reaches any file by handle, around the mount namespace",
     ),
     (
-        Capability::CAP_NET_ADMIN,
+        Capability::NET_ADMIN,
         "the sandbox's own nftables rules and links",
     ),
     (
-        Capability::CAP_NET_RAW,
+        Capability::NET_RAW,
         "raw and packet sockets, whose frames skip nftables' output hooks",
     ),
-    (Capability::CAP_SYS_MODULE, "loading kernel modules"),
+    (Capability::SYS_MODULE, "loading kernel modules"),
     (
-        Capability::CAP_SYS_RAWIO,
+        Capability::SYS_RAWIO,
         "I/O ports and /dev/mem, around every kernel check",
     ),
     (
-        Capability::CAP_SYS_PTRACE,
+        Capability::SYS_PTRACE,
         "tracing processes of other users, sluice's included",
     ),
     (
-        Capability::CAP_SYS_ADMIN,
+        Capability::SYS_ADMIN,
         "setns into another namespace, mounts, and most of the rest",
     ),
-    (Capability::CAP_SYS_BOOT, "reboot and kexec"),
+    (Capability::SYS_BOOT, "reboot and kexec"),
     (
-        Capability::CAP_SYS_TIME,
+        Capability::SYS_TIME,
         "the host's clock (bundle expiry, audit timestamps)",
     ),
-    (Capability::CAP_SYS_PACCT, "process accounting files"),
-    (Capability::CAP_SYS_TTY_CONFIG, "vhangup of terminals"),
+    (Capability::SYS_PACCT, "process accounting files"),
+    (Capability::SYS_TTY_CONFIG, "vhangup of terminals"),
     (
-        Capability::CAP_MKNOD,
+        Capability::MKNOD,
         "device nodes for the host's disks and memory",
     ),
-    (Capability::CAP_AUDIT_CONTROL, "the kernel's audit rules"),
-    (Capability::CAP_AUDIT_READ, "the kernel's audit log"),
+    (Capability::AUDIT_CONTROL, "the kernel's audit rules"),
+    (Capability::AUDIT_READ, "the kernel's audit log"),
     (
-        Capability::CAP_MAC_OVERRIDE,
+        Capability::MAC_OVERRIDE,
         "the mandatory access control policy",
     ),
+    (Capability::MAC_ADMIN, "the mandatory access control policy"),
+    (Capability::SYSLOG, "the kernel log and its addresses"),
+    (Capability::WAKE_ALARM, "waking the host"),
+    (Capability::BLOCK_SUSPEND, "keeping the host awake"),
     (
-        Capability::CAP_MAC_ADMIN,
-        "the mandatory access control policy",
-    ),
-    (Capability::CAP_SYSLOG, "the kernel log and its addresses"),
-    (Capability::CAP_WAKE_ALARM, "waking the host"),
-    (Capability::CAP_BLOCK_SUSPEND, "keeping the host awake"),
-    (
-        Capability::CAP_PERFMON,
+        Capability::PERFMON,
         "perf events on other processes and the kernel",
     ),
-    (Capability::CAP_BPF, "BPF programs and maps"),
+    (Capability::BPF, "BPF programs and maps"),
     (
-        Capability::CAP_CHECKPOINT_RESTORE,
+        Capability::CHECKPOINT_RESTORE,
         "choosing pids and reading other processes' state",
     ),
 ];
@@ -77,20 +74,20 @@ pub const DROPPED: [(Capability, &str); 22] = [
 /// held). Worked out before the fork; the child also clears its ambient
 /// and inheritable sets, which a root `execve` would otherwise add to the
 /// new program's permitted set whatever the bounding set says.
-pub(crate) fn bounding_to_drop() -> Vec<rustix::thread::CapabilitySet> {
-    let known = |cap: Capability| caps::has_cap(None, caps::CapSet::Bounding, cap).is_ok();
+pub(crate) fn bounding_to_drop() -> Vec<Capability> {
+    let known = |cap: Capability| rustix::thread::capability_is_in_bounding_set(cap).is_ok();
     // The kernel knows every capability up to its last one and none above
     // (PR_CAPBSET_READ fails only above): when it knows the highest listed,
     // it knows them all, and one call answers for the whole list.
     let highest = DROPPED
         .iter()
         .map(|(cap, _)| *cap)
-        .max_by_key(|cap| cap.index());
+        .max_by_key(|cap| cap.bits());
     let all_known = highest.is_some_and(known);
     DROPPED
         .iter()
-        .filter(|(cap, _)| all_known || known(*cap))
-        .map(|(cap, _)| rustix::thread::CapabilitySet::from_bits_retain(1 << cap.index()))
+        .map(|(cap, _)| *cap)
+        .filter(|cap| all_known || known(*cap))
         .collect()
 }
 
@@ -102,19 +99,19 @@ mod tests {
     fn the_dropped_list_names_each_capability_once() {
         let mut seen = std::collections::HashSet::new();
         for (cap, why) in DROPPED {
-            assert!(seen.insert(cap), "{cap} listed twice");
+            assert!(seen.insert(cap.bits()), "{cap:?} listed twice");
             assert!(!why.is_empty());
         }
-        assert!(seen.contains(&Capability::CAP_NET_RAW));
-        assert!(seen.contains(&Capability::CAP_SYS_ADMIN));
+        assert!(seen.contains(&Capability::NET_RAW.bits()));
+        assert!(seen.contains(&Capability::SYS_ADMIN.bits()));
     }
 
     #[test]
     fn one_probe_of_the_highest_gives_the_same_drops_as_asking_for_each() {
         let probed: Vec<_> = DROPPED
             .iter()
-            .filter(|(cap, _)| caps::has_cap(None, caps::CapSet::Bounding, *cap).is_ok())
-            .map(|(cap, _)| rustix::thread::CapabilitySet::from_bits_retain(1 << cap.index()))
+            .map(|(cap, _)| *cap)
+            .filter(|cap| rustix::thread::capability_is_in_bounding_set(*cap).is_ok())
             .collect();
         assert_eq!(bounding_to_drop(), probed);
     }

@@ -245,21 +245,39 @@ pub(crate) fn fork_alone() -> std::io::Result<Forked> {
 /// never resume: it ends with [`exit_now`]), so no `OwnedFd` is left to
 /// close a number twice.
 pub(crate) fn close_own_descriptors(keep: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+    let dir = rustix::fs::open(
+        "/proc/self/fd",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let mut open = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&dir)? {
+        if let Some(fd) = entry?
+            .file_name()
+            .to_str()
+            .ok()
+            .and_then(|n| n.parse::<i32>().ok())
+        {
+            open.push(fd);
+        }
+    }
+    let listing = dir.as_raw_fd();
+    drop(dir);
     for fd in open {
-        if fd <= 2 || fd == keep.as_raw_fd() {
+        if fd <= 2 || fd == keep.as_raw_fd() || fd == listing {
             continue;
         }
-        // SAFETY: F_GETFD on a number only reads its flags (the directory's
-        // own descriptor, listed too, is closed already: EBADF).
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-        if flags >= 0 && flags & libc::FD_CLOEXEC != 0 {
-            // SAFETY: nothing that runs after this in the init owns it (see
-            // above).
-            unsafe { libc::close(fd) };
+        // SAFETY: `fd` was open when listed and nothing has closed it since
+        // (the listing's own descriptor, the one closed, is skipped above),
+        // and nothing that runs after this in the init owns it (see above):
+        // the OwnedFd is its only owner, dropped (closed) or given back.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        match rustix::io::fcntl_getfd(&fd) {
+            Ok(flags) if flags.contains(rustix::io::FdFlags::CLOEXEC) => drop(fd),
+            _ => {
+                let _kept = fd.into_raw_fd();
+            }
         }
     }
     Ok(())
@@ -303,16 +321,14 @@ pub(crate) fn set_cmdline(name: &std::ffi::CStr) -> std::io::Result<()> {
     // Lives as long as the init: the kernel reads it from there.
     let bytes: &'static [u8] = Box::leak(name.to_bytes_with_nul().to_vec().into_boxed_slice());
     let arg_start = bytes.as_ptr() as u64;
-    // SAFETY: sbrk(0) only reads the current program break.
-    let brk = unsafe { libc::sbrk(0) } as u64;
-    let map = MmMap {
+    let mut map = MmMap {
         start_code: field(26),
         end_code: field(27),
         start_stack: field(28),
         start_data: field(45),
         end_data: field(46),
         start_brk: field(47),
-        brk,
+        brk: 0,
         arg_start,
         arg_end: arg_start + bytes.len() as u64,
         env_start: field(50),
@@ -321,10 +337,12 @@ pub(crate) fn set_cmdline(name: &std::ffi::CStr) -> std::io::Result<()> {
         auxv_size: 0,
         exe_fd: u32::MAX,
     };
-    // SAFETY: the kernel reads `map` (alive, of the size given) and records
-    // the addresses in it; the arguments' memory stays mapped and unchanged
-    // (leaked above) and nothing is written through any of them.
+    // SAFETY: sbrk(0) only reads the current program break. The kernel
+    // reads `map` (alive, of the size given) and records the addresses in
+    // it; the arguments' memory stays mapped and unchanged (leaked above)
+    // and nothing is written through any of them.
     let done = unsafe {
+        map.brk = libc::sbrk(0) as u64;
         libc::prctl(
             libc::PR_SET_MM,
             PR_SET_MM_MAP,
@@ -350,7 +368,8 @@ pub(crate) fn async_fd(
     interest: tokio::io::Interest,
 ) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd's descriptor is open and the same for as long as
-    // the AsyncFd owns it.
+    // the AsyncFd owns it. (AsyncFd::with_interest, the safe-looking one,
+    // is deprecated by tokio as unsound: tokio-rs/tokio#8587.)
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
         .map_err(std::io::Error::from)
 }
@@ -359,7 +378,8 @@ pub(crate) fn async_fd(
 /// atexit handlers or flushing the stdio buffers it inherited from sluice
 /// (whatever sluice had buffered is sluice's to write, not its init's).
 pub(crate) fn exit_now(code: i32) -> ! {
-    // SAFETY: _exit(2) is always sound; it never returns.
+    // SAFETY: _exit(2) is always sound; it never returns. (No safe wrapper:
+    // nix has none, rustix's is its unstable runtime API.)
     unsafe { libc::_exit(code) }
 }
 

@@ -343,12 +343,24 @@ pub fn tcp_segment(frame: &[u8]) -> Option<SeenSegment> {
     })
 }
 
+/// `sll` as nix's link-layer address (nix has no safe constructor).
+fn link_addr(sll: &libc::sockaddr_ll) -> std::io::Result<nix::sys::socket::LinkAddr> {
+    use nix::sys::socket::SockaddrLike;
+    // SAFETY: `sll` is a fully initialised sockaddr_ll, alive for the call,
+    // and the length given is exactly its size; from_raw only copies it.
+    unsafe {
+        nix::sys::socket::LinkAddr::from_raw(
+            (sll as *const libc::sockaddr_ll).cast(),
+            Some(std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t),
+        )
+    }
+    .ok_or_else(|| std::io::Error::other("cannot make a link-layer address"))
+}
+
 /// A packet socket on `dev` for every ethertype: sends frames as they are,
 /// and receives every frame the interface sees (its own sends included).
 fn packet_socket(dev: &str) -> std::io::Result<(std::os::fd::OwnedFd, nix::sys::socket::LinkAddr)> {
-    use nix::sys::socket::{
-        bind, socket, AddressFamily, LinkAddr, SockFlag, SockProtocol, SockType, SockaddrLike,
-    };
+    use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockProtocol, SockType};
     let index = nix::net::if_::if_nametoindex(dev)?;
     let fd = socket(
         AddressFamily::Packet,
@@ -365,15 +377,7 @@ fn packet_socket(dev: &str) -> std::io::Result<(std::os::fd::OwnedFd, nix::sys::
         sll_halen: 6,
         sll_addr: [0xff; 8],
     };
-    // SAFETY: `sll` is a fully initialised sockaddr_ll, alive for the call,
-    // and the length given is exactly its size; from_raw only copies it.
-    let addr = unsafe {
-        LinkAddr::from_raw(
-            (&sll as *const libc::sockaddr_ll).cast(),
-            Some(std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t),
-        )
-    }
-    .ok_or_else(|| std::io::Error::other("cannot make a link-layer address"))?;
+    let addr = link_addr(&sll)?;
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
     Ok((fd, addr))
 }
@@ -460,8 +464,7 @@ pub fn tcp_handshake(
 /// Sends `frame` as it is on interface `dev` through a packet socket.
 pub fn send(dev: &str, frame: &[u8]) -> std::io::Result<()> {
     use nix::sys::socket::{
-        sendto, socket, AddressFamily, LinkAddr, MsgFlags, SockFlag, SockProtocol, SockType,
-        SockaddrLike,
+        sendto, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType,
     };
     let index = nix::net::if_::if_nametoindex(dev)?;
     let fd = socket(
@@ -481,15 +484,7 @@ pub fn send(dev: &str, frame: &[u8]) -> std::io::Result<()> {
         sll_halen: 6,
         sll_addr: dst,
     };
-    // SAFETY: `sll` is a fully initialised sockaddr_ll, alive for the call,
-    // and the length given is exactly its size; from_raw only copies it.
-    let addr = unsafe {
-        LinkAddr::from_raw(
-            (&sll as *const libc::sockaddr_ll).cast(),
-            Some(std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t),
-        )
-    }
-    .ok_or_else(|| std::io::Error::other("cannot make a link-layer address"))?;
+    let addr = link_addr(&sll)?;
     let sent = sendto(
         std::os::fd::AsRawFd::as_raw_fd(&fd),
         frame,
