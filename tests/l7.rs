@@ -382,6 +382,45 @@ fn an_origin_whose_certificate_is_not_for_the_name_gets_no_request_and_no_creden
 }
 
 #[test]
+fn an_origin_whose_certificate_no_trusted_ca_signed_gets_no_request_and_no_credential() {
+    let Some(w) = World::new() else { return };
+    // The certificate names the host, but its CA is not given to sluice
+    // (no --upstream-ca) and is in no system bundle.
+    let (_ca, seen) = keepalive_origin(&w, ORIGIN, &["api.github.test"]);
+    let secret_file = w.dir.path().join("gh-token");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let policy = w.policy(&policy(&secret_file));
+    let out = w
+        .outer
+        .command(sluice_bin())
+        .arg("run")
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--audit")
+        .arg(w.audit_path())
+        .arg("--state-dir")
+        .arg(w.state_dir())
+        .args(["--", "curl", "-sS", "https://api.github.test/user"])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains("upstream-certificate"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(seen.all().is_empty(), "{:?}", seen.all());
+    assert!(w
+        .audit()
+        .iter()
+        .any(|r| r["reason"] == "upstream-certificate" && r["verdict"] == "deny"));
+    assert!(
+        !w.audit().iter().any(|r| r["reason"] == "inject"),
+        "{:?}",
+        w.audit()
+    );
+}
+
+#[test]
 fn the_workload_cannot_read_the_secret_file() {
     let Some(s) = setup() else { return };
     let file = s.secret_file.display().to_string();
