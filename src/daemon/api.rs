@@ -200,6 +200,34 @@ pub struct ErrorBody {
     pub error: String,
 }
 
+/// A refused request: the HTTP status and one line saying why.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: hyper::StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub(crate) fn bad(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: hyper::StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+    pub(crate) fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: hyper::StatusCode::CONFLICT,
+            message: message.into(),
+        }
+    }
+    pub(crate) fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: hyper::StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

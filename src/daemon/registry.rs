@@ -19,46 +19,24 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::adopt::{self, Records};
-use super::api::{AttachRequest, Connections, Fence, SandboxInfo, FENCE_REMOVE};
+use super::api::{ApiError, AttachRequest, Connections, Fence, SandboxInfo, FENCE_REMOVE};
 use super::config::Defaults;
 use super::exits::ExitWatcher;
 use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, DRAIN_GRACE};
 use crate::attach::vm::VmNet;
 use crate::drain::Drain;
-use crate::netns::{LinkAddress, SandboxNetns, SANDBOX_LINK, SANDBOX_LINK_KIND};
+use crate::netns::{LinkAddress, SandboxNetns};
 use crate::sandbox_id::SandboxId;
 use crate::workload::WorkloadPath;
 
+mod adoption;
+mod watch;
+
+use adoption::{already_served, enforce, refuse_binds, vm_net};
+use watch::watch_until_gone;
+
 /// How often a sandbox attached without a pid is checked for processes.
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
-
-/// A refused request: the HTTP status and one line saying why.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-}
-
-impl ApiError {
-    fn bad(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-        }
-    }
-    fn conflict(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::CONFLICT,
-            message: message.into(),
-        }
-    }
-    fn internal(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
-        }
-    }
-}
 
 enum Slot {
     /// An attach for this id is in progress, of the namespace with this
@@ -688,230 +666,6 @@ impl Registry {
             dropped_packets: None,
             ca_bundle: None,
         }
-    }
-}
-
-/// Refuse `req` if one of its container's bind sources reaches one of
-/// `guarded`.
-fn refuse_binds(
-    req: &AttachRequest,
-    guarded: &[crate::attach::oci_check::Guarded],
-) -> Result<(), ApiError> {
-    let binds: Vec<(std::path::PathBuf, String)> = req
-        .binds
-        .iter()
-        .map(|source| (source.clone(), String::new()))
-        .collect();
-    let reasons = crate::attach::oci_check::secret_binds(&binds, guarded);
-    if reasons.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::bad(format!(
-            "container {} refused: {}",
-            req.id,
-            reasons.join("; ")
-        )))
-    }
-}
-
-/// A VM attach's addressing, checked as `sluice vm` checks it.
-fn vm_net(vm: &super::api::VmAttach) -> Result<VmNet, ApiError> {
-    fn parse<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, ApiError>
-    where
-        T::Err: std::fmt::Display,
-    {
-        text.parse()
-            .map_err(|e| ApiError::bad(format!("bad {what} {text:?}: {e}")))
-    }
-    fn opt<T: std::str::FromStr>(what: &str, text: &Option<String>) -> Result<Option<T>, ApiError>
-    where
-        T::Err: std::fmt::Display,
-    {
-        text.as_deref().map(|t| parse(what, t)).transpose()
-    }
-    VmNet::new(
-        vm.tap.clone(),
-        parse("guest MAC", &vm.guest_mac)?,
-        parse("guest address", &vm.guest_ip)?,
-        opt("gateway", &vm.gateway)?,
-        opt("guest IPv6 address", &vm.guest_ip6)?,
-        opt("IPv6 gateway", &vm.gateway6)?,
-    )
-    .map_err(|e| ApiError::bad(format!("bad VM addressing: {e}")))
-}
-
-/// The sandbox, the process that ends it, and the addresses a VM attach added.
-type Enforced = (crate::attach::Sandbox, Option<Pidfd>, Vec<LinkAddress>);
-
-/// Blocking part of an attach: adopt the namespace, tie it to the
-/// container's (or VMM's) process, give it its plumbing (a VM: take over
-/// its tap), enforce it.
-fn enforce(fd: OwnedFd, pid: Option<i32>, vm: Option<&VmNet>) -> Result<Enforced, ApiError> {
-    let netns = SandboxNetns::from_owned_fd(fd).map_err(|e| ApiError::bad(e.to_string()))?;
-    let process = match pid {
-        Some(pid) => Some(Pidfd::for_process_in(pid, &netns)?),
-        None => None,
-    };
-    if let Some(net) = vm {
-        // Someone else's namespace: only the tap is touched.
-        let added = netns
-            .adopt_tap(&net.tap, &net.gateway_addresses())
-            .map_err(|e| ApiError::bad(format!("cannot take over tap {}: {e}", net.tap)))?;
-        let kept = netns
-            .clone_handle()
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        return match crate::attach::prepare(netns, &net.attachment(false)) {
-            Ok(sandbox) => Ok((sandbox, process, added)),
-            Err(e) => {
-                let _ = kept.remove_tap_addresses(&net.tap, &added);
-                Err(ApiError::internal(format!("cannot fence the tap: {e}")))
-            }
-        };
-    }
-    let attachment = crate::attach::oci::attachment();
-    let links = netns
-        .links()
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    // Plumbed already (a second attach of the same namespace) only if the
-    // one link is sluice's bridge by name and by kind: a link of another
-    // kind named sbx0 (a veth whose peer is elsewhere) is a way out. A
-    // bridge's ports would be links here too.
-    let ours = || -> Result<bool, ApiError> {
-        Ok(links == [SANDBOX_LINK]
-            && netns
-                .link_kind(SANDBOX_LINK)
-                .map_err(|e| ApiError::internal(e.to_string()))?
-                .as_deref()
-                == Some(SANDBOX_LINK_KIND))
-    };
-    if links.is_empty() {
-        netns
-            .plumb()
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-    } else if !ours()? {
-        return Err(ApiError::bad(format!(
-            "the container's network namespace has a link out ({}): run the container with --network none, so that sluice is its only way out",
-            links.join(", ")
-        )));
-    } else if let Some(addr) = listened_on(&netns, &attachment)? {
-        // Plumbed by a sluice that still serves it (a `sluice oci`, another
-        // daemon): this daemon's registry cannot know of it, the kernel can.
-        return Err(ApiError::conflict(already_served(&format!(
-            "by another sluice (something listens on {addr} there)"
-        ))));
-    }
-    let sandbox = crate::attach::prepare(netns, &attachment)
-        .map_err(|e| ApiError::internal(format!("cannot enforce the sandbox: {e}")))?;
-    Ok((sandbox, process, Vec::new()))
-}
-
-/// Which of `attachment`'s proxy addresses something listens on already in
-/// `netns`, if any: a namespace sluice plumbed is attached again only once
-/// the sluice that served it is gone (a restarted daemon adopting it).
-fn listened_on(
-    netns: &SandboxNetns,
-    attachment: &crate::attach::Attachment,
-) -> Result<Option<std::net::SocketAddr>, ApiError> {
-    let binds = attachment.proxy_binds.clone();
-    netns
-        .run_in(move || {
-            // Without SO_REUSEPORT, so that a listener that has it (and
-            // SO_REUSEADDR, as every one has) still makes this bind fail.
-            binds.into_iter().find(|addr| {
-                matches!(std::net::TcpListener::bind(addr),
-                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
-            })
-        })
-        .map_err(|e| ApiError::internal(e.to_string()))
-}
-
-/// Why a namespace served already is refused, and what to do instead.
-fn already_served(by_whom: &str) -> String {
-    format!(
-        "the container's network namespace is already served by sluice {by_whom}: containers that share one network namespace (podman --pod, --network container:ID or ns:PATH) share one sandbox and one policy, so give the sluice annotation to one of them only"
-    )
-}
-
-/// Release the sandbox once its container is gone: when its process exits
-/// (pidfd), or, without a pid, when no process is left in the namespace.
-async fn watch_until_gone(
-    registry: std::sync::Weak<Registry>,
-    id: SandboxId,
-    generation: u64,
-    process: Option<Pidfd>,
-    netns: Arc<SandboxNetns>,
-) {
-    let exit = match (process, registry.upgrade()) {
-        (Some(process), Some(registry)) => registry.exits.as_ref().map(|w| w.watch(process.0)),
-        _ => None,
-    };
-    let why = match exit {
-        Some(mut exit) => match exit.exited().await {
-            Ok(()) => "the container's process exited",
-            Err(_) => {
-                tracing::warn!(
-                    "cannot watch the container's process: watching its namespace instead"
-                );
-                scan_until_empty(&netns).await
-            }
-        },
-        None => scan_until_empty(&netns).await,
-    };
-    drop(netns);
-    if let Some(registry) = registry.upgrade() {
-        registry
-            .release(&id, Some(generation), why, Afterwards::Forget)
-            .await;
-    }
-}
-
-async fn scan_until_empty(netns: &Arc<SandboxNetns>) -> &'static str {
-    let mut empty_scans = 0;
-    loop {
-        tokio::time::sleep(SCAN_INTERVAL).await;
-        let ns = netns.clone();
-        let empty = tokio::task::spawn_blocking(move || ns.processes_inside().is_empty())
-            .await
-            .unwrap_or(false);
-        empty_scans = if empty { empty_scans + 1 } else { 0 };
-        if empty_scans >= 2 {
-            return "no process is left in the namespace";
-        }
-    }
-}
-
-/// A pidfd: readable once the process has exited; immune to pid reuse.
-struct Pidfd(OwnedFd);
-
-impl Pidfd {
-    /// Open `pid` and check that it lives in `netns` (so its exit means the
-    /// container's end, not some unrelated process's).
-    fn for_process_in(pid: i32, netns: &SandboxNetns) -> Result<Pidfd, ApiError> {
-        let pidfd = Pidfd(
-            adopt::pidfd_open(pid)
-                .map_err(|e| ApiError::bad(format!("process {pid} is not running: {e}")))?,
-        );
-        let path = format!("/proc/{pid}/ns/net");
-        let inode = std::fs::metadata(&path).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-        // Checked after opening the pidfd: if the process is still alive now,
-        // /proc/PID above was that same process.
-        if pidfd.exited() {
-            return Err(ApiError::bad(format!(
-                "process {pid} exited during the attach"
-            )));
-        }
-        match inode {
-            Ok(inode) if inode == netns.inode() => Ok(pidfd),
-            Ok(inode) => Err(ApiError::bad(format!(
-                "process {pid} is in namespace net:[{inode}], not in the one sent (net:[{}])",
-                netns.inode()
-            ))),
-            Err(err) => Err(ApiError::bad(format!("cannot read {path}: {err}"))),
-        }
-    }
-
-    fn exited(&self) -> bool {
-        adopt::exited(&self.0)
     }
 }
 

@@ -16,9 +16,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
+use super::api::ApiError;
 use super::api::{AttachRequest, ErrorBody, Fence, AUDIT, FENCE_REMOVE, SANDBOXES};
 use super::fdpass::{recv_opening, Opening};
-use super::registry::{ApiError, Registry};
+use super::registry::Registry;
 use crate::drain::Watch;
 
 /// Largest request body accepted (an attach request is a few hundred bytes).
