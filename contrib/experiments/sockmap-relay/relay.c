@@ -2,8 +2,9 @@
  * A throwaway relay to measure a sockmap (BPF_MAP_TYPE_SOCKHASH + an
  * sk_skb verdict program) against a plain copy through a user-space
  * buffer, on loopback in a namespace of its own. Not part of sluice:
- * docs/measurements.md, "Per connection, round sixteen", says what it
- * found and why sluice's relay stays a copy.
+ * docs/measurements/history/2026-12-05-bulk-round-16-sockmap-and-buffers.md
+ * ("Bulk, round sixteen") says what it found and why sluice's relay stays
+ * a copy.
  *
  *   gcc -O2 -o relay relay.c -lpthread
  *   ip netns add relaytest && ip -n relaytest link set lo up
