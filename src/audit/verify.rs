@@ -145,133 +145,199 @@ pub fn verify_files(
     files: &[PathBuf],
     options: &VerifyOptions,
 ) -> Result<VerifySummary, VerifyError> {
-    let genesis = &options.genesis;
-    let (mut prev, mut next_seq) = match genesis {
+    let (prev, next_seq) = start(&options.genesis)?;
+    let mut chain = Chain {
+        files,
+        options,
+        summary: VerifySummary {
+            files: files.to_vec(),
+            records: 0,
+            checkpoints: 0,
+            verified: options.keys.is_some(),
+            last_checkpoint: None,
+            unanchored: 0,
+            first_seq: None,
+            last_seq: None,
+            genesis: prev.clone(),
+            last_hash: prev.clone(),
+        },
+        prev,
+        next_seq,
+        end: (files.last().cloned().unwrap_or_default(), 0),
+    };
+    for index in 0..files.len() {
+        chain.file(index)?;
+    }
+    chain.reaches_anchor()?;
+    chain.summary.last_hash = chain.prev;
+    Ok(chain.summary)
+}
+
+/// What the first line must chain from: its `prev`, and its `seq` if the
+/// genesis says.
+fn start(genesis: &Genesis) -> Result<(String, Option<u64>), VerifyError> {
+    Ok(match genesis {
         Genesis::Fresh => (GENESIS.to_string(), Some(0)),
         Genesis::Hash(h) => (h.to_ascii_lowercase(), None),
         Genesis::After(before) => {
             let (hash, seq) = last_line(before)?;
             (hash, Some(seq + 1))
         }
-    };
-    let mut summary = VerifySummary {
-        files: files.to_vec(),
-        records: 0,
-        checkpoints: 0,
-        verified: options.keys.is_some(),
-        last_checkpoint: None,
-        unanchored: 0,
-        first_seq: None,
-        last_seq: None,
-        genesis: prev.clone(),
-        last_hash: prev.clone(),
-    };
-    // Where the last line was, for a report about what follows it.
-    let mut end = (files.last().cloned().unwrap_or_default(), 0);
-    for (index, path) in files.iter().enumerate() {
+    })
+}
+
+/// A chain being verified, line by line.
+struct Chain<'a> {
+    files: &'a [PathBuf],
+    options: &'a VerifyOptions,
+    summary: VerifySummary,
+    /// The hash the next line's `prev` must be.
+    prev: String,
+    /// The seq the next line must have, if known.
+    next_seq: Option<u64>,
+    /// Where the last line was, for a report about what follows it.
+    end: (PathBuf, usize),
+}
+
+impl Chain<'_> {
+    /// Verifies every line of `files[index]`.
+    fn file(&mut self, index: usize) -> Result<(), VerifyError> {
+        let path = &self.files[index];
         let bytes = read(path)?;
         let complete = bytes.ends_with(b"\n");
         let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
         if text.is_empty() {
-            continue;
+            return Ok(());
         }
         let count = text.split(|&b| b == b'\n').count();
         for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
             let line_no = i + 1;
-            let fail = |what: String| VerifyError {
-                path: path.clone(),
-                line: line_no,
-                what,
-            };
             let cut = !complete && line_no == count;
-            let line = std::str::from_utf8(raw).map_err(|_| {
-                fail("not UTF-8: the line was damaged or is not from an audit log".into())
-            })?;
-            if line.trim().is_empty() {
-                return Err(fail(
-                    "empty line: audit logs have none; a line was blanked or removed".into(),
+            self.line(index, line_no, raw, cut)
+                .map_err(|what| VerifyError {
+                    path: path.clone(),
+                    line: line_no,
+                    what,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Verifies one line and chains the next from it; `cut`: it is the
+    /// file's last and no newline ends it.
+    fn line(&mut self, index: usize, line_no: usize, raw: &[u8], cut: bool) -> Result<(), String> {
+        let (line, parsed) = parse_line(raw, cut)?;
+        let hash = line_hash(line);
+        check_seal(line, &parsed, &hash)?;
+        if parsed.prev() != self.prev {
+            return Err(broken_link(
+                &self.summary,
+                &self.options.genesis,
+                self.files,
+                index,
+                line_no,
+                &parsed,
+                &self.prev,
+            ));
+        }
+        if let Some(expected) = self.next_seq {
+            if parsed.seq() != expected {
+                return Err(format!(
+                    "seq is {} where {expected} was expected: a line was removed, inserted or moved",
+                    parsed.seq()
                 ));
             }
-            let parsed = AuditLine::parse(line).map_err(|e| {
-                fail(if cut {
-                    "the last line is incomplete (no newline ends it): the file was cut mid-line, or sluice is writing it right now".to_string()
-                } else {
-                    format!("not an audit record ({e}): the line was edited or damaged")
-                })
-            })?;
-            let hash = line_hash(line);
-            match (unseal(line).1, parsed.hash()) {
-                (Some(claimed), _) if claimed != hash => {
-                    return Err(fail(format!(
-                        "the line's hash {claimed} is not the hash of its content ({hash}): this line was edited after it was written"
-                    )))
-                }
-                (None, Some(_)) => {
-                    return Err(fail(
-                        "the hash is not the line's last member: the line was edited".into(),
-                    ))
-                }
-                _ => {}
-            }
-            if parsed.prev() != prev {
-                return Err(fail(broken_link(
-                    &summary, genesis, files, index, line_no, &parsed, &prev,
-                )));
-            }
-            if let Some(expected) = next_seq {
-                if parsed.seq() != expected {
-                    return Err(fail(format!(
-                        "seq is {} where {expected} was expected: a line was removed, inserted or moved",
-                        parsed.seq()
-                    )));
-                }
-            }
-            match &parsed {
-                AuditLine::Checkpoint(checkpoint) => {
-                    if let Some(keys) = &options.keys {
-                        keys.check(checkpoint).map_err(&fail)?;
-                    }
-                    summary.checkpoints += 1;
-                    summary.last_checkpoint = Some(checkpoint.seq);
-                    summary.unanchored = 0;
-                }
-                AuditLine::Record(_) => {
-                    summary.records += 1;
-                    summary.unanchored += 1;
-                }
-            }
-            if let Some((seq, Some(anchored))) = &options.anchor {
-                if parsed.seq() == *seq && !anchored.eq_ignore_ascii_case(&hash) {
-                    return Err(fail(format!(
-                        "seq {seq} has hash {hash}, not {anchored} as anchored: this line, or one before it, was changed after the anchor was taken"
-                    )));
-                }
-            }
-            prev = hash;
-            next_seq = Some(parsed.seq().wrapping_add(1));
-            summary.first_seq.get_or_insert(parsed.seq());
-            summary.last_seq = Some(parsed.seq());
-            end = (path.clone(), line_no);
         }
+        self.count(&parsed)?;
+        if let Some((seq, Some(anchored))) = &self.options.anchor {
+            if parsed.seq() == *seq && !anchored.eq_ignore_ascii_case(&hash) {
+                return Err(format!(
+                    "seq {seq} has hash {hash}, not {anchored} as anchored: this line, or one before it, was changed after the anchor was taken"
+                ));
+            }
+        }
+        self.prev = hash;
+        self.next_seq = Some(parsed.seq().wrapping_add(1));
+        self.summary.first_seq.get_or_insert(parsed.seq());
+        self.summary.last_seq = Some(parsed.seq());
+        self.end = (self.files[index].clone(), line_no);
+        Ok(())
     }
-    if let Some((seq, _)) = &options.anchor {
-        if summary.last_seq.is_none_or(|last| last < *seq) {
-            let ends = summary
+
+    /// Counts a line into the summary, verifying a checkpoint's signature
+    /// if there are keys.
+    fn count(&mut self, parsed: &AuditLine) -> Result<(), String> {
+        match parsed {
+            AuditLine::Checkpoint(checkpoint) => {
+                if let Some(keys) = &self.options.keys {
+                    keys.check(checkpoint)?;
+                }
+                self.summary.checkpoints += 1;
+                self.summary.last_checkpoint = Some(checkpoint.seq);
+                self.summary.unanchored = 0;
+            }
+            AuditLine::Record(_) => {
+                self.summary.records += 1;
+                self.summary.unanchored += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The log reaches the anchored seq, if there is an anchor: a shorter
+    /// one was cut.
+    fn reaches_anchor(&self) -> Result<(), VerifyError> {
+        let Some((seq, _)) = &self.options.anchor else {
+            return Ok(());
+        };
+        if self.summary.last_seq.is_none_or(|last| last < *seq) {
+            let ends = self
+                .summary
                 .last_seq
                 .map_or("the log is empty".to_string(), |l| {
                     format!("the log ends at seq {l}")
                 });
             return Err(VerifyError {
-                path: end.0,
-                line: end.1 + 1,
+                path: self.end.0.clone(),
+                line: self.end.1 + 1,
                 what: format!(
                     "{ends}, but seq {seq} was anchored: lines were cut off its end (or a rotated file is missing)"
                 ),
             });
         }
+        Ok(())
     }
-    summary.last_hash = prev;
-    Ok(summary)
+}
+
+/// A line as text and as the record it is; `cut`: no newline ends it.
+fn parse_line(raw: &[u8], cut: bool) -> Result<(&str, AuditLine), String> {
+    let line = std::str::from_utf8(raw)
+        .map_err(|_| "not UTF-8: the line was damaged or is not from an audit log".to_string())?;
+    if line.trim().is_empty() {
+        return Err("empty line: audit logs have none; a line was blanked or removed".into());
+    }
+    let parsed = AuditLine::parse(line).map_err(|e| {
+        if cut {
+            "the last line is incomplete (no newline ends it): the file was cut mid-line, or sluice is writing it right now".to_string()
+        } else {
+            format!("not an audit record ({e}): the line was edited or damaged")
+        }
+    })?;
+    Ok((line, parsed))
+}
+
+/// The line's own `hash`, if it has one, is its last member and the hash of
+/// the rest.
+fn check_seal(line: &str, parsed: &AuditLine, hash: &str) -> Result<(), String> {
+    match (unseal(line).1, parsed.hash()) {
+        (Some(claimed), _) if claimed != hash => Err(format!(
+            "the line's hash {claimed} is not the hash of its content ({hash}): this line was edited after it was written"
+        )),
+        (None, Some(_)) => {
+            Err("the hash is not the line's last member: the line was edited".into())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Why a line's `prev` is not the hash of the line before it.

@@ -7,6 +7,7 @@
 //! removes everything it made.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
@@ -23,11 +24,7 @@ const METRICS: &str = "127.0.0.1:9464";
 
 pub fn run() -> Result<i32> {
     crate::confine::require_root("sluice demo")?;
-    for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
-        if which(tool).is_none() {
-            anyhow::bail!("`{tool}` is not installed: apt-get install -y {package}");
-        }
-    }
+    require_tools()?;
     let exe = std::env::current_exe().context("cannot find the sluice binary")?;
     let dir = tempdir()?;
     let policy_path = dir.join("demo.yaml");
@@ -41,6 +38,58 @@ pub fn run() -> Result<i32> {
     let admin_hits = outer.http_origin(SocketAddr::new(origin, 9090))?;
     let udp_hits = outer.udp_sink(SocketAddr::new(origin, 5353))?;
 
+    print_intro();
+    let script = client_script(&exe, &attempted, &shown);
+    let mut child = outer
+        .command(&exe)
+        .arg("run")
+        .arg("--policy")
+        .arg(&policy_path)
+        .arg("--audit")
+        .arg(&audit_path)
+        // The audit key goes with the demo's files, not into /var/lib.
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(["--metrics", METRICS])
+        .args(["--", "sh", "-c", &script])
+        .spawn()
+        .context("cannot start `sluice run` in the demo namespace")?;
+    if wait_for(&attempted, &mut child) {
+        show_drops(&outer);
+        std::fs::write(&shown, b"")?;
+    }
+    let status = child.wait().context("waiting for `sluice run`")?;
+
+    show_audit(&audit_path);
+    println!(
+        "\nWhat the origin saw: {} request(s) on :8080, {} on :9090, {} UDP datagram(s) on :5353.",
+        http_hits.load(Ordering::Relaxed),
+        admin_hits.load(Ordering::Relaxed),
+        udp_hits.load(Ordering::Relaxed)
+    );
+    drop(outer);
+    let _ = std::fs::remove_dir_all(&dir);
+    if !status.success() {
+        anyhow::bail!("the sandboxed run failed ({status}); rerun with -v for details");
+    }
+    compare_costs()?;
+    println!("\nCleaned up: the demo's namespaces, the sandboxes and their rules are gone.");
+    println!("\nNext: sluice run --policy policies/dev.yaml -- <your command>   (see README.md)");
+    Ok(0)
+}
+
+/// The tools the demo's topology is built with are installed.
+fn require_tools() -> Result<()> {
+    for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
+        if which(tool).is_none() {
+            anyhow::bail!("`{tool}` is not installed: apt-get install -y {package}");
+        }
+    }
+    Ok(())
+}
+
+/// What the demo sets up, and the policy it enforces (without comments).
+fn print_intro() {
     println!("sluice demo");
     println!("  A throwaway namespace stands in for this host: origin servers on {ORIGIN}:8080 and :9090.");
     println!("  A client runs inside a sandbox under this policy (policies/demo.yaml):\n");
@@ -51,9 +100,14 @@ pub fn run() -> Result<i32> {
         println!("      {line}");
     }
     println!();
+}
 
+/// Steps 1 to 8, the sandboxed client's shell script: it runs `exe`'s
+/// probes, then creates `attempted` and waits (bounded) for `shown`, so
+/// that the drop counter is read while the sandbox still exists.
+fn client_script(exe: &Path, attempted: &Path, shown: &Path) -> String {
     let me = exe.display().to_string();
-    let script = format!(
+    format!(
         r#"
 step() {{ printf '\n%s\n   $ %s\n   ' "$1" "$2"; }}
 step "1. An allowed request (rule origin-http):" "curl http://origin.test:8080/"
@@ -78,44 +132,34 @@ exit 0
 "#,
         attempted = attempted.display(),
         shown = shown.display(),
-    );
-    let mut child = outer
-        .command(&exe)
-        .arg("run")
-        .arg("--policy")
-        .arg(&policy_path)
-        .arg("--audit")
-        .arg(&audit_path)
-        // The audit key goes with the demo's files, not into /var/lib.
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .args(["--metrics", METRICS])
-        .args(["--", "sh", "-c", &script])
-        .spawn()
-        .context("cannot start `sluice run` in the demo namespace")?;
+    )
+}
+
+/// Step 8's answer: the drop counter's lines from /metrics.
+fn show_drops(outer: &OuterNetns) {
     // The counter is read from outside: inside, even root may not look at
     // the rules.
-    if wait_for(&attempted, &mut child) {
-        match outer.run_in(|| scrape_drops(METRICS)) {
-            Ok(Ok(text)) => {
-                // The step's heading already indented the first line.
-                let lines: Vec<&str> = text
-                    .lines()
-                    .filter(|l| l.starts_with("sluice_dropped_packets_total"))
-                    .collect();
-                println!("{}", lines.join("\n   "));
-            }
-            Ok(Err(err)) => println!("(cannot read {METRICS}/metrics: {err})"),
-            Err(err) => println!("(cannot read {METRICS}/metrics: {err:#})"),
+    match outer.run_in(|| scrape_drops(METRICS)) {
+        Ok(Ok(text)) => {
+            // The step's heading already indented the first line.
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("sluice_dropped_packets_total"))
+                .collect();
+            println!("{}", lines.join("\n   "));
         }
-        std::fs::write(&shown, b"")?;
+        Ok(Err(err)) => println!("(cannot read {METRICS}/metrics: {err})"),
+        Err(err) => println!("(cannot read {METRICS}/metrics: {err:#})"),
     }
-    let status = child.wait().context("waiting for `sluice run`")?;
+}
 
+/// Step 9: the audit log the run wrote, as `sluice audit tail` prints it,
+/// and its first line as written.
+fn show_audit(audit_path: &Path) {
     println!(
         "\n9. The audit log: one hash-chained JSON line per deny, and a signed checkpoint at the end, shown as `sluice audit tail` prints them:"
     );
-    let audit = std::fs::read_to_string(&audit_path).unwrap_or_default();
+    let audit = std::fs::read_to_string(audit_path).unwrap_or_default();
     for line in audit.lines() {
         match crate::audit::AuditLine::parse(line) {
             Ok(parsed) => println!("   {}", crate::audit::format_line(&parsed)),
@@ -125,21 +169,6 @@ exit 0
     if let Some(first) = audit.lines().next() {
         println!("   The first one as written:\n   {first}");
     }
-    println!(
-        "\nWhat the origin saw: {} request(s) on :8080, {} on :9090, {} UDP datagram(s) on :5353.",
-        http_hits.load(Ordering::Relaxed),
-        admin_hits.load(Ordering::Relaxed),
-        udp_hits.load(Ordering::Relaxed)
-    );
-    drop(outer);
-    let _ = std::fs::remove_dir_all(&dir);
-    if !status.success() {
-        anyhow::bail!("the sandboxed run failed ({status}); rerun with -v for details");
-    }
-    compare_costs()?;
-    println!("\nCleaned up: the demo's namespaces, the sandboxes and their rules are gone.");
-    println!("\nNext: sluice run --policy policies/dev.yaml -- <your command>   (see README.md)");
-    Ok(0)
 }
 
 /// Step 10: the same small requests directly and through `sluice run`,

@@ -14,7 +14,7 @@ use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
-use crate::policy::Policy;
+use crate::policy::{DnsConfig, Policy};
 
 /// TTL of answers from `dns.hosts`.
 pub const HOSTS_TTL: u32 = 60;
@@ -171,25 +171,7 @@ pub fn plan<'a>(query: &[u8], policy: &'a Policy, default_upstream: &'a [SocketA
 
     // Static answers: the name is defined here, whatever the type.
     if let Some((n, ips)) = name.and_then(|n| dns.hosts.get(&n).map(|ips| (n, ips))) {
-        let family: Vec<IpAddr> = ips
-            .iter()
-            .copied()
-            .filter(|ip| match qtype {
-                RecordType::A => ip.is_ipv4(),
-                RecordType::AAAA => ip.is_ipv6(),
-                _ => false,
-            })
-            .collect();
-        let answers = family
-            .iter()
-            .map(|&ip| {
-                let data = match ip {
-                    IpAddr::V4(v4) => RData::A(A(v4)),
-                    IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
-                };
-                Record::from_rdata(question.name().clone(), HOSTS_TTL, data)
-            })
-            .collect();
+        let (family, answers) = static_answers(question.name(), ips, qtype);
         let action = reply_action(&parsed, ResponseCode::NoError, answers);
         asked.remember = Some((n, family));
         return Plan {
@@ -202,23 +184,74 @@ pub fn plan<'a>(query: &[u8], policy: &'a Policy, default_upstream: &'a [SocketA
         Some(list) => list.as_slice(),
         None => default_upstream,
     };
+    asked.limit = limit(dns, upstreams, qtype, &asked.host);
+    let action = upstream_action(parsed, policy, upstreams, asked.limit.is_some());
+    Plan {
+        action,
+        asked: Some(asked),
+    }
+}
+
+/// The addresses of `ips` a `qtype` query asks for, and the answer records
+/// for `name` that give them.
+fn static_answers(name: &Name, ips: &[IpAddr], qtype: RecordType) -> (Vec<IpAddr>, Vec<Record>) {
+    let family: Vec<IpAddr> = ips
+        .iter()
+        .copied()
+        .filter(|ip| match qtype {
+            RecordType::A => ip.is_ipv4(),
+            RecordType::AAAA => ip.is_ipv6(),
+            _ => false,
+        })
+        .collect();
+    let answers = family
+        .iter()
+        .map(|&ip| {
+            let data = match ip {
+                IpAddr::V4(v4) => RData::A(A(v4)),
+                IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+            };
+            Record::from_rdata(name.clone(), HOSTS_TTL, data)
+        })
+        .collect();
+    (family, answers)
+}
+
+/// Which of `dns.limits` keeps a query for `host` from `upstreams`, if any.
+fn limit(
+    dns: &DnsConfig,
+    upstreams: &[SocketAddr],
+    qtype: RecordType,
+    host: &str,
+) -> Option<Limit> {
     // The limits bound what reaches an upstream; with none to reach they
     // have nothing to bound.
-    asked.limit = if upstreams.is_empty() {
+    if upstreams.is_empty() {
         None
     } else if !dns.limits.forwards_type(u16::from(qtype)) {
         Some(Limit::QueryType)
-    } else if asked.host.trim_end_matches('.').len() > dns.limits.max_name_length {
+    } else if host.trim_end_matches('.').len() > dns.limits.max_name_length {
         Some(Limit::NameLength)
     } else {
         None
-    };
-    let action = if asked.limit.is_some() && policy.mode() == crate::policy::Mode::Enforce {
+    }
+}
+
+/// What to do with an admitted query no static answer covers: refuse it if
+/// `limited` (in enforce mode), fail it if there is no upstream, else
+/// forward it.
+fn upstream_action<'a>(
+    parsed: Message,
+    policy: &Policy,
+    upstreams: &'a [SocketAddr],
+    limited: bool,
+) -> Action<'a> {
+    if limited && policy.mode() == crate::policy::Mode::Enforce {
         reply_action(&parsed, ResponseCode::Refused, Vec::new())
     } else if upstreams.is_empty() {
         // `upstream: []` means "only the static hosts"; no configured and
         // no host resolver is a failure, not proof the name is absent.
-        let code = if dns.upstream.is_some() {
+        let code = if policy.dns().upstream.is_some() {
             ResponseCode::NXDomain
         } else {
             ResponseCode::ServFail
@@ -229,10 +262,6 @@ pub fn plan<'a>(query: &[u8], policy: &'a Policy, default_upstream: &'a [SocketA
             parsed: Box::new(parsed),
             upstreams,
         }
-    };
-    Plan {
-        action,
-        asked: Some(asked),
     }
 }
 

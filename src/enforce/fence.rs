@@ -23,7 +23,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use nftables::expr::{Expression, MetaKey, NamedExpression, SetItem};
 use nftables::schema::{self, NfListObject, NfObject};
-use nftables::stmt::{Counter, Operator, Statement, NAT};
+use nftables::stmt::{Counter, NATFamily, Operator, Statement, NAT};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 use super::ruleset::{
@@ -42,6 +42,11 @@ pub const PREROUTING_FILTER: &str = "prerouting_filter";
 const INGRESS_PRIORITY: i32 = -500;
 /// The DHCPv6 server port: a guest sends nothing from it.
 const DHCPV6_SERVER_PORT: u32 = 547;
+
+/// The rules of one chain, in order.
+type Rules = Vec<Vec<Statement<'static>>>;
+/// A base chain: name, type, hook, priority, policy.
+type ChainSpec = (&'static str, NfChainType, NfHook, i32, NfChainPolicy);
 
 /// Who sits behind one tap, and what the fence lets it be.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -258,14 +263,28 @@ impl TapFence {
             policy: Some(NfChainPolicy::Drop),
             ..schema::Chain::default()
         })));
-        let mac = || Expression::String(self.guest_mac.to_string().into());
-        let ip4 = |a: Ipv4Addr| Expression::String(a.to_string().into());
-        let ip6 = |a: Ipv6Addr| Expression::String(a.to_string().into());
-        let ether_type = |t: &'static str| eq(payload("ether", "type"), string(t));
-        let count_drop = |reason: DropReason| vec![counted(reason), drop()];
-        let mut rules: Vec<Vec<Statement<'static>>> = vec![
+        let rules = [
+            self.frame_rules(),
+            self.arp_rules(),
+            self.ipv4_rules(),
+            self.ipv6_rules(),
+            vec![count_drop(DropReason::Ethertype)],
+        ]
+        .concat();
+        for stmts in rules {
+            out.push(rule_in(NfFamily::NetDev, &table, INGRESS, stmts));
+        }
+    }
+
+    /// Frames dropped whatever they carry: from another MAC, or VLAN-tagged.
+    fn frame_rules(&self) -> Rules {
+        vec![
             [
-                vec![matches(payload("ether", "saddr"), Operator::NEQ, mac())],
+                vec![matches(
+                    payload("ether", "saddr"),
+                    Operator::NEQ,
+                    address(self.guest_mac),
+                )],
                 count_drop(DropReason::Mac),
             ]
             .concat(),
@@ -274,33 +293,48 @@ impl TapFence {
                 count_drop(DropReason::Vlan),
             ]
             .concat(),
+        ]
+    }
+
+    /// ARP: only the guest asking for, or answering, the gateway.
+    fn arp_rules(&self) -> Rules {
+        vec![
             vec![
                 eq(payload("arp", "htype"), Expression::Number(1)),
                 eq(payload("arp", "ptype"), string("ip")),
                 eq(payload("arp", "hlen"), Expression::Number(6)),
                 eq(payload("arp", "plen"), Expression::Number(4)),
                 eq(payload("arp", "operation"), set(&["request", "reply"])),
-                eq(payload("arp", "saddr ether"), mac()),
-                eq(payload("arp", "saddr ip"), ip4(self.guest)),
-                eq(payload("arp", "daddr ip"), ip4(self.gateway)),
+                eq(payload("arp", "saddr ether"), address(self.guest_mac)),
+                eq(payload("arp", "saddr ip"), address(self.guest)),
+                eq(payload("arp", "daddr ip"), address(self.gateway)),
                 accept(),
             ],
             [vec![ether_type("arp")], count_drop(DropReason::Arp)].concat(),
-            vec![eq(payload("ip", "saddr"), ip4(self.guest)), accept()],
-            vec![
-                eq(payload("ip", "saddr"), ip4(Ipv4Addr::UNSPECIFIED)),
-                eq(payload("ip", "daddr"), ip4(Ipv4Addr::BROADCAST)),
-                eq(
-                    payload("udp", "sport"),
-                    Expression::Number(u32::from(CLIENT_PORT)),
-                ),
-                eq(
-                    payload("udp", "dport"),
-                    Expression::Number(u32::from(SERVER_PORT)),
-                ),
-                accept(),
-            ],
+        ]
+    }
+
+    /// IPv4: from the guest's address, or its DHCP request before it has one.
+    fn ipv4_rules(&self) -> Rules {
+        vec![
+            vec![eq(payload("ip", "saddr"), address(self.guest)), accept()],
+            [
+                vec![
+                    eq(payload("ip", "saddr"), address(Ipv4Addr::UNSPECIFIED)),
+                    eq(payload("ip", "daddr"), address(Ipv4Addr::BROADCAST)),
+                ],
+                udp_ports(CLIENT_PORT, SERVER_PORT),
+                vec![accept()],
+            ]
+            .concat(),
             [vec![ether_type("ip")], count_drop(DropReason::Ipv4Source)].concat(),
+        ]
+    }
+
+    /// IPv6: nothing only a router sends; from the guest's addresses (with
+    /// IPv6), or its neighbour solicitation before it has one.
+    fn ipv6_rules(&self) -> Rules {
+        let mut rules = vec![
             [
                 vec![eq(
                     payload("icmpv6", "type"),
@@ -330,22 +364,19 @@ impl TapFence {
                 eq(
                     payload("ip6", "saddr"),
                     Expression::Named(NamedExpression::Set(
-                        own.iter().map(|a| SetItem::Element(ip6(*a))).collect(),
+                        own.iter().map(|a| SetItem::Element(address(*a))).collect(),
                     )),
                 ),
                 accept(),
             ]);
             rules.push(vec![
-                eq(payload("ip6", "saddr"), ip6(Ipv6Addr::UNSPECIFIED)),
+                eq(payload("ip6", "saddr"), address(Ipv6Addr::UNSPECIFIED)),
                 eq(payload("icmpv6", "type"), string("nd-neighbor-solicit")),
                 accept(),
             ]);
         }
         rules.push([vec![ether_type("ip6")], count_drop(DropReason::Ipv6Source)].concat());
-        rules.push(count_drop(DropReason::Ethertype));
-        for stmts in rules {
-            out.push(rule_in(NfFamily::NetDev, &table, INGRESS, stmts));
-        }
+        rules
     }
 
     /// `inet sluice-TAP`: what came through the layer-2 chain.
@@ -396,8 +427,38 @@ impl TapFence {
     /// ```
     fn steering(&self, proxy_port: u16, dns_port: u16, out: &mut Vec<NfObject<'static>>) {
         let table = self.table();
-        let tap = self.name.as_str();
-        let chains = [
+        for (name, kind, hook, prio, policy) in self.steering_chains() {
+            out.push(add(base_chain(
+                NfFamily::INet,
+                &table,
+                name,
+                kind,
+                hook,
+                prio,
+                policy,
+            )));
+        }
+        let mut chains = vec![
+            (PREROUTING_NAT, self.prerouting_nat(proxy_port, dns_port)),
+            (PREROUTING_FILTER, self.prerouting_filter()),
+            (INPUT_FILTER, self.input_filter(proxy_port, dns_port)),
+            (FORWARD_FILTER, self.forward_filter()),
+        ];
+        if self.dedicated {
+            chains.push((OUTPUT_NAT, output_nat(proxy_port, dns_port)));
+            chains.push((OUTPUT_FILTER, self.output_filter()));
+        }
+        for (chain, rules) in chains {
+            for stmts in rules {
+                out.push(rule_in(NfFamily::INet, &table, chain, stmts));
+            }
+        }
+    }
+
+    /// The base chains of `inet sluice-TAP`, the namespace's output's only
+    /// in the VMM's own namespace.
+    fn steering_chains(&self) -> Vec<ChainSpec> {
+        let mut chains = vec![
             (
                 PREROUTING_NAT,
                 NfChainType::NAT,
@@ -427,75 +488,35 @@ impl TapFence {
                 NfChainPolicy::Accept,
             ),
         ];
-        let own_output = [
-            (
-                OUTPUT_NAT,
-                NfChainType::NAT,
-                NfHook::Output,
-                NAT_PRIORITY,
-                NfChainPolicy::Accept,
-            ),
-            (
-                OUTPUT_FILTER,
-                NfChainType::Filter,
-                NfHook::Output,
-                FILTER_PRIORITY,
-                NfChainPolicy::Drop,
-            ),
-        ];
-        let own_output = if self.dedicated { &own_output[..] } else { &[] };
-        for &(name, kind, hook, prio, policy) in chains.iter().chain(own_output) {
-            out.push(add(base_chain(
-                NfFamily::INet,
-                &table,
-                name,
-                kind,
-                hook,
-                prio,
-                policy,
-            )));
+        if self.dedicated {
+            chains.extend([
+                (
+                    OUTPUT_NAT,
+                    NfChainType::NAT,
+                    NfHook::Output,
+                    NAT_PRIORITY,
+                    NfChainPolicy::Accept,
+                ),
+                (
+                    OUTPUT_FILTER,
+                    NfChainType::Filter,
+                    NfHook::Output,
+                    FILTER_PRIORITY,
+                    NfChainPolicy::Drop,
+                ),
+            ]);
         }
-        let rule = |chain: &'static str, stmts: Vec<Statement<'static>>| {
-            rule_in(NfFamily::INet, &table, chain, stmts)
-        };
-        let from_tap = || meta_eq(MetaKey::Iifname, tap);
-        let to_tap = || meta_eq(MetaKey::Oifname, tap);
-        // What the guest sends a router: solicitations for one (sluice's
-        // router advertisement socket answers) and neighbour discovery.
-        let from_guest_nd = || {
-            eq(
-                payload("icmpv6", "type"),
-                set(&[
-                    "nd-router-solicit",
-                    "nd-neighbor-solicit",
-                    "nd-neighbor-advert",
-                ]),
-            )
-        };
-        // What sluice's side sends the guest.
-        let to_guest_nd = || {
-            eq(
-                payload("icmpv6", "type"),
-                set(&[
-                    "nd-router-advert",
-                    "nd-neighbor-solicit",
-                    "nd-neighbor-advert",
-                ]),
-            )
-        };
+        chains
+    }
 
-        let mut targets = vec![(
-            "ipv4",
-            nftables::stmt::NATFamily::IP,
-            self.gateway.to_string(),
-        )];
+    /// `prerouting_nat`: the guest's DNS and TCP to sluice, DNAT to the
+    /// gateway's address of each family the guest has.
+    fn prerouting_nat(&self, proxy_port: u16, dns_port: u16) -> Rules {
+        let mut targets = vec![("ipv4", NATFamily::IP, self.gateway.to_string())];
         if let Some(v6) = self.ipv6 {
-            targets.push((
-                "ipv6",
-                nftables::stmt::NATFamily::IP6,
-                v6.gateway.to_string(),
-            ));
+            targets.push(("ipv6", NATFamily::IP6, v6.gateway.to_string()));
         }
+        let mut rules = Vec::new();
         for (nfproto, family, gateway) in targets {
             let to = |port: u16| {
                 Statement::DNAT(Some(NAT {
@@ -506,83 +527,146 @@ impl TapFence {
                 }))
             };
             let v = || meta_eq(MetaKey::Nfproto, nfproto);
-            for stmts in [
-                vec![from_tap(), v(), dport("udp", 53), to(dns_port)],
-                vec![from_tap(), v(), dport("tcp", 53), to(dns_port)],
-                vec![from_tap(), v(), meta_l4proto(TCP), to(proxy_port)],
-            ] {
-                out.push(rule(PREROUTING_NAT, stmts));
-            }
+            rules.extend([
+                vec![self.iifname_tap(), v(), dport("udp", 53), to(dns_port)],
+                vec![self.iifname_tap(), v(), dport("tcp", 53), to(dns_port)],
+                vec![self.iifname_tap(), v(), meta_l4proto(TCP), to(proxy_port)],
+            ]);
         }
-        let dhcp_request = || {
-            vec![
-                eq(
-                    payload("udp", "sport"),
-                    Expression::Number(u32::from(CLIENT_PORT)),
-                ),
-                eq(
-                    payload("udp", "dport"),
-                    Expression::Number(u32::from(SERVER_PORT)),
-                ),
+        rules
+    }
+
+    /// `prerouting_filter`: from the tap, only what was redirected, DHCP and
+    /// neighbour discovery.
+    fn prerouting_filter(&self) -> Rules {
+        vec![
+            vec![self.iifname_tap(), ct_status_dnat(), accept()],
+            [
+                vec![self.iifname_tap()],
+                udp_ports(CLIENT_PORT, SERVER_PORT),
+                vec![accept()],
             ]
-        };
-        for stmts in [
-            vec![from_tap(), ct_status_dnat(), accept()],
-            [vec![from_tap()], dhcp_request(), vec![accept()]].concat(),
-            vec![from_tap(), from_guest_nd(), accept()],
-            vec![from_tap(), counted(DropReason::NotRedirected), drop()],
-        ] {
-            out.push(rule(PREROUTING_FILTER, stmts));
-        }
-        for stmts in [
-            vec![from_tap(), dport("tcp", proxy_port), accept()],
-            vec![from_tap(), dport("tcp", dns_port), accept()],
-            vec![from_tap(), dport("udp", dns_port), accept()],
-            vec![from_tap(), dport("udp", SERVER_PORT), accept()],
-            vec![from_tap(), from_guest_nd(), accept()],
-            vec![from_tap(), counted(DropReason::Input), drop()],
-        ] {
-            out.push(rule(INPUT_FILTER, stmts));
-        }
-        for stmts in [
-            vec![from_tap(), counted(DropReason::Forward), drop()],
-            vec![to_tap(), counted(DropReason::Forward), drop()],
-        ] {
-            out.push(rule(FORWARD_FILTER, stmts));
-        }
-        if !self.dedicated {
-            return;
-        }
-        for stmts in [
-            vec![dport("udp", 53), redirect(dns_port)],
-            vec![dport("tcp", 53), redirect(dns_port)],
-            vec![meta_eq(MetaKey::Oif, "lo"), accept()],
-            vec![meta_l4proto(TCP), redirect(proxy_port)],
-        ] {
-            out.push(rule(OUTPUT_NAT, stmts));
-        }
-        let dhcp_reply = vec![
-            to_tap(),
-            eq(
-                payload("udp", "sport"),
-                Expression::Number(u32::from(SERVER_PORT)),
-            ),
-            eq(
-                payload("udp", "dport"),
-                Expression::Number(u32::from(CLIENT_PORT)),
-            ),
-            accept(),
-        ];
-        for stmts in [
+            .concat(),
+            vec![self.iifname_tap(), from_guest_nd(), accept()],
+            vec![
+                self.iifname_tap(),
+                counted(DropReason::NotRedirected),
+                drop(),
+            ],
+        ]
+    }
+
+    /// `input_filter`: from the tap, only sluice's ports and neighbour
+    /// discovery.
+    fn input_filter(&self, proxy_port: u16, dns_port: u16) -> Rules {
+        vec![
+            vec![self.iifname_tap(), dport("tcp", proxy_port), accept()],
+            vec![self.iifname_tap(), dport("tcp", dns_port), accept()],
+            vec![self.iifname_tap(), dport("udp", dns_port), accept()],
+            vec![self.iifname_tap(), dport("udp", SERVER_PORT), accept()],
+            vec![self.iifname_tap(), from_guest_nd(), accept()],
+            vec![self.iifname_tap(), counted(DropReason::Input), drop()],
+        ]
+    }
+
+    /// `forward_filter`: nothing routed from or to the tap.
+    fn forward_filter(&self) -> Rules {
+        vec![
+            vec![self.iifname_tap(), counted(DropReason::Forward), drop()],
+            vec![self.oifname_tap(), counted(DropReason::Forward), drop()],
+        ]
+    }
+
+    /// `output_filter`: the namespace's own output, only to sluice and the
+    /// replies to the guest.
+    fn output_filter(&self) -> Rules {
+        vec![
             vec![meta_eq(MetaKey::Oif, "lo"), accept()],
             vec![ct_status_dnat(), accept()],
-            dhcp_reply,
-            vec![to_tap(), to_guest_nd(), accept()],
+            [
+                vec![self.oifname_tap()],
+                udp_ports(SERVER_PORT, CLIENT_PORT),
+                vec![accept()],
+            ]
+            .concat(),
+            vec![self.oifname_tap(), to_guest_nd(), accept()],
             vec![counted(DropReason::Output), drop()],
-        ] {
-            out.push(rule(OUTPUT_FILTER, stmts));
-        }
+        ]
     }
+
+    /// `iifname TAP`
+    fn iifname_tap(&self) -> Statement<'static> {
+        meta_eq(MetaKey::Iifname, &self.name)
+    }
+
+    /// `oifname TAP`
+    fn oifname_tap(&self) -> Statement<'static> {
+        meta_eq(MetaKey::Oifname, &self.name)
+    }
+}
+
+/// `output_nat`: the namespace's own output, as a host sandbox's.
+fn output_nat(proxy_port: u16, dns_port: u16) -> Rules {
+    vec![
+        vec![dport("udp", 53), redirect(dns_port)],
+        vec![dport("tcp", 53), redirect(dns_port)],
+        vec![meta_eq(MetaKey::Oif, "lo"), accept()],
+        vec![meta_l4proto(TCP), redirect(proxy_port)],
+    ]
+}
+
+/// What the guest sends a router: solicitations for one (sluice's router
+/// advertisement socket answers) and neighbour discovery.
+fn from_guest_nd() -> Statement<'static> {
+    eq(
+        payload("icmpv6", "type"),
+        set(&[
+            "nd-router-solicit",
+            "nd-neighbor-solicit",
+            "nd-neighbor-advert",
+        ]),
+    )
+}
+
+/// What sluice's side sends the guest.
+fn to_guest_nd() -> Statement<'static> {
+    eq(
+        payload("icmpv6", "type"),
+        set(&[
+            "nd-router-advert",
+            "nd-neighbor-solicit",
+            "nd-neighbor-advert",
+        ]),
+    )
+}
+
+/// `udp sport SPORT udp dport DPORT`
+fn udp_ports(sport: u16, dport: u16) -> Vec<Statement<'static>> {
+    vec![
+        eq(
+            payload("udp", "sport"),
+            Expression::Number(u32::from(sport)),
+        ),
+        eq(
+            payload("udp", "dport"),
+            Expression::Number(u32::from(dport)),
+        ),
+    ]
+}
+
+/// An address (MAC, IPv4 or IPv6) as nft writes it.
+fn address(a: impl std::fmt::Display) -> Expression<'static> {
+    Expression::String(a.to_string().into())
+}
+
+/// `ether type TYPE`
+fn ether_type(t: &'static str) -> Statement<'static> {
+    eq(payload("ether", "type"), string(t))
+}
+
+/// Counts the packet into the reason's counter and drops it.
+fn count_drop(reason: DropReason) -> Vec<Statement<'static>> {
+    vec![counted(reason), drop()]
 }
 
 fn eq(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {

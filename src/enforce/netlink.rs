@@ -614,9 +614,20 @@ type Dumped = Vec<(u8, Vec<u8>)>;
 /// else (no other table, chain, object, set or flowtable).
 pub(super) fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
     let nfnl = Nfnl::open()?;
-    let key = format!("inet {TABLE}");
-    let mismatch = |what: String| EnforceError::Mismatch(format!("table {key}: {what}"));
+    check_tables(&nfnl)?;
+    check_chains(&nfnl)?;
+    check_rules(&nfnl, spec)?;
+    check_objects(&nfnl)?;
+    check_no_sets(&nfnl)
+}
 
+/// A read-back difference in sluice's own table.
+fn mismatch(what: String) -> EnforceError {
+    EnforceError::Mismatch(format!("table inet {TABLE}: {what}"))
+}
+
+/// The only table is sluice's, and it is not dormant.
+fn check_tables(nfnl: &Nfnl) -> Result<(), EnforceError> {
     let tables = nfnl.dump(NFT_MSG_GETTABLE, "the tables")?;
     let mut ours = false;
     for (family, attrs) in &tables {
@@ -639,9 +650,14 @@ pub(super) fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
         }
     }
     if !ours {
-        return Err(EnforceError::TableMissing(key));
+        return Err(EnforceError::TableMissing(format!("inet {TABLE}")));
     }
+    Ok(())
+}
 
+/// Every chain of [`CHAINS`] is there as the base chain it should be, and
+/// no other.
+fn check_chains(nfnl: &Nfnl) -> Result<(), EnforceError> {
     let chains = nfnl.dump(NFT_MSG_GETCHAIN, "the chains")?;
     for want in &CHAINS {
         let Some((_, attrs)) = chains
@@ -670,7 +686,11 @@ pub(super) fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
             string(attrs, NFTA_CHAIN_NAME)
         )));
     }
+    Ok(())
+}
 
+/// Each chain holds exactly the rules sluice applied for `spec`, in order.
+fn check_rules(nfnl: &Nfnl, spec: &SandboxSpec) -> Result<(), EnforceError> {
     let dumped = nfnl.dump(NFT_MSG_GETRULE, "the rules")?;
     let want = rules(spec);
     for chain in &CHAINS {
@@ -702,7 +722,11 @@ pub(super) fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
             }
         }
     }
+    Ok(())
+}
 
+/// The drop counter is there, and no other named object.
+fn check_objects(nfnl: &Nfnl) -> Result<(), EnforceError> {
     let objects = nfnl.dump(NFT_MSG_GETOBJ, "the named objects")?;
     let is_ours = |a: &[u8]| {
         string(a, NFTA_OBJ_NAME) == DROP_COUNTER
@@ -721,7 +745,11 @@ pub(super) fn verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
             string(a, NFTA_OBJ_NAME)
         )));
     }
+    Ok(())
+}
 
+/// No set and no flowtable, in any table.
+fn check_no_sets(nfnl: &Nfnl) -> Result<(), EnforceError> {
     for (kind, what) in [(NFT_MSG_GETSET, "set"), (NFT_MSG_GETFLOWTABLE, "flowtable")] {
         if let Some((family, a)) = nfnl.dump(kind, "the sets and flowtables")?.first() {
             return Err(EnforceError::Mismatch(format!(

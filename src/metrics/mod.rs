@@ -104,126 +104,9 @@ impl Metrics {
     /// Create every metric and register it (and `sluice_build_info`) in
     /// `registry`. Fails only if `registry` already holds these names.
     pub fn new(registry: &Registry) -> Result<Metrics, prometheus::Error> {
-        let connections = IntCounterVec::new(
-            Opts::new(
-                "sluice_connections_total",
-                "Connections decided, by path, verdict (allow, deny, would-deny) and the policy rule that decided (none for the default deny).",
-            ),
-            &["path", "verdict", "rule"],
-        )?;
-        let active = IntGaugeVec::new(
-            Opts::new(
-                "sluice_active_connections",
-                "Connections accepted and not yet closed, by path.",
-            ),
-            &["path"],
-        )?;
-        let connect = histogram(
-            "sluice_connect_seconds",
-            "Time from accepting a connection to its upstream connection being established.",
-        )?;
-        let first_byte = histogram(
-            "sluice_first_byte_seconds",
-            "Time from accepting a connection to relaying the first upstream byte to the client.",
-        )?;
-        let connection = histogram(
-            "sluice_connection_seconds",
-            "Time from accepting a connection to closing it, for every connection (denied ones too).",
-        )?;
-        let bytes = IntCounterVec::new(
-            Opts::new(
-                "sluice_bytes_total",
-                "Bytes relayed, by path and direction (up: client to upstream, down: upstream to client).",
-            ),
-            &["path", "direction"],
-        )?;
-        let upstream_failures = IntCounterVec::new(
-            Opts::new(
-                "sluice_upstream_failures_total",
-                "Allowed connections whose upstream connect failed, by path and reason (refused, timeout, reset, unreachable).",
-            ),
-            &["path", "reason"],
-        )?;
-        let dns_queries = IntCounterVec::new(
-            Opts::new(
-                "sluice_dns_queries_total",
-                "DNS queries answered by sluice's resolver, by verdict (allow, refused, ...).",
-            ),
-            &["verdict"],
-        )?;
-        let dns_limited = IntCounterVec::new(
-            Opts::new(
-                "sluice_dns_limited_total",
-                "DNS queries kept from the upstreams by the policy's dns.limits (refused in enforce mode), by limit (query-type, name-length, queries, names).",
-            ),
-            &["limit"],
-        )?;
-        let hostname_lookups = IntCounterVec::new(
-            Opts::new(
-                "sluice_hostname_lookups_total",
-                "Hostnames sluice resolved itself to verify a connection's SNI or Host that its cache did not know, by result (confirmed, mismatch, no-answer, limited).",
-            ),
-            &["result"],
-        )?;
-        let drops = Arc::new(drops::DroppedPackets::new()?);
-        let bundle_revision = IntGaugeVec::new(
-            Opts::new(
-                "sluice_bundle_revision",
-                "Revision of the policy bundle currently enforced, by bundle name.",
-            ),
-            &["bundle"],
-        )?;
-        let bundle_reloads = IntCounterVec::new(
-            Opts::new(
-                "sluice_bundle_reloads_total",
-                "Bundle load attempts, by result (applied, unchanged, refused).",
-            ),
-            &["result"],
-        )?;
-        let audit_waits = IntCounter::new(
-            "sluice_audit_waits_total",
-            "Times a connection or resolver waited because the audit log's queue was full (records are never dropped).",
-        )?;
-        // Seqs, not hashes: a hash as a label value would be a new series
-        // per line. The hash is in `sluice status` (daemon) instead.
-        let audit_head_seq = IntGauge::new(
-            "sluice_audit_head_seq",
-            "seq of the newest audit line written (-1 while the log is empty); an outside collector that keeps it can show lines cut off the log later.",
-        )?;
-        let audit_checkpoint_seq = IntGauge::new(
-            "sluice_audit_checkpoint_seq",
-            "seq of the newest signed audit checkpoint written (-1: none yet); every line before it is signed.",
-        )?;
-        audit_head_seq.set(-1);
-        audit_checkpoint_seq.set(-1);
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "sluice_build_info",
-                "Always 1; the version label says which sluice is running.",
-            ),
-            &["version"],
-        )?;
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-
-        registry.register(Box::new(connections.clone()))?;
-        registry.register(Box::new(active.clone()))?;
-        registry.register(Box::new(connect.clone()))?;
-        registry.register(Box::new(first_byte.clone()))?;
-        registry.register(Box::new(connection.clone()))?;
-        registry.register(Box::new(bytes.clone()))?;
-        registry.register(Box::new(upstream_failures.clone()))?;
-        registry.register(Box::new(dns_queries.clone()))?;
-        registry.register(Box::new(dns_limited.clone()))?;
-        registry.register(Box::new(hostname_lookups.clone()))?;
-        registry.register(Box::new(drops::Collector(drops.clone())))?;
-        registry.register(Box::new(bundle_revision.clone()))?;
-        registry.register(Box::new(bundle_reloads.clone()))?;
-        registry.register(Box::new(audit_waits.clone()))?;
-        registry.register(Box::new(audit_head_seq.clone()))?;
-        registry.register(Box::new(audit_checkpoint_seq.clone()))?;
-        registry.register(Box::new(build_info))?;
+        let metrics = Metrics::create()?;
+        let build_info = build_info()?;
+        metrics.register(registry, build_info)?;
 
         // Reload results are few and known: export them at 0 from the start
         // so that rate() works from the first scrape.
@@ -232,27 +115,115 @@ impl Metrics {
             ReloadResult::Unchanged,
             ReloadResult::Refused,
         ] {
-            bundle_reloads.with_label_values(&[r.as_str()]);
+            metrics.bundle_reloads.with_label_values(&[r.as_str()]);
         }
+        Ok(metrics)
+    }
 
-        Ok(Metrics {
-            connections,
-            active,
-            connect,
-            first_byte,
-            connection,
-            bytes,
-            upstream_failures,
-            dns_queries,
-            dns_limited,
-            hostname_lookups,
-            drops,
-            bundle_revision,
-            bundle_reloads,
-            audit_waits,
-            audit_head_seq,
-            audit_checkpoint_seq,
-        })
+    /// Every metric, registered nowhere yet.
+    fn create() -> Result<Metrics, prometheus::Error> {
+        let metrics = Metrics {
+            connections: counter_vec(
+                "sluice_connections_total",
+                "Connections decided, by path, verdict (allow, deny, would-deny) and the policy rule that decided (none for the default deny).",
+                &["path", "verdict", "rule"],
+            )?,
+            active: gauge_vec(
+                "sluice_active_connections",
+                "Connections accepted and not yet closed, by path.",
+                &["path"],
+            )?,
+            connect: histogram(
+                "sluice_connect_seconds",
+                "Time from accepting a connection to its upstream connection being established.",
+            )?,
+            first_byte: histogram(
+                "sluice_first_byte_seconds",
+                "Time from accepting a connection to relaying the first upstream byte to the client.",
+            )?,
+            connection: histogram(
+                "sluice_connection_seconds",
+                "Time from accepting a connection to closing it, for every connection (denied ones too).",
+            )?,
+            bytes: counter_vec(
+                "sluice_bytes_total",
+                "Bytes relayed, by path and direction (up: client to upstream, down: upstream to client).",
+                &["path", "direction"],
+            )?,
+            upstream_failures: counter_vec(
+                "sluice_upstream_failures_total",
+                "Allowed connections whose upstream connect failed, by path and reason (refused, timeout, reset, unreachable).",
+                &["path", "reason"],
+            )?,
+            dns_queries: counter_vec(
+                "sluice_dns_queries_total",
+                "DNS queries answered by sluice's resolver, by verdict (allow, refused, ...).",
+                &["verdict"],
+            )?,
+            dns_limited: counter_vec(
+                "sluice_dns_limited_total",
+                "DNS queries kept from the upstreams by the policy's dns.limits (refused in enforce mode), by limit (query-type, name-length, queries, names).",
+                &["limit"],
+            )?,
+            hostname_lookups: counter_vec(
+                "sluice_hostname_lookups_total",
+                "Hostnames sluice resolved itself to verify a connection's SNI or Host that its cache did not know, by result (confirmed, mismatch, no-answer, limited).",
+                &["result"],
+            )?,
+            drops: Arc::new(drops::DroppedPackets::new()?),
+            bundle_revision: gauge_vec(
+                "sluice_bundle_revision",
+                "Revision of the policy bundle currently enforced, by bundle name.",
+                &["bundle"],
+            )?,
+            bundle_reloads: counter_vec(
+                "sluice_bundle_reloads_total",
+                "Bundle load attempts, by result (applied, unchanged, refused).",
+                &["result"],
+            )?,
+            audit_waits: IntCounter::new(
+                "sluice_audit_waits_total",
+                "Times a connection or resolver waited because the audit log's queue was full (records are never dropped).",
+            )?,
+            // Seqs, not hashes: a hash as a label value would be a new series
+            // per line. The hash is in `sluice status` (daemon) instead.
+            audit_head_seq: IntGauge::new(
+                "sluice_audit_head_seq",
+                "seq of the newest audit line written (-1 while the log is empty); an outside collector that keeps it can show lines cut off the log later.",
+            )?,
+            audit_checkpoint_seq: IntGauge::new(
+                "sluice_audit_checkpoint_seq",
+                "seq of the newest signed audit checkpoint written (-1: none yet); every line before it is signed.",
+            )?,
+        };
+        metrics.audit_head_seq.set(-1);
+        metrics.audit_checkpoint_seq.set(-1);
+        Ok(metrics)
+    }
+
+    /// Registers every metric, and `build_info`, in `registry`.
+    fn register(
+        &self,
+        registry: &Registry,
+        build_info: IntGaugeVec,
+    ) -> Result<(), prometheus::Error> {
+        registry.register(Box::new(self.connections.clone()))?;
+        registry.register(Box::new(self.active.clone()))?;
+        registry.register(Box::new(self.connect.clone()))?;
+        registry.register(Box::new(self.first_byte.clone()))?;
+        registry.register(Box::new(self.connection.clone()))?;
+        registry.register(Box::new(self.bytes.clone()))?;
+        registry.register(Box::new(self.upstream_failures.clone()))?;
+        registry.register(Box::new(self.dns_queries.clone()))?;
+        registry.register(Box::new(self.dns_limited.clone()))?;
+        registry.register(Box::new(self.hostname_lookups.clone()))?;
+        registry.register(Box::new(drops::Collector(self.drops.clone())))?;
+        registry.register(Box::new(self.bundle_revision.clone()))?;
+        registry.register(Box::new(self.bundle_reloads.clone()))?;
+        registry.register(Box::new(self.audit_waits.clone()))?;
+        registry.register(Box::new(self.audit_head_seq.clone()))?;
+        registry.register(Box::new(self.audit_checkpoint_seq.clone()))?;
+        registry.register(Box::new(build_info))
     }
 
     /// Pre-resolved handles for one path (host | oci | vm). Resolve once per
@@ -373,6 +344,31 @@ fn histogram(name: &str, help: &str) -> Result<HistogramVec, prometheus::Error> 
         HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
         &["path"],
     )
+}
+
+fn counter_vec(
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, prometheus::Error> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec, prometheus::Error> {
+    IntGaugeVec::new(Opts::new(name, help), labels)
+}
+
+/// `sluice_build_info`, at 1 for this version.
+fn build_info() -> Result<IntGaugeVec, prometheus::Error> {
+    let build_info = gauge_vec(
+        "sluice_build_info",
+        "Always 1; the version label says which sluice is running.",
+        &["version"],
+    )?;
+    build_info
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+    Ok(build_info)
 }
 
 /// One sandbox's own connection counts (for `sluice status`; not exported

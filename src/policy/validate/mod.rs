@@ -7,7 +7,7 @@ mod http;
 mod secrets;
 
 use super::hostname::{self, Pattern};
-use super::http::SecretRef;
+use super::http::{HttpEntry, Inject, SecretRef};
 use super::model::{DnsConfig, Limits, Mode, PortRange, Rule, Verdict};
 use super::yaml::{self, list, Node, Pos, Problem, Value};
 use ipnet::{IpNet, Ipv4Net};
@@ -236,166 +236,26 @@ impl Checker {
             );
             return None;
         };
-        let label = match entries
-            .iter()
-            .find(|(k, _)| matches!(&k.value, Value::Str(s) if s == "name"))
-            .map(|(_, v)| &v.value)
-        {
-            Some(Value::Str(s)) if !s.trim().is_empty() => format!("rule `{s}`"),
-            _ => format!("rule #{}", index + 1),
-        };
+        let label = rule_label(entries, index);
         let f = self.fields(v, entries, RULE_KEYS, &label);
         let before = self.problems.len();
 
-        let mut name_at = None;
-        let name = match f.get("name") {
-            None => {
-                self.err(
-                    v.pos,
-                    format!("{label} has no `name`; add `name: <unique name>`"),
-                );
-                String::new()
-            }
-            Some(n) => {
-                name_at = Some(n.pos);
-                self.nonempty_string(n, &format!("{label}'s `name`"))
-            }
+        let (name, name_at) = self.rule_name(v, f.get("name"), &label);
+        let action = self.rule_action(v, f.get("action"), &label);
+        let (cidrs, cidrs_given) = match f.get("cidrs") {
+            Some(c) => self.rule_cidrs(c, &label),
+            None => (Vec::new(), 0),
         };
-        let action = match f.get("action") {
-            Some(a) => match &a.value {
-                Value::Str(s) if s == "allow" => Verdict::Allow,
-                Value::Str(s) if s == "deny" => Verdict::Deny,
-                _ => {
-                    self.err(
-                        a.pos,
-                        format!(
-                            "{label}'s `action` is {}; write `action: allow` or `action: deny`",
-                            a.kind()
-                        ),
-                    );
-                    Verdict::Deny
-                }
-            },
-            None => {
-                self.err(
-                    v.pos,
-                    format!("{label} has no `action`; add `action: allow` or `action: deny`"),
-                );
-                Verdict::Deny
-            }
+        let (hosts, hosts_given) = match f.get("hosts") {
+            Some(h) => self.rule_hosts(h, &label),
+            None => (Vec::new(), 0),
         };
-
-        let mut cidrs = Vec::new();
-        let mut given = 0;
-        if let Some(c) = f.get("cidrs") {
-            let items = self.list_of(
-                c,
-                &format!("{label}'s `cidrs`"),
-                "`cidrs: [\"198.18.0.0/15\"]`",
-            );
-            given += items.len();
-            for item in items {
-                match &item.value {
-                    Value::Str(s) => match parse_cidr(s) {
-                        Ok(net) => {
-                            if !cidrs.contains(&net) {
-                                cidrs.push(net);
-                            }
-                        }
-                        Err(msg) => self.err(item.pos, msg),
-                    },
-                    _ => self.err(
-                        item.pos,
-                        format!(
-                            "a CIDR must be a string, but this is {}; write it in quotes like \"198.18.0.0/15\"",
-                            item.kind()
-                        ),
-                    ),
-                }
-            }
-        }
-        let mut hosts = Vec::new();
-        if let Some(h) = f.get("hosts") {
-            let items = self.list_of(
-                h,
-                &format!("{label}'s `hosts`"),
-                "`hosts: [\"example.com\", \"*.example.com\"]`",
-            );
-            given += items.len();
-            for item in items {
-                match &item.value {
-                    Value::Str(s) => match hostname::parse_pattern(s) {
-                        Ok(p) => {
-                            let text = match p {
-                                Pattern::Exact(n) => n,
-                                Pattern::Wildcard(suffix) => format!("*.{suffix}"),
-                            };
-                            if !hosts.contains(&text) {
-                                hosts.push(text);
-                            }
-                        }
-                        Err(msg) => self.err(item.pos, msg),
-                    },
-                    _ => self.err(
-                        item.pos,
-                        format!(
-                            "a hostname must be a string, but this is {}; write it like \"example.com\"",
-                            item.kind()
-                        ),
-                    ),
-                }
-            }
-        }
-        let mut ports = Vec::new();
-        if let Some(p) = f.get("ports") {
-            let items = self.list_of(
-                p,
-                &format!("{label}'s `ports`"),
-                "`ports: [443, \"8000-8100\"]`",
-            );
-            if items.is_empty() {
-                self.err(
-                    p.pos,
-                    format!("{label} has an empty `ports` list, which would match no port; list ports, or remove `ports` to match any port"),
-                );
-            }
-            for item in items {
-                match parse_port(item) {
-                    Ok(r) => ports.push(r),
-                    Err(msg) => self.err(item.pos, msg),
-                }
-            }
-        }
-        let mut http = Vec::new();
-        let mut inject = Vec::new();
-        for key in ["http", "inject"] {
-            let Some(block) = f.get(key) else { continue };
-            // sluice terminates TLS for these connections and verifies the
-            // origin for the name: it needs one, from `hosts`, and an
-            // address rule would admit connections without one.
-            let denies = f
-                .get("action")
-                .is_some_and(|a| matches!(&a.value, Value::Str(s) if s == "deny"));
-            let why = if denies {
-                Some("a deny rule refuses the whole connection, so no request is left to decide; make it `action: allow` or remove the block")
-            } else if !cidrs.is_empty() || f.get("cidrs").is_some() {
-                Some("it has `cidrs` (sluice needs a name from `hosts` to verify the origin's certificate for); move the addresses to a rule of their own")
-            } else if hosts.is_empty() && f.get("hosts").is_none() {
-                Some("it has no `hosts` (sluice needs a name to verify the origin's certificate for); add `hosts: [...]`")
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                self.err(block.pos, format!("{label} cannot have `{key}`: {why}"));
-                continue;
-            }
-            if key == "http" {
-                http = self.http(block, &label);
-            } else {
-                inject = self.inject(block, &label);
-            }
-        }
-        if given == 0 {
+        let ports = match f.get("ports") {
+            Some(p) => self.rule_ports(p, &label),
+            None => Vec::new(),
+        };
+        let (http, inject) = self.rule_requests(&f, &cidrs, &hosts, &label);
+        if cidrs_given + hosts_given == 0 {
             self.err(
                 v.pos,
                 format!(
@@ -428,6 +288,195 @@ impl Checker {
             },
             name_at,
         ))
+    }
+
+    /// A rule's `name` (empty if missing or bad) and where it is.
+    fn rule_name(&mut self, v: &Node, n: Option<&Node>, label: &str) -> (String, Option<Pos>) {
+        match n {
+            None => {
+                self.err(
+                    v.pos,
+                    format!("{label} has no `name`; add `name: <unique name>`"),
+                );
+                (String::new(), None)
+            }
+            Some(n) => (
+                self.nonempty_string(n, &format!("{label}'s `name`")),
+                Some(n.pos),
+            ),
+        }
+    }
+
+    /// A rule's `action`; deny if missing or bad, so that nothing slips through.
+    fn rule_action(&mut self, v: &Node, a: Option<&Node>, label: &str) -> Verdict {
+        let Some(a) = a else {
+            self.err(
+                v.pos,
+                format!("{label} has no `action`; add `action: allow` or `action: deny`"),
+            );
+            return Verdict::Deny;
+        };
+        match &a.value {
+            Value::Str(s) if s == "allow" => Verdict::Allow,
+            Value::Str(s) if s == "deny" => Verdict::Deny,
+            _ => {
+                self.err(
+                    a.pos,
+                    format!(
+                        "{label}'s `action` is {}; write `action: allow` or `action: deny`",
+                        a.kind()
+                    ),
+                );
+                Verdict::Deny
+            }
+        }
+    }
+
+    /// A rule's `cidrs` without repeats, and how many items the list had.
+    fn rule_cidrs(&mut self, c: &Node, label: &str) -> (Vec<IpNet>, usize) {
+        let items = self.list_of(
+            c,
+            &format!("{label}'s `cidrs`"),
+            "`cidrs: [\"198.18.0.0/15\"]`",
+        );
+        let mut cidrs = Vec::new();
+        for item in items {
+            match &item.value {
+                Value::Str(s) => match parse_cidr(s) {
+                    Ok(net) => {
+                        if !cidrs.contains(&net) {
+                            cidrs.push(net);
+                        }
+                    }
+                    Err(msg) => self.err(item.pos, msg),
+                },
+                _ => self.err(
+                    item.pos,
+                    format!(
+                        "a CIDR must be a string, but this is {}; write it in quotes like \"198.18.0.0/15\"",
+                        item.kind()
+                    ),
+                ),
+            }
+        }
+        (cidrs, items.len())
+    }
+
+    /// A rule's `hosts` in canonical form without repeats, and how many
+    /// items the list had.
+    fn rule_hosts(&mut self, h: &Node, label: &str) -> (Vec<String>, usize) {
+        let items = self.list_of(
+            h,
+            &format!("{label}'s `hosts`"),
+            "`hosts: [\"example.com\", \"*.example.com\"]`",
+        );
+        let mut hosts = Vec::new();
+        for item in items {
+            match &item.value {
+                Value::Str(s) => match hostname::parse_pattern(s) {
+                    Ok(p) => {
+                        let text = match p {
+                            Pattern::Exact(n) => n,
+                            Pattern::Wildcard(suffix) => format!("*.{suffix}"),
+                        };
+                        if !hosts.contains(&text) {
+                            hosts.push(text);
+                        }
+                    }
+                    Err(msg) => self.err(item.pos, msg),
+                },
+                _ => self.err(
+                    item.pos,
+                    format!(
+                        "a hostname must be a string, but this is {}; write it like \"example.com\"",
+                        item.kind()
+                    ),
+                ),
+            }
+        }
+        (hosts, items.len())
+    }
+
+    /// A rule's `ports`, not yet merged.
+    fn rule_ports(&mut self, p: &Node, label: &str) -> Vec<PortRange> {
+        let items = self.list_of(
+            p,
+            &format!("{label}'s `ports`"),
+            "`ports: [443, \"8000-8100\"]`",
+        );
+        if items.is_empty() {
+            self.err(
+                p.pos,
+                format!("{label} has an empty `ports` list, which would match no port; list ports, or remove `ports` to match any port"),
+            );
+        }
+        let mut ports = Vec::new();
+        for item in items {
+            match parse_port(item) {
+                Ok(r) => ports.push(r),
+                Err(msg) => self.err(item.pos, msg),
+            }
+        }
+        ports
+    }
+
+    /// A rule's `http` and `inject` blocks, each checked only if the rule
+    /// may have it.
+    fn rule_requests(
+        &mut self,
+        f: &yaml::Fields,
+        cidrs: &[IpNet],
+        hosts: &[String],
+        label: &str,
+    ) -> (Vec<HttpEntry>, Vec<Inject>) {
+        let mut http = Vec::new();
+        let mut inject = Vec::new();
+        for key in ["http", "inject"] {
+            let Some(block) = f.get(key) else { continue };
+            if let Some(why) = why_not_terminated(f, cidrs, hosts) {
+                self.err(block.pos, format!("{label} cannot have `{key}`: {why}"));
+                continue;
+            }
+            if key == "http" {
+                http = self.http(block, label);
+            } else {
+                inject = self.inject(block, label);
+            }
+        }
+        (http, inject)
+    }
+}
+
+/// How messages name a rule: by its name if it has a usable one, else by
+/// its place in the list.
+fn rule_label(entries: &[(Node, Node)], index: usize) -> String {
+    match entries
+        .iter()
+        .find(|(k, _)| matches!(&k.value, Value::Str(s) if s == "name"))
+        .map(|(_, v)| &v.value)
+    {
+        Some(Value::Str(s)) if !s.trim().is_empty() => format!("rule `{s}`"),
+        _ => format!("rule #{}", index + 1),
+    }
+}
+
+/// Why a rule's connections cannot be terminated (so it may have no `http`
+/// or `inject`), or None if they can.
+fn why_not_terminated(f: &yaml::Fields, cidrs: &[IpNet], hosts: &[String]) -> Option<&'static str> {
+    // sluice terminates TLS for these connections and verifies the
+    // origin for the name: it needs one, from `hosts`, and an
+    // address rule would admit connections without one.
+    let denies = f
+        .get("action")
+        .is_some_and(|a| matches!(&a.value, Value::Str(s) if s == "deny"));
+    if denies {
+        Some("a deny rule refuses the whole connection, so no request is left to decide; make it `action: allow` or remove the block")
+    } else if !cidrs.is_empty() || f.get("cidrs").is_some() {
+        Some("it has `cidrs` (sluice needs a name from `hosts` to verify the origin's certificate for); move the addresses to a rule of their own")
+    } else if hosts.is_empty() && f.get("hosts").is_none() {
+        Some("it has no `hosts` (sluice needs a name to verify the origin's certificate for); add `hosts: [...]`")
+    } else {
+        None
     }
 }
 
