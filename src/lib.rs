@@ -8,8 +8,7 @@
 //!     -> {metrics, audit, timing} -> bundle -> policy
 //! ```
 //!
-//! Nothing imports `cli`. `attach` turns each way in (host, oci, and next
-//! vm) into an `Attachment` that one `prepare` enforces; `proxy` learns
+//! Nothing imports `cli`. `attach` turns each way in (host, oci, vm) into an `Attachment` that one `prepare` enforces; `proxy` learns
 //! sluice's internal addresses and its resolver only through its context.
 //! `testbed` (throwaway topology, fast origin, load client) serves the demo,
 //! the probe, `bench` and the tests and is on no enforcement path. `bench`
@@ -24,11 +23,14 @@
 //! and `bundle` import no tokio and no nftables.
 //!
 //! `unsafe` is forbidden in every module but the five where an API
-//! demands it: `confine::child` (the one `pre_exec` hook,
-//! which runs a plain-data setup between fork and exec), `enforce::libnft`
-//! (every call into libnftables), `netns::tap` (the tun driver's ioctls),
-//! `probe::frame` (a `sockaddr_ll` for nix) and `bench::uring` (the bench's
-//! io_uring peer: submitting an entry, and owning an accepted descriptor);
+//! demands it and no safe wrapper exists (nix, rustix, tokio): `confine`
+//! (`child`: the one `pre_exec` hook, which runs a plain-data setup between
+//! fork and exec, the init's fork, descriptor closing, command line and
+//! `_exit`, and tokio's `AsyncFd` registration; `mounts`: mount_setattr),
+//! `enforce::libnft` (every call into libnftables), `netns::tap` (the tun
+//! driver's ioctls), `probe::frame` (a `sockaddr_ll` for nix) and
+//! `bench::uring` (the bench's io_uring peer: submitting an entry, and
+//! owning an accepted descriptor);
 //! each says why it is sound, and clippy's
 //! `undocumented_unsafe_blocks` is denied.
 
@@ -84,6 +86,7 @@ pub mod reload;
 pub mod report;
 #[forbid(unsafe_code)]
 pub mod sandbox_id;
+#[forbid(unsafe_code)]
 pub mod secret;
 #[forbid(unsafe_code)]
 pub mod testbed;

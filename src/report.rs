@@ -1,4 +1,5 @@
-//! How an error reaches a person: one line, each cause said once.
+//! How an error reaches a person: one line, each cause said once. It only
+//! formats; it never decides an exit status (that is `exit_class`).
 
 /// One line for an error and its causes, each said once: most of sluice's
 /// errors already name their cause in their own message, and printing the

@@ -7,6 +7,8 @@
 //! [`DRAIN_DEADLINE`], then say what they could not write.
 //!
 //! Every long-lived task is started here and awaited here; none is detached.
+//! It never decides a connection or writes a rule itself: policy decides,
+//! proxy serves, enforce and netns build the sandbox.
 
 pub(crate) mod oci;
 pub(crate) mod runtime;

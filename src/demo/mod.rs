@@ -4,7 +4,8 @@
 //! an allowed request, a denied one with its audit record, bypass attempts
 //! failing (also as root) and the nft drop counter, read through /metrics;
 //! then a few seconds of `sluice bench`'s direct-vs-sluice comparison; then
-//! removes everything it made.
+//! removes everything it made. It must never touch the root namespace's
+//! ruleset, links or routes, nor send traffic beyond this machine.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;

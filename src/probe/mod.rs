@@ -1,7 +1,9 @@
 //! `sluice probe`: a deliberately small network client that the demo and the
 //! tests run inside a sandbox, so neither depends on curl, dig or ping being
 //! installed. Each probe returns one line saying what happened, as `Ok` on
-//! success and `Err` on failure; the command prints it.
+//! success and `Err` on failure; the command prints it. It is the
+//! attacker's side of the tests: it must never be part of enforcement, and
+//! nothing outside `cli` and the tests calls it.
 
 #[allow(unsafe_code)]
 pub mod frame;

@@ -1,6 +1,7 @@
 //! Validation: turns the YAML tree into rules and settings, collecting every
 //! violation (at the node it belongs to) instead of stopping at the first.
-//! Messages say what is wrong and what to write instead.
+//! Messages say what is wrong and what to write instead. It never reads a
+//! file or a secret's value: it sees the tree it is given.
 
 mod dns;
 mod http;
