@@ -129,87 +129,26 @@ impl Services {
         .context("cannot load the CA files for origins (--upstream-ca)")?;
         // Files first: nothing may run while its records would be lost, or
         // could not be signed.
-        let mut checkpoints = None;
-        if let Some(path) = opts.audit.as_deref() {
-            crate::audit::check_writable(path)?;
-            let settings = &opts.checkpoints;
-            let key = crate::audit::AuditKey::open_or_create(&settings.state_dir)
-                .map_err(crate::audit::AuditError::from)?;
-            checkpoints = Some(crate::audit::CheckpointOptions {
-                key: Arc::new(key),
-                every_records: settings.every_records,
-                interval: settings.interval,
-            });
-        }
+        let checkpoints = open_audit(&opts)?;
         if let Some(path) = opts.timings.as_deref() {
             crate::timing::check_writable(path)?;
         }
-        let mut limits = opts.limits;
-        let fd_limit = crate::confine::fds::raise();
-        let fits = crate::confine::fds::connections_within(fd_limit).max(1);
-        if limits.max_connections > fits {
-            tracing::info!(
-                asked = limits.max_connections,
-                serving = fits,
-                fd_limit,
-                "the descriptor limit caps connections relayed at once (more wait their turn); raise `ulimit -Hn` for more"
-            );
-            limits.max_connections = fits;
-        }
+        let limits = within_descriptors(opts.limits);
         let registry = prometheus::Registry::new();
         let metrics = Arc::new(Metrics::new(&registry).context("cannot register metrics")?);
         let mut drain = Drain::new("services");
-
         if let Some(addr) = opts.metrics {
-            // Every sandbox's drop counters are read as it starts, so that
-            // the first scrape has them (docs/observability.md).
-            metrics.read_drops_from_start();
-            // Bound here, in sluice's own namespace: the sandbox cannot reach it.
-            let listener = crate::metrics::bind(addr)
-                .with_context(|| format!("cannot serve metrics on {addr}"))?;
-            tracing::info!(%addr, "serving /metrics");
-            // On a thread of its own: a scrape never waits for connections
-            // to yield, and connections never wait for a scrape.
-            let serving =
-                crate::metrics::serve_on_thread(listener, registry.clone(), drain.watch())
-                    .context("cannot start the metrics thread")?;
-            drain.spawn(async move {
-                if let Err(err) = serving.await {
-                    tracing::error!(%err, "metrics endpoint failed");
-                }
-            });
+            serve_metrics(addr, &metrics, &registry, &mut drain)?;
         }
-
-        let (head_gauge, checkpoint_gauge) = metrics.audit_head_gauges();
-        let (audit, audit_writer) = AuditWriter::with_options(
+        let audit = spawn_audit_writer(
             opts.audit.as_deref(),
-            AuditOptions {
-                max_bytes: opts.audit_max_bytes,
-                keep: 0,
-                wait_counter: Some(metrics.audit_wait_counter()),
-                capacity: 0,
-                checkpoints,
-                head_gauge: Some(head_gauge),
-                checkpoint_gauge: Some(checkpoint_gauge),
-            },
+            opts.audit_max_bytes,
+            checkpoints,
+            &metrics,
+            &mut drain,
         );
-        let watch = drain.watch();
-        drain.spawn(async move {
-            if let Err(err) = audit_writer.run_until(watch).await {
-                tracing::error!(%err, "audit log incomplete");
-            }
-        });
         let timings = match opts.timings.as_deref() {
-            Some(path) => {
-                let (log, writer) = TimingWriter::new(path);
-                let watch = drain.watch();
-                drain.spawn(async move {
-                    if let Err(err) = writer.run_until(watch).await {
-                        tracing::error!(%err, "timing records incomplete");
-                    }
-                });
-                log
-            }
+            Some(path) => spawn_timing_writer(path, &mut drain),
             None => TimingLog::disabled(),
         };
         Ok(Services {
@@ -236,6 +175,108 @@ impl Services {
         let drained = self.drain.drain(deadline).await;
         tracing::debug!(?drained, "services stopped");
     }
+}
+
+/// With an audit log asked for: check that it can be written, and open
+/// (or create) the key its checkpoints are signed with.
+fn open_audit(opts: &ServiceOptions) -> Result<Option<crate::audit::CheckpointOptions>> {
+    let Some(path) = opts.audit.as_deref() else {
+        return Ok(None);
+    };
+    crate::audit::check_writable(path)?;
+    let settings = &opts.checkpoints;
+    let key = crate::audit::AuditKey::open_or_create(&settings.state_dir)
+        .map_err(crate::audit::AuditError::from)?;
+    Ok(Some(crate::audit::CheckpointOptions {
+        key: Arc::new(key),
+        every_records: settings.every_records,
+        interval: settings.interval,
+    }))
+}
+
+/// `limits` with at most the connections the descriptor limit (raised as
+/// far as it goes) can hold at once.
+fn within_descriptors(mut limits: Limits) -> Limits {
+    let fd_limit = crate::confine::fds::raise();
+    let fits = crate::confine::fds::connections_within(fd_limit).max(1);
+    if limits.max_connections > fits {
+        tracing::info!(
+            asked = limits.max_connections,
+            serving = fits,
+            fd_limit,
+            "the descriptor limit caps connections relayed at once (more wait their turn); raise `ulimit -Hn` for more"
+        );
+        limits.max_connections = fits;
+    }
+    limits
+}
+
+/// Serve `registry` on `addr`, on a thread of its own, until `drain`.
+fn serve_metrics(
+    addr: SocketAddr,
+    metrics: &Metrics,
+    registry: &prometheus::Registry,
+    drain: &mut Drain,
+) -> Result<()> {
+    // Every sandbox's drop counters are read as it starts, so that
+    // the first scrape has them (docs/observability.md).
+    metrics.read_drops_from_start();
+    // Bound here, in sluice's own namespace: the sandbox cannot reach it.
+    let listener =
+        crate::metrics::bind(addr).with_context(|| format!("cannot serve metrics on {addr}"))?;
+    tracing::info!(%addr, "serving /metrics");
+    // On a thread of its own: a scrape never waits for connections
+    // to yield, and connections never wait for a scrape.
+    let serving = crate::metrics::serve_on_thread(listener, registry.clone(), drain.watch())
+        .context("cannot start the metrics thread")?;
+    drain.spawn(async move {
+        if let Err(err) = serving.await {
+            tracing::error!(%err, "metrics endpoint failed");
+        }
+    });
+    Ok(())
+}
+
+/// The audit log (to `path`, or nowhere), its writer running in `drain`.
+fn spawn_audit_writer(
+    path: Option<&std::path::Path>,
+    max_bytes: Option<u64>,
+    checkpoints: Option<crate::audit::CheckpointOptions>,
+    metrics: &Metrics,
+    drain: &mut Drain,
+) -> crate::audit::AuditLog {
+    let (head_gauge, checkpoint_gauge) = metrics.audit_head_gauges();
+    let (audit, audit_writer) = AuditWriter::with_options(
+        path,
+        AuditOptions {
+            max_bytes,
+            keep: 0,
+            wait_counter: Some(metrics.audit_wait_counter()),
+            capacity: 0,
+            checkpoints,
+            head_gauge: Some(head_gauge),
+            checkpoint_gauge: Some(checkpoint_gauge),
+        },
+    );
+    let watch = drain.watch();
+    drain.spawn(async move {
+        if let Err(err) = audit_writer.run_until(watch).await {
+            tracing::error!(%err, "audit log incomplete");
+        }
+    });
+    audit
+}
+
+/// The timing log to `path`, its writer running in `drain`.
+fn spawn_timing_writer(path: &std::path::Path, drain: &mut Drain) -> TimingLog {
+    let (log, writer) = TimingWriter::new(path);
+    let watch = drain.watch();
+    drain.spawn(async move {
+        if let Err(err) = writer.run_until(watch).await {
+            tracing::error!(%err, "timing records incomplete");
+        }
+    });
+    log
 }
 
 /// The policy in force and how it is kept current.

@@ -119,22 +119,10 @@ async fn contain(
     };
     let ours = workdir.cidfile();
     let cidfile = run.cidfile_or(&ours).to_path_buf();
-    let netns_path = PathBuf::from(format!(
-        "/proc/{}/fd/{}",
-        std::process::id(),
-        sandbox.netns.as_fd().as_raw_fd()
-    ));
-    let argv = run.command_line(&netns_path, sandbox.netns.inode(), &ours, &delivery.options);
-    // The confinement check runs on the container's final config, in a hook
-    // of the wrapper's own (see attach::oci_check).
-    let hook = match WrapperHook::install(&workdir.0, sandbox.netns.inode(), secrets) {
-        Ok(hook) => hook,
-        Err(err) => {
-            let err = anyhow::Error::from(err).context("cannot write the wrapper's OCI hook");
-            return Err((err, None));
-        }
+    let argv = match podman_command(&sandbox, run, workdir, secrets, delivery, &ours) {
+        Ok(argv) => argv,
+        Err(err) => return Err((err, None)),
     };
-    let argv = hook.command_line(argv, &run.podman());
     tracing::info!(command = %podman::shown(&argv), "starting podman");
     let mut child = match podman::spawn_podman(&argv, &delivery.unset) {
         Ok(child) => child,
@@ -160,37 +148,17 @@ async fn contain(
     let status = supervise_command(&mut child, session).await;
 
     // A detached container runs on after podman returns: wait for it.
-    let named = if run.detach && matches!(status, Ok(0)) {
-        let named = tokio::time::timeout(Duration::from_secs(10), naming).await;
-        stop_naming.drain();
-        match named {
-            Ok(joined) => joined,
-            Err(_) => {
-                netns.kill_processes_inside();
-                let err = anyhow::anyhow!(
-                    "podman started the container but did not write its id: stopped it"
-                );
-                return Err((err, None));
-            }
-        }
-    } else {
-        stop_naming.drain();
-        naming.await
-    };
-    let served = match named {
-        Ok(Ok(Some(served))) => served,
-        Ok(Ok(None)) => {
+    let detached = run.detach && matches!(status, Ok(0));
+    let served = match named(naming, &stop_naming, detached).await {
+        Ok(Some(served)) => served,
+        Ok(None) => {
             // podman failed before it created the container: nothing ran.
             netns.kill_processes_inside();
             return status.map(|s| (s, None)).map_err(|e| (e, None));
         }
-        Ok(Err(err)) => {
+        Err(err) => {
             netns.kill_processes_inside();
             return Err((err, None));
-        }
-        Err(join) => {
-            netns.kill_processes_inside();
-            return Err((anyhow::anyhow!("serving the sandbox failed: {join}"), None));
         }
     };
     let status = match status {
@@ -204,6 +172,54 @@ async fn contain(
         Ok(status) => Ok((status, Some(served))),
         Err(err) => Err((err, Some(served))),
     }
+}
+
+/// The podman command line that runs the container in `sandbox`'s
+/// namespace, with the wrapper's hook installed for it. The confinement
+/// check runs on the container's final config, in that hook (see
+/// attach::oci_check).
+fn podman_command(
+    sandbox: &Sandbox,
+    run: &PodmanRun,
+    workdir: &PrivateDir,
+    secrets: &[Guarded],
+    delivery: &Delivery,
+    ours: &Path,
+) -> Result<Vec<OsString>> {
+    let netns_path = PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        sandbox.netns.as_fd().as_raw_fd()
+    ));
+    let argv = run.command_line(&netns_path, sandbox.netns.inode(), ours, &delivery.options);
+    let hook = WrapperHook::install(&workdir.0, sandbox.netns.inode(), secrets)
+        .map_err(|err| anyhow::Error::from(err).context("cannot write the wrapper's OCI hook"))?;
+    Ok(hook.command_line(argv, &run.podman()))
+}
+
+/// What serving the sandbox came to once podman returned (`naming` is
+/// told to stop looking then): the served sandbox, or `None` if podman
+/// never named a container. A `detached` container gets ten seconds more
+/// to be named.
+async fn named(
+    naming: tokio::task::JoinHandle<Result<Option<ServedSandbox>>>,
+    stop_naming: &crate::drain::Trigger,
+    detached: bool,
+) -> Result<Option<ServedSandbox>> {
+    let joined = if detached {
+        let named = tokio::time::timeout(Duration::from_secs(10), naming).await;
+        stop_naming.drain();
+        match named {
+            Ok(joined) => joined,
+            Err(_) => {
+                anyhow::bail!("podman started the container but did not write its id: stopped it")
+            }
+        }
+    } else {
+        stop_naming.drain();
+        naming.await
+    };
+    joined.unwrap_or_else(|join| Err(anyhow::anyhow!("serving the sandbox failed: {join}")))
 }
 
 /// Wait for podman to write the container id, then serve the sandbox under

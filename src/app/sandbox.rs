@@ -78,6 +78,164 @@ impl Shared {
     }
 }
 
+/// The DNS side of `sandbox`: its cache, and the audit, upstreams and
+/// metrics it shares with the process.
+fn dns_context(
+    sandbox: &Sandbox,
+    id: &SandboxId,
+    policy: &PolicyHandle,
+    shared: &Shared,
+) -> Arc<DnsContext> {
+    let cache = Arc::new(DnsCache::new());
+    let mut dns_ctx = DnsContext::new(
+        policy.clone(),
+        cache,
+        shared.audit.clone(),
+        id.to_string(),
+        sandbox.attachment.path,
+    );
+    dns_ctx.default_upstream = shared.default_upstream.clone();
+    dns_ctx.metrics = shared.metrics.clone();
+    Arc::new(dns_ctx)
+}
+
+/// The proxy side of `sandbox`: names resolved through its DNS, its
+/// connections counted in `tally` too, sluice's own addresses refused.
+fn proxy_context(
+    sandbox: &Sandbox,
+    id: &SandboxId,
+    policy: &PolicyHandle,
+    shared: &Shared,
+    dns_ctx: &Arc<DnsContext>,
+    interception: Option<Arc<Interception>>,
+    tally: &Arc<SandboxTally>,
+) -> Arc<ProxyContext> {
+    let path = sandbox.attachment.path;
+    let mut proxy_ctx = ProxyContext::new(
+        policy.clone(),
+        Arc::new(SandboxResolver(dns_ctx.clone())) as Arc<dyn Resolver>,
+        shared.audit.clone(),
+        id.to_string(),
+        path,
+        shared.limits.clone(),
+    );
+    proxy_ctx.audit_allows = shared.audit_allows;
+    proxy_ctx.interception = interception;
+    proxy_ctx.metrics = shared
+        .metrics
+        .as_ref()
+        .map(|m| m.path(path).with_tally(tally.clone()));
+    proxy_ctx.timings = shared.timings.clone();
+    proxy_ctx.on_accept = super::runtime::lead_by_load();
+    proxy_ctx.internal = InternalAddrs {
+        ips: sandbox.attachment.internal.clone(),
+        endpoints: shared.internal.clone(),
+    };
+    Arc::new(proxy_ctx)
+}
+
+/// Serve every proxy listener of `sandbox` in `drain`, each on its worker.
+fn spawn_proxy_listeners(
+    drain: &mut Drain,
+    sandbox: &Sandbox,
+    proxy_ctx: &Arc<ProxyContext>,
+) -> Result<()> {
+    // The listeners come `workers` per address, in order: the k-th of
+    // each address is served by worker k (the main runtime is worker
+    // 0; see `runtime::side_workers`).
+    let side = super::runtime::side_workers();
+    for (index, listener) in sandbox.sockets.proxy.iter().enumerate() {
+        let (ctx, watch) = (proxy_ctx.clone(), drain.watch());
+        let number = index % (side.len() + 1);
+        let worker = number.checked_sub(1).map(|k| &side[k]);
+        // Registered with the reactor of the runtime that will poll it.
+        let _on_worker = worker.map(|w| w.enter());
+        let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
+        let serve = async move {
+            let accepted = crate::proxy::serve(listener, ctx, watch).await;
+            tracing::debug!(worker = number, accepted, "proxy listener closed");
+        };
+        match worker {
+            None => drain.spawn(serve),
+            Some(worker) => drain.spawn(on_worker(worker, serve)),
+        }
+    }
+    Ok(())
+}
+
+/// Serve `sandbox`'s DNS sockets (UDP, then TCP) in `drain`.
+fn spawn_dns_servers(
+    drain: &mut Drain,
+    sandbox: &Sandbox,
+    dns_ctx: &Arc<DnsContext>,
+) -> Result<()> {
+    for socket in &sandbox.sockets.dns_udp {
+        let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
+        drain.spawn(crate::dns::serve_udp(
+            socket,
+            dns_ctx.clone(),
+            drain.watch(),
+        ));
+    }
+    for listener in &sandbox.sockets.dns_tcp {
+        let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
+        drain.spawn(crate::dns::serve_tcp(
+            listener,
+            dns_ctx.clone(),
+            drain.watch(),
+        ));
+    }
+    Ok(())
+}
+
+/// Serve `sandbox`'s DHCP and router advertisements, if it has them, in
+/// `drain`.
+fn spawn_link_servers(drain: &mut Drain, sandbox: &Sandbox) -> Result<()> {
+    if let Some((socket, lease)) = &sandbox.sockets.dhcp {
+        let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
+        let (lease, watch) = (lease.clone(), drain.watch());
+        drain.spawn(async move {
+            // Answers until the drain starts; nothing is in flight.
+            tokio::select! {
+                _ = crate::dhcp::serve(socket, lease) => {}
+                _ = watch.draining() => {}
+            }
+        });
+    }
+
+    if let Some((socket, router)) = &sandbox.sockets.router {
+        let socket = socket.try_clone()?;
+        let (router, watch) = (router.clone(), drain.watch());
+        drain.spawn(async move {
+            // Advertises until the drain starts; nothing is in flight.
+            tokio::select! {
+                _ = crate::ndp::serve(socket, router) => {}
+                _ = watch.draining() => {}
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Let `metrics` read the nft drop counters of `sandbox` (in its
+/// namespace) under `id`.
+fn register_drop_counts(metrics: &Metrics, sandbox: &Sandbox, id: &SandboxId) -> Result<()> {
+    let netns = sandbox.netns.clone_handle()?;
+    let spec = sandbox.attachment.spec.clone();
+    metrics.register_drop_counts(
+        id.to_string(),
+        Box::new(move || {
+            let spec = spec.clone();
+            let counts = netns
+                .run_in(move || crate::enforce::drop_counts(&spec).ok())
+                .ok()
+                .flatten()?;
+            Some(counts.into_iter().map(|(r, n)| (r.as_str(), n)).collect())
+        }),
+    );
+    Ok(())
+}
+
 /// A sandbox being served. Stop it with [`ServedSandbox::stop`].
 pub struct ServedSandbox {
     pub sandbox: Sandbox,
@@ -106,117 +264,23 @@ impl ServedSandbox {
         shared: &Shared,
         interception: Option<Arc<Interception>>,
     ) -> Result<ServedSandbox> {
-        let path = sandbox.attachment.path;
-        let cache = Arc::new(DnsCache::new());
-        let mut dns_ctx = DnsContext::new(
-            policy.clone(),
-            cache,
-            shared.audit.clone(),
-            id.to_string(),
-            path,
-        );
-        dns_ctx.default_upstream = shared.default_upstream.clone();
-        dns_ctx.metrics = shared.metrics.clone();
-        let dns_ctx = Arc::new(dns_ctx);
-        let mut proxy_ctx = ProxyContext::new(
-            policy.clone(),
-            Arc::new(SandboxResolver(dns_ctx.clone())) as Arc<dyn Resolver>,
-            shared.audit.clone(),
-            id.to_string(),
-            path,
-            shared.limits.clone(),
-        );
-        proxy_ctx.audit_allows = shared.audit_allows;
-        proxy_ctx.interception = interception;
+        let dns_ctx = dns_context(&sandbox, &id, &policy, shared);
         let tally = Arc::new(SandboxTally::default());
-        proxy_ctx.metrics = shared
-            .metrics
-            .as_ref()
-            .map(|m| m.path(path).with_tally(tally.clone()));
-        proxy_ctx.timings = shared.timings.clone();
-        proxy_ctx.on_accept = super::runtime::lead_by_load();
-        proxy_ctx.internal = InternalAddrs {
-            ips: sandbox.attachment.internal.clone(),
-            endpoints: shared.internal.clone(),
-        };
-        let proxy_ctx = Arc::new(proxy_ctx);
-
+        let proxy_ctx = proxy_context(
+            &sandbox,
+            &id,
+            &policy,
+            shared,
+            &dns_ctx,
+            interception,
+            &tally,
+        );
         let mut drain = Drain::new("sandbox");
-        // The listeners come `workers` per address, in order: the k-th of
-        // each address is served by worker k (the main runtime is worker
-        // 0; see `runtime::side_workers`).
-        let side = super::runtime::side_workers();
-        for (index, listener) in sandbox.sockets.proxy.iter().enumerate() {
-            let (ctx, watch) = (proxy_ctx.clone(), drain.watch());
-            let number = index % (side.len() + 1);
-            let worker = number.checked_sub(1).map(|k| &side[k]);
-            // Registered with the reactor of the runtime that will poll it.
-            let _on_worker = worker.map(|w| w.enter());
-            let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-            let serve = async move {
-                let accepted = crate::proxy::serve(listener, ctx, watch).await;
-                tracing::debug!(worker = number, accepted, "proxy listener closed");
-            };
-            match worker {
-                None => drain.spawn(serve),
-                Some(worker) => drain.spawn(on_worker(worker, serve)),
-            }
-        }
-        for socket in &sandbox.sockets.dns_udp {
-            let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
-            drain.spawn(crate::dns::serve_udp(
-                socket,
-                dns_ctx.clone(),
-                drain.watch(),
-            ));
-        }
-        for listener in &sandbox.sockets.dns_tcp {
-            let listener = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
-            drain.spawn(crate::dns::serve_tcp(
-                listener,
-                dns_ctx.clone(),
-                drain.watch(),
-            ));
-        }
-
-        if let Some((socket, lease)) = &sandbox.sockets.dhcp {
-            let socket = tokio::net::UdpSocket::from_std(socket.try_clone()?)?;
-            let (lease, watch) = (lease.clone(), drain.watch());
-            drain.spawn(async move {
-                // Answers until the drain starts; nothing is in flight.
-                tokio::select! {
-                    _ = crate::dhcp::serve(socket, lease) => {}
-                    _ = watch.draining() => {}
-                }
-            });
-        }
-
-        if let Some((socket, router)) = &sandbox.sockets.router {
-            let socket = socket.try_clone()?;
-            let (router, watch) = (router.clone(), drain.watch());
-            drain.spawn(async move {
-                // Advertises until the drain starts; nothing is in flight.
-                tokio::select! {
-                    _ = crate::ndp::serve(socket, router) => {}
-                    _ = watch.draining() => {}
-                }
-            });
-        }
-
+        spawn_proxy_listeners(&mut drain, &sandbox, &proxy_ctx)?;
+        spawn_dns_servers(&mut drain, &sandbox, &dns_ctx)?;
+        spawn_link_servers(&mut drain, &sandbox)?;
         if let Some(metrics) = shared.metrics.as_ref() {
-            let netns = sandbox.netns.clone_handle()?;
-            let spec = sandbox.attachment.spec.clone();
-            metrics.register_drop_counts(
-                id.to_string(),
-                Box::new(move || {
-                    let spec = spec.clone();
-                    let counts = netns
-                        .run_in(move || crate::enforce::drop_counts(&spec).ok())
-                        .ok()
-                        .flatten()?;
-                    Some(counts.into_iter().map(|(r, n)| (r.as_str(), n)).collect())
-                }),
-            );
+            register_drop_counts(metrics, &sandbox, &id)?;
         }
         Ok(ServedSandbox {
             sandbox,

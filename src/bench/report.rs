@@ -369,8 +369,34 @@ pub fn table(summary: &Summary) -> String {
 }
 
 fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &str) -> String {
-    let plan = &results.plan;
     let mut md = String::from("# sluice bench\n\n");
+    write_run(&mut md, results, machine, command);
+    write_results(&mut md, summary);
+    let called = write_paired(&mut md, summary);
+    write_plain_tap(&mut md, summary);
+    if results
+        .plan
+        .workloads
+        .iter()
+        .any(|w| matches!(w, Workload::Tls | Workload::L7))
+    {
+        md.push_str(&tls_table(results, summary));
+    }
+    write_called_out(&mut md, called);
+    write_targets(&mut md, results, summary);
+    write_deny_failures(&mut md, results);
+    md.push_str(
+        "\n## Files\n\nbatches.csv (a row per condition, workload and batch), paired.csv (the \
+         paired differences), raw.jsonl (every request's times, µs from connect start).\n\n\
+         ![ECDF of small request times per condition](ecdf-small.svg)\n\n\
+         ![Paired differences to native with 95% CIs](paired.svg)\n",
+    );
+    md
+}
+
+/// The run: when and where, the exact command, the plan, the conditions.
+fn write_run(md: &mut String, results: &Results, machine: &Machine, command: &str) {
+    let plan = &results.plan;
     let _ = writeln!(
         md,
         "Run {} ({:.0} s). Machine: {} CPUs ({}), Linux {}; load average {} before, {} after. \
@@ -410,6 +436,10 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
     for (kind, why) in &results.skipped {
         let _ = writeln!(md, "- {kind}: skipped: {why}");
     }
+}
+
+/// The main table and how to read it.
+fn write_results(md: &mut String, summary: &Summary) {
     md.push_str("\n## Results\n\n");
     md.push_str(&table(summary));
     md.push_str(
@@ -425,6 +455,11 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
          from starting the session to the client's first line, plus from `quit` to the \
          session's exit.\n",
     );
+}
+
+/// The paired differences of every condition to native. Returns the ones
+/// called out, one line each, for the list after the tables.
+fn write_paired(md: &mut String, summary: &Summary) -> Vec<String> {
     md.push_str("\n## Paired differences to native\n\n| condition | metric | difference (ms) | 95% CI (ms) | ratio | |\n|---|---|---|---|---|---|\n");
     let mut called = Vec::new();
     for c in &summary.conditions {
@@ -462,6 +497,12 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
             );
         }
     }
+    called
+}
+
+/// vm paired with vm-direct, when both ran: sluice's own cost on the
+/// microVM path.
+fn write_plain_tap(md: &mut String, summary: &Summary) {
     let plain_tap: Vec<(Metric, crate::timing::stats::PairedDiff, Option<f64>)> = summary
         .of(ConditionKind::Vm)
         .map(|c| {
@@ -471,34 +512,31 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
                 .collect()
         })
         .unwrap_or_default();
-    if !plain_tap.is_empty() {
-        md.push_str(
-            "\n## sluice's own cost on the microVM path: vm - vm-direct\n\nThe same guest \
-             through `sluice vm` and on a plain tap, paired in the same rounds, so the cost of \
-             virtualisation cancels.\n\n| metric | difference (ms) | 95% CI (ms) | ratio |\n|---|---|---|---|\n",
+    if plain_tap.is_empty() {
+        return;
+    }
+    md.push_str(
+        "\n## sluice's own cost on the microVM path: vm - vm-direct\n\nThe same guest \
+         through `sluice vm` and on a plain tap, paired in the same rounds, so the cost of \
+         virtualisation cancels.\n\n| metric | difference (ms) | 95% CI (ms) | ratio |\n|---|---|---|---|\n",
+    );
+    for (metric, d, ratio) in plain_tap {
+        let _ = writeln!(
+            md,
+            "| {} | {:+.3} | [{:+.3}, {:+.3}] | {} |",
+            metric.title(),
+            d.median_diff_us / 1e3,
+            d.ci_low_us / 1e3,
+            d.ci_high_us / 1e3,
+            ratio
+                .map(|r| format!("{r:.2}"))
+                .unwrap_or_else(|| "-".into()),
         );
-        for (metric, d, ratio) in plain_tap {
-            let _ = writeln!(
-                md,
-                "| {} | {:+.3} | [{:+.3}, {:+.3}] | {} |",
-                metric.title(),
-                d.median_diff_us / 1e3,
-                d.ci_low_us / 1e3,
-                d.ci_high_us / 1e3,
-                ratio
-                    .map(|r| format!("{r:.2}"))
-                    .unwrap_or_else(|| "-".into()),
-            );
-        }
     }
-    if results
-        .plan
-        .workloads
-        .iter()
-        .any(|w| matches!(w, Workload::Tls | Workload::L7))
-    {
-        md.push_str(&tls_table(results, summary));
-    }
+}
+
+/// The differences called out (or "nothing").
+fn write_called_out(md: &mut String, called: Vec<String>) {
     let _ = writeln!(
         md,
         "\nCalled out (the interval excludes zero and the difference exceeds {:.0}% of native's P50):\n",
@@ -510,6 +548,10 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
     for c in called {
         let _ = writeln!(md, "- {c}");
     }
+}
+
+/// DESIGN.md's targets, for every sluice condition that ran.
+fn write_targets(md: &mut String, results: &Results, summary: &Summary) {
     for kind in results.ran.iter().filter(|k| k.is_sluice()) {
         let _ = writeln!(
             md,
@@ -524,20 +566,18 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
             let _ = writeln!(md, "| {} | {holds} | {} |", t.target, t.measured);
         }
     }
+}
+
+/// Every deny check that failed, if any did.
+fn write_deny_failures(md: &mut String, results: &Results) {
     let failures = results.deny_failures();
-    if !failures.is_empty() {
-        md.push_str("\n## Deny checks that failed\n\n");
-        for f in failures {
-            let _ = writeln!(md, "- {f}");
-        }
+    if failures.is_empty() {
+        return;
     }
-    md.push_str(
-        "\n## Files\n\nbatches.csv (a row per condition, workload and batch), paired.csv (the \
-         paired differences), raw.jsonl (every request's times, µs from connect start).\n\n\
-         ![ECDF of small request times per condition](ecdf-small.svg)\n\n\
-         ![Paired differences to native with 95% CIs](paired.svg)\n",
-    );
-    md
+    md.push_str("\n## Deny checks that failed\n\n");
+    for f in failures {
+        let _ = writeln!(md, "- {f}");
+    }
 }
 
 #[cfg(test)]

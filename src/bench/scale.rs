@@ -112,13 +112,6 @@ fn raise_nofile(want: u64) -> Result<()> {
 pub fn run(plan: &ScalePlan) -> Result<String> {
     raise_nofile(descriptors_needed(plan.conns))?;
     let tty = std::io::stderr().is_terminal();
-    let say = |line: String| {
-        if tty {
-            eprint!("\r\x1b[2K{line}");
-        } else {
-            eprintln!("{line}");
-        }
-    };
     let outer = OuterNetns::create("sluice-scale", &["198.18.0.1".parse()?])?;
     let dir = std::env::temp_dir().join(outer.name());
     std::fs::create_dir_all(&dir)?;
@@ -128,6 +121,55 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
         holders: Vec::new(),
         sandboxes: Vec::new(),
     };
+    let (policy, socket, config) = write_daemon_files(&dir)?;
+    let origin = outer.run_in(|| std::net::TcpListener::bind(ORIGIN))??;
+    origin.set_nonblocking(true)?;
+    let daemon_pid = start_daemon(&outer, &dir, &config, &mut scratch)?;
+    wait_for_socket(&socket, &mut scratch)?;
+    let client = Client::new(&socket);
+    let (attach_ms, namespaces) = attach_all(plan, &client, &policy, &mut scratch, tty)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut samples = vec![sample("attached", 0, daemon_pid)?];
+    let origin_task = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::from_std(origin)?;
+        Ok::<_, std::io::Error>(tokio::spawn(echo_forever(listener)))
+    })?;
+    let held = hold_connections(plan, &runtime, &namespaces, daemon_pid, &mut samples, tty)?;
+    let relayed = held.len();
+    drop(held);
+    wait_for_no_active(&client)?;
+    samples.push(sample("all closed", 0, daemon_pid)?);
+    origin_task.abort();
+    drop(runtime);
+
+    detach_all(plan, &client)?;
+    samples.push(sample("all detached", 0, daemon_pid)?);
+    drop(namespaces);
+    let audit_log = std::fs::read_to_string(dir.join("audit.jsonl")).unwrap_or_default();
+    drop(scratch);
+
+    write_outputs(plan, &attach_ms, &samples, relayed)?;
+    let _ = audit_log;
+    Ok(summary(plan, &attach_ms, &samples, relayed))
+}
+
+/// Progress on stderr: on a terminal, one line redrawn in place.
+fn say(tty: bool, line: String) {
+    if tty {
+        eprint!("\r\x1b[2K{line}");
+    } else {
+        eprintln!("{line}");
+    }
+}
+
+/// The policy every sandbox gets and the daemon's configuration, written
+/// into `dir`. Returns the policy's, the daemon socket's and the
+/// configuration's paths.
+fn write_daemon_files(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
     let policy = dir.join("policy.yaml");
     std::fs::write(&policy, super::PLAIN_POLICY)?;
     let socket = dir.join("daemon.sock");
@@ -141,14 +183,22 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
             dir.join("state").display()
         ),
     )?;
-    let origin = outer.run_in(|| std::net::TcpListener::bind(ORIGIN))??;
-    origin.set_nonblocking(true)?;
+    Ok((policy, socket, config))
+}
 
+/// Start `sluice daemon` in `outer` with `config`, its log in `dir`, owned
+/// by `scratch`. Returns its pid.
+fn start_daemon(
+    outer: &OuterNetns,
+    dir: &Path,
+    config: &Path,
+    scratch: &mut Scratch,
+) -> Result<u32> {
     let exe = std::env::current_exe().context("cannot find this sluice binary")?;
     let daemon = outer
         .command(&exe)
         .args(["daemon", "--config"])
-        .arg(&config)
+        .arg(config)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("daemon.log"))?)
@@ -156,67 +206,94 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
         .context("cannot start `sluice daemon`")?;
     let daemon_pid = daemon.id();
     scratch.daemon = Some(daemon);
-    wait_for_socket(&socket, &mut scratch)?;
-    let client = Client::new(&socket);
+    Ok(daemon_pid)
+}
 
-    // Attach one by one, each timed from request to answer.
+/// Make and attach every sandbox, one by one, each timed from request to
+/// answer. Returns the times (ms) and the sandboxes' namespaces.
+fn attach_all(
+    plan: &ScalePlan,
+    client: &Client,
+    policy: &Path,
+    scratch: &mut Scratch,
+    tty: bool,
+) -> Result<(Vec<f64>, Vec<std::fs::File>)> {
     let mut attach_ms = Vec::with_capacity(plan.sandboxes);
     let mut namespaces = Vec::with_capacity(plan.sandboxes);
     for i in 0..plan.sandboxes {
-        let ns = OuterNetns::create("sluice-scale-sbx", &[])?;
-        let holder = ns
-            .command("sleep")
-            .arg("infinity")
-            .stdin(Stdio::null())
-            .spawn()
-            .context("cannot start a sandbox's holder process (`sleep infinity`)")?;
-        let pid = holder.id() as i32;
-        scratch.holders.push(holder);
-        let fd = std::fs::File::open(ns.path())?;
-        wait_until_inside(pid, &fd)?;
-        let request = AttachRequest {
-            id: SandboxId::numbered("scale", i as u32),
-            pid: Some(pid),
-            policy: Some(policy.clone()),
-            bundle: None,
-            trust: None,
-            binds: Vec::new(),
-            vm: None,
-        };
-        let started = Instant::now();
-        if let Err(e) = client.attach(&request, fd.as_fd()) {
-            // The daemon's log goes with the scratch directory: say what it
-            // printed last, so a failure here can be diagnosed.
-            let log = std::fs::read_to_string(scratch.dir.join("daemon.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            return Err(anyhow::Error::new(e).context(format!(
-                "attaching sandbox {} of {}; the daemon's last log lines:\n{}",
-                i + 1,
-                plan.sandboxes,
-                tail.join("\n")
-            )));
-        }
-        attach_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        let (ms, fd) = attach_one(plan, i, client, policy, scratch)?;
+        attach_ms.push(ms);
         namespaces.push(fd);
-        scratch.sandboxes.push(ns);
-        say(format!("attached {}/{}", i + 1, plan.sandboxes));
+        say(tty, format!("attached {}/{}", i + 1, plan.sandboxes));
     }
     if tty {
         eprintln!();
     }
+    Ok((attach_ms, namespaces))
+}
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let mut samples = vec![sample("attached", 0, daemon_pid)?];
+/// Make sandbox `i` (a namespace and its holder process, both owned by
+/// `scratch`) and attach it. Returns the attach's time (ms) and the
+/// namespace.
+fn attach_one(
+    plan: &ScalePlan,
+    i: usize,
+    client: &Client,
+    policy: &Path,
+    scratch: &mut Scratch,
+) -> Result<(f64, std::fs::File)> {
+    let ns = OuterNetns::create("sluice-scale-sbx", &[])?;
+    let holder = ns
+        .command("sleep")
+        .arg("infinity")
+        .stdin(Stdio::null())
+        .spawn()
+        .context("cannot start a sandbox's holder process (`sleep infinity`)")?;
+    let pid = holder.id() as i32;
+    scratch.holders.push(holder);
+    let fd = std::fs::File::open(ns.path())?;
+    wait_until_inside(pid, &fd)?;
+    let request = AttachRequest {
+        id: SandboxId::numbered("scale", i as u32),
+        pid: Some(pid),
+        policy: Some(policy.to_path_buf()),
+        bundle: None,
+        trust: None,
+        binds: Vec::new(),
+        vm: None,
+    };
+    let started = Instant::now();
+    if let Err(e) = client.attach(&request, fd.as_fd()) {
+        // The daemon's log goes with the scratch directory: say what it
+        // printed last, so a failure here can be diagnosed.
+        let log = std::fs::read_to_string(scratch.dir.join("daemon.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(anyhow::Error::new(e).context(format!(
+            "attaching sandbox {} of {}; the daemon's last log lines:\n{}",
+            i + 1,
+            plan.sandboxes,
+            tail.join("\n")
+        )));
+    }
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    scratch.sandboxes.push(ns);
+    Ok((ms, fd))
+}
+
+/// Open the plan's connections a quarter at a time, spread over the
+/// sandboxes' `namespaces`, each round-tripped; the daemon is sampled at
+/// every quarter. Returns them, held open.
+fn hold_connections(
+    plan: &ScalePlan,
+    runtime: &tokio::runtime::Runtime,
+    namespaces: &[std::fs::File],
+    daemon_pid: u32,
+    samples: &mut Vec<Sample>,
+    tty: bool,
+) -> Result<Vec<tokio::net::TcpStream>> {
     let steps: Vec<usize> = (1..=4).map(|q| plan.conns * q / 4).collect();
     let mut held = Vec::with_capacity(plan.conns);
-    let origin_task = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::from_std(origin)?;
-        Ok::<_, std::io::Error>(tokio::spawn(echo_forever(listener)))
-    })?;
     for &step in &steps {
         let from = held.len();
         // Sockets made on a thread inside the sandbox belong to it.
@@ -228,21 +305,19 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
         let opened = runtime.block_on(open_all(sockets, from))?;
         held.extend(opened);
         samples.push(sample(&format!("{step} connections"), step, daemon_pid)?);
-        say(format!(
-            "{step}/{} connections held, each round-tripped",
-            plan.conns
-        ));
+        say(
+            tty,
+            format!("{step}/{} connections held, each round-tripped", plan.conns),
+        );
     }
     if tty {
         eprintln!();
     }
-    let relayed = held.len();
-    drop(held);
-    wait_for_no_active(&client)?;
-    samples.push(sample("all closed", 0, daemon_pid)?);
-    origin_task.abort();
-    drop(runtime);
+    Ok(held)
+}
 
+/// Detach every sandbox, and check that the daemon lists none after.
+fn detach_all(plan: &ScalePlan, client: &Client) -> Result<()> {
     for i in 0..plan.sandboxes {
         if client
             .detach(&SandboxId::numbered("scale", i as u32))?
@@ -255,14 +330,7 @@ pub fn run(plan: &ScalePlan) -> Result<String> {
     if !left.is_empty() {
         bail!("{} sandboxes still listed after detaching all", left.len());
     }
-    samples.push(sample("all detached", 0, daemon_pid)?);
-    drop(namespaces);
-    let audit_log = std::fs::read_to_string(dir.join("audit.jsonl")).unwrap_or_default();
-    drop(scratch);
-
-    write_outputs(plan, &attach_ms, &samples, relayed)?;
-    let _ = audit_log;
-    Ok(summary(plan, &attach_ms, &samples, relayed))
+    Ok(())
 }
 
 fn wait_for_socket(socket: &Path, scratch: &mut Scratch) -> Result<()> {

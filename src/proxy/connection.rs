@@ -98,6 +98,51 @@ impl<'c> Record<'c> {
         }
     }
 
+    /// A terminated connection ended, as `served` says.
+    fn served(&mut self, served: l7::Served) {
+        if served.connected {
+            self.connected();
+        }
+        if let Some(outcome) = served.outcome {
+            self.outcome = outcome;
+        }
+        self.relayed(Relayed {
+            bytes_up: served.bytes_up,
+            bytes_down: served.bytes_down,
+            first_byte_down: served.first_byte_down,
+        });
+    }
+
+    /// What a checked session starts from: the connection as decided so
+    /// far.
+    fn checked_session(
+        &self,
+        peer: SocketAddr,
+        first: &FirstBytes,
+        head_limit: Duration,
+    ) -> session::Checked<'c> {
+        session::Checked {
+            ctx: self.ctx,
+            peer,
+            dst: self.dst,
+            host: self.host.clone(),
+            first_decided: first.http && !first.unreadable,
+            head_limit,
+            accepted: self.accepted(),
+        }
+    }
+
+    /// A checked session ended; a request that changed the connection's
+    /// outcome (refused, or would-deny in audit mode) leaves it, with the
+    /// name that request was decided on.
+    fn session_ended(&mut self, relayed: Relayed, ended: Option<session::Ended>) {
+        if let Some(ended) = ended {
+            self.outcome = ended.outcome;
+            self.host = ended.host;
+        }
+        self.relayed(relayed);
+    }
+
     fn relayed(&mut self, relayed: Relayed) {
         self.relayed = relayed;
         self.finished = true;
@@ -209,38 +254,13 @@ pub(super) async fn serve(
         // Boxed: its state (TLS, hyper) would otherwise grow every
         // connection's future, terminated or not (pinned by a size test).
         let served = Box::pin(l7::serve(client, conn)).await;
-        if served.connected {
-            record.connected();
-        }
-        if let Some(outcome) = served.outcome {
-            record.outcome = outcome;
-        }
-        record.relayed(Relayed {
-            bytes_up: served.bytes_up,
-            bytes_down: served.bytes_down,
-            first_byte_down: served.first_byte_down,
-        });
+        record.served(served);
         return;
     }
     let upstream = match connect_upstream(dst, ctx.limits.connect_timeout).await {
         Ok(upstream) => upstream,
         Err(err) => {
-            let failure = UpstreamFailure::of(&err);
-            tracing::debug!(%dst, %err, reason = failure.as_str(), "upstream connect failed");
-            let mut outcome = record.outcome.clone();
-            outcome.ended_by(Cause::Upstream(failure));
-            if ctx.audit_allows {
-                audit(
-                    ctx,
-                    policy.label(),
-                    peer,
-                    Some(dst),
-                    &outcome,
-                    record.host.clone(),
-                )
-                .await;
-            }
-            record.ended(outcome);
+            upstream_failed(ctx, &policy, peer, &err, &mut record).await;
             reset(client);
             return;
         }
@@ -278,23 +298,50 @@ pub(super) async fn serve(
     let head_limit = policy.limits().request_head;
     drop(policy);
     if each_request {
-        let checked = session::Checked {
-            ctx,
-            peer,
-            dst,
-            host: record.host.clone(),
-            first_decided: first.http && !first.unreadable,
-            head_limit,
-            accepted: record.accepted(),
-        };
+        let checked = record.checked_session(peer, &first, head_limit);
         let (relayed, ended) = session::relay(client, upstream, first.buf, checked).await;
-        if let Some(ended) = ended {
-            record.outcome = ended.outcome;
-            record.host = ended.host;
-        }
-        record.relayed(relayed);
+        record.session_ended(relayed, ended);
         return;
     }
+    relay_plain(client, upstream, first, &mut record).await;
+}
+
+/// The origin could not be reached: the connection's outcome ends as an
+/// upstream failure, audited when allows are.
+async fn upstream_failed(
+    ctx: &ProxyContext,
+    policy: &ActivePolicy,
+    peer: SocketAddr,
+    err: &std::io::Error,
+    record: &mut Record<'_>,
+) {
+    let dst = record.dst;
+    let failure = UpstreamFailure::of(err);
+    tracing::debug!(%dst, %err, reason = failure.as_str(), "upstream connect failed");
+    let mut outcome = record.outcome.clone();
+    outcome.ended_by(Cause::Upstream(failure));
+    if ctx.audit_allows {
+        audit(
+            ctx,
+            policy.label(),
+            peer,
+            Some(dst),
+            &outcome,
+            record.host.clone(),
+        )
+        .await;
+    }
+    record.ended(outcome);
+}
+
+/// Relay a connection decided once and for all: the peeked bytes first,
+/// then both ways until either side ends.
+async fn relay_plain(
+    client: TcpStream,
+    upstream: TcpStream,
+    first: FirstBytes,
+    record: &mut Record<'_>,
+) {
     if !first.buf.is_empty() && !write_all(&upstream, &first.buf).await {
         record.finished = true;
         reset(client);

@@ -31,6 +31,7 @@ use super::connection::{audit_request, denial_text};
 use super::upstream::connect_upstream;
 use super::ProxyContext;
 use crate::audit::RequestFields;
+use crate::bundle::ActivePolicy;
 use crate::intercept::ca::SandboxCa;
 use crate::outcome::{
     Cause, DenyReason, Outcome, Refusal, RequestDenial, UpstreamFailure, Verdict,
@@ -306,36 +307,10 @@ impl RequestHandle {
     async fn answer(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
         let policy = self.policy.current();
         let mode = policy.mode();
-        let method = req.method().as_str().to_string();
-        let request_path = req.uri().path().to_string();
-        let fields = RequestFields {
-            method: Some(method.clone()),
-            request_path: Some(request_path.clone()),
-            secret: None,
-            header: None,
-        };
-        let rule = policy
-            .rule_named(&self.scope.rule)
-            .filter(|r| r.terminates());
-        let checked = match rule {
-            None => Err(Checked::Policy(Reason::NoRule)),
-            Some(rule) => match self.check(&req, rule) {
-                Ok(injects) => self.render(injects).await,
-                Err(why) => Err(why),
-            },
-        };
-        let injections = match checked {
+        let fields = request_fields(&req);
+        let injections = match self.decide(&req, &policy, mode, &fields).await {
             Ok(injections) => injections,
-            Err(why) => {
-                let outcome = self.outcome_of(why, mode);
-                self.record(&outcome, Some(fields.clone()), policy.label())
-                    .await;
-                if outcome.is_denied() {
-                    return self.refuse(outcome);
-                }
-                // Audit mode: forwarded as it came, never with a credential.
-                Vec::new()
-            }
+            Err(refused) => return refused,
         };
         let Some(rule) = policy.rule_named(&self.scope.rule) else {
             return self.refuse(self.outcome_of(Checked::Policy(Reason::NoRule), mode));
@@ -345,38 +320,127 @@ impl RequestHandle {
         drop(policy);
 
         // The origin first: nothing is injected before its certificate
-        // verified for the name. An origin connection that closed (the
-        // origin ended its keep-alive) is made again.
+        // verified for the name.
         let mut sender = self.state.upstream.lock().await;
+        if let Err(denial) = self.ensure_origin(&mut sender).await {
+            return self.origin_failed(denial, fields, &label).await;
+        }
+        self.inject(&mut req, injections, &fields, &label).await;
+        if self.audit_allows {
+            self.record_allowed(&fields, &label).await;
+        }
+
+        let upgrade = req
+            .headers()
+            .contains_key(UPGRADE)
+            .then(|| hyper::upgrade::on(&mut req));
+        let (req, misuse) = scanned(req, placeholders);
+        let Some(s) = sender.as_mut() else {
+            unreachable!("connected above")
+        };
+        let sent = s.send_request(req).await;
+        drop(sender);
+        let mut resp = match sent {
+            Ok(resp) => resp,
+            Err(err) => return self.send_failed(err, &misuse, fields, &label, mode).await,
+        };
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(client_side) = upgrade {
+                splice_upgrade(client_side, &mut resp);
+            }
+        }
+        resp.map(|b| b.map_err(BoxError::from).boxed())
+    }
+
+    /// Decide `req` under the connection's rule. `Ok` carries the headers
+    /// to inject (none for a request that failed a check in audit mode);
+    /// `Err` the refusal to answer with. Every failed check is audited
+    /// here.
+    async fn decide(
+        &self,
+        req: &Request<Incoming>,
+        policy: &ActivePolicy,
+        mode: Mode,
+        fields: &RequestFields,
+    ) -> Result<Vec<(String, HeaderName, HeaderValue)>, Response<ProxyBody>> {
+        let rule = policy
+            .rule_named(&self.scope.rule)
+            .filter(|r| r.terminates());
+        let checked = match rule {
+            None => Err(Checked::Policy(Reason::NoRule)),
+            Some(rule) => match self.check(req, rule) {
+                Ok(injects) => self.render(injects).await,
+                Err(why) => Err(why),
+            },
+        };
+        match checked {
+            Ok(injections) => Ok(injections),
+            Err(why) => {
+                let outcome = self.outcome_of(why, mode);
+                self.record(&outcome, Some(fields.clone()), policy.label())
+                    .await;
+                if outcome.is_denied() {
+                    return Err(self.refuse(outcome));
+                }
+                // Audit mode: forwarded as it came, never with a credential.
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// A ready origin connection in `sender`: the one there, or, if there
+    /// is none or it closed (the origin ended its keep-alive), a new one.
+    async fn ensure_origin(
+        &self,
+        sender: &mut Option<hyper::client::conn::http1::SendRequest<ProxyBody>>,
+    ) -> Result<(), Connect> {
         if let Some(s) = sender.as_mut() {
             if s.ready().await.is_err() {
                 *sender = None;
             }
         }
         if sender.is_none() {
-            match self.connect().await {
-                Ok(s) => *sender = Some(s),
-                Err(denial) => {
-                    let outcome = match denial {
-                        Connect::Failed(failure) => Outcome {
-                            verdict: Verdict::Allow,
-                            rule: Some(self.scope.rule.clone()),
-                            cause: Cause::Upstream(failure),
-                        },
-                        Connect::Certificate => self.outcome_of(
-                            Checked::Request(RequestDenial::UpstreamCertificate),
-                            Mode::Enforce,
-                        ),
-                    };
-                    self.record(&outcome, Some(fields), &label).await;
-                    let status = StatusCode::BAD_GATEWAY;
-                    *self.state.outcome() = Some(outcome.clone());
-                    return self.reply(status, &outcome, true);
-                }
-            }
+            *sender = Some(self.connect().await?);
         }
+        Ok(())
+    }
+
+    /// The origin could not be reached, or its certificate did not verify
+    /// for the name: audited, the connection's outcome, and a 502 that
+    /// closes it.
+    async fn origin_failed(
+        &self,
+        denial: Connect,
+        fields: RequestFields,
+        label: &str,
+    ) -> Response<ProxyBody> {
+        let outcome = match denial {
+            Connect::Failed(failure) => Outcome {
+                verdict: Verdict::Allow,
+                rule: Some(self.scope.rule.clone()),
+                cause: Cause::Upstream(failure),
+            },
+            Connect::Certificate => self.outcome_of(
+                Checked::Request(RequestDenial::UpstreamCertificate),
+                Mode::Enforce,
+            ),
+        };
+        self.record(&outcome, Some(fields), label).await;
+        let status = StatusCode::BAD_GATEWAY;
+        *self.state.outcome() = Some(outcome.clone());
+        self.reply(status, &outcome, true)
+    }
+
+    /// Set the rendered headers on `req`, each injection audited. A header
+    /// replaces whatever the workload sent under that name.
+    async fn inject(
+        &self,
+        req: &mut Request<Incoming>,
+        injections: Vec<(String, HeaderName, HeaderValue)>,
+        fields: &RequestFields,
+        label: &str,
+    ) {
         for (secret, header, value) in injections {
-            // Replaces whatever the workload sent under that name.
             req.headers_mut().insert(header.clone(), value);
             let fields = RequestFields {
                 secret: Some(secret),
@@ -388,71 +452,49 @@ impl RequestHandle {
                 rule: Some(self.scope.rule.clone()),
                 cause: Cause::Injected,
             };
-            self.record(&outcome, Some(fields), &label).await;
+            self.record(&outcome, Some(fields), label).await;
         }
-        if self.audit_allows {
-            let outcome = Outcome {
-                verdict: Verdict::Allow,
-                rule: Some(self.scope.rule.clone()),
-                cause: Cause::Allowed,
-            };
-            self.record(&outcome, Some(fields.clone()), &label).await;
-        }
+    }
 
-        let upgrade = req
-            .headers()
-            .contains_key(UPGRADE)
-            .then(|| hyper::upgrade::on(&mut req));
-        let misuse = Arc::new(OnceLock::new());
-        let (parts, body) = req.into_parts();
-        let body = Scanned {
-            inner: body,
-            placeholders: placeholders.clone(),
-            tail: Vec::new(),
-            found: misuse.clone(),
+    /// The audit record of an allowed request (when allows are audited).
+    async fn record_allowed(&self, fields: &RequestFields, label: &str) {
+        let outcome = Outcome {
+            verdict: Verdict::Allow,
+            rule: Some(self.scope.rule.clone()),
+            cause: Cause::Allowed,
         };
-        let req = Request::from_parts(parts, body.boxed());
-        let Some(s) = sender.as_mut() else {
-            unreachable!("connected above")
-        };
-        let sent = s.send_request(req).await;
-        drop(sender);
-        let mut resp = match sent {
-            Ok(resp) => resp,
-            Err(err) => {
-                if let Some(secret) = misuse.get() {
-                    let outcome =
-                        self.outcome_of(Checked::Request(RequestDenial::SecretMisuse), mode);
-                    let fields = RequestFields {
-                        secret: Some(secret.clone()),
-                        ..fields
-                    };
-                    self.record(&outcome, Some(fields), &label).await;
-                    return self.refuse(outcome);
-                }
-                tracing::debug!(%err, "the origin failed the request");
-                let outcome = Outcome {
-                    verdict: Verdict::Allow,
-                    rule: Some(self.scope.rule.clone()),
-                    cause: Cause::Upstream(UpstreamFailure::Reset),
-                };
-                *self.state.outcome() = Some(outcome.clone());
-                return self.reply(StatusCode::BAD_GATEWAY, &outcome, true);
-            }
-        };
-        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(client_side) = upgrade {
-                let origin_side = hyper::upgrade::on(&mut resp);
-                tokio::spawn(async move {
-                    let (Ok(client), Ok(origin)) = tokio::join!(client_side, origin_side) else {
-                        return;
-                    };
-                    let (mut client, mut origin) = (TokioIo::new(client), TokioIo::new(origin));
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut origin).await;
-                });
-            }
+        self.record(&outcome, Some(fields.clone()), label).await;
+    }
+
+    /// The origin failed the request. If the body scan found a placeholder
+    /// (and so cut the body), the request is refused for it, naming the
+    /// secret; otherwise the origin reset it: a 502 that closes the
+    /// connection.
+    async fn send_failed(
+        &self,
+        err: hyper::Error,
+        misuse: &OnceLock<String>,
+        fields: RequestFields,
+        label: &str,
+        mode: Mode,
+    ) -> Response<ProxyBody> {
+        if let Some(secret) = misuse.get() {
+            let outcome = self.outcome_of(Checked::Request(RequestDenial::SecretMisuse), mode);
+            let fields = RequestFields {
+                secret: Some(secret.clone()),
+                ..fields
+            };
+            self.record(&outcome, Some(fields), label).await;
+            return self.refuse(outcome);
         }
-        resp.map(|b| b.map_err(BoxError::from).boxed())
+        tracing::debug!(%err, "the origin failed the request");
+        let outcome = Outcome {
+            verdict: Verdict::Allow,
+            rule: Some(self.scope.rule.clone()),
+            cause: Cause::Upstream(UpstreamFailure::Reset),
+        };
+        *self.state.outcome() = Some(outcome.clone());
+        self.reply(StatusCode::BAD_GATEWAY, &outcome, true)
     }
 
     /// The checks of one request under `rule`: its Host, its method and
@@ -676,6 +718,47 @@ enum Checked {
     Framing(Refusal),
     Rule(RequestReason),
     Request(RequestDenial),
+}
+
+/// What every audit record of `req` says of it.
+fn request_fields(req: &Request<Incoming>) -> RequestFields {
+    RequestFields {
+        method: Some(req.method().as_str().to_string()),
+        request_path: Some(req.uri().path().to_string()),
+        secret: None,
+        header: None,
+    }
+}
+
+/// `req` with its body scanned on its way to the origin for the
+/// `placeholders` it must not carry; the slot returned names the secret
+/// of the first one found.
+fn scanned(
+    req: Request<Incoming>,
+    placeholders: Arc<Vec<(String, String)>>,
+) -> (Request<ProxyBody>, Arc<OnceLock<String>>) {
+    let misuse = Arc::new(OnceLock::new());
+    let (parts, body) = req.into_parts();
+    let body = Scanned {
+        inner: body,
+        placeholders,
+        tail: Vec::new(),
+        found: misuse.clone(),
+    };
+    (Request::from_parts(parts, body.boxed()), misuse)
+}
+
+/// Splice the client's and the origin's upgraded connections (a WebSocket
+/// the origin switched to) on a task of their own.
+fn splice_upgrade(client_side: hyper::upgrade::OnUpgrade, resp: &mut Response<Incoming>) {
+    let origin_side = hyper::upgrade::on(resp);
+    tokio::spawn(async move {
+        let (Ok(client), Ok(origin)) = tokio::join!(client_side, origin_side) else {
+            return;
+        };
+        let (mut client, mut origin) = (TokioIo::new(client), TokioIo::new(origin));
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut origin).await;
+    });
 }
 
 enum Connect {

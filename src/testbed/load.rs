@@ -117,6 +117,59 @@ impl Write for Conn {
 /// name as SNI and Host) is part of the request's time, as for any
 /// client. The error is one line starting with FAIL.
 pub fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String> {
+    let (target, host, path) = split_url(url, tls)?;
+    let start_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let started = Instant::now();
+    let tcp = connect(&target)?;
+    let connect_us = micros_since(started);
+    let _ = tcp.set_nodelay(true);
+    let dst = tcp
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let mut stream = open_stream(tcp, tls)?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: sluice-probe\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("FAIL send: {e}"))?;
+    let read = read_response(&mut stream, started)?;
+    let total_us = micros_since(started);
+    let mut response = read.bytes;
+    let head_end = find(&response, b"\r\n\r\n").ok_or("FAIL no HTTP response".to_string())?;
+    let head = String::from_utf8_lossy(&response[..head_end]).to_string();
+    let status: u16 = head
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    response.drain(..head_end + 4);
+    Ok(Fetched {
+        status,
+        body: response,
+        dst,
+        start_us,
+        connect_us,
+        first_byte_us: read.first_byte_us,
+        last_byte_us: read.last_byte_us.unwrap_or(total_us),
+        total_us,
+        bytes_up: request.len() as u64,
+    })
+}
+
+/// Microseconds since `since`.
+fn micros_since(since: Instant) -> u64 {
+    since.elapsed().as_micros() as u64
+}
+
+/// Where `url` goes: the `host:port` to connect to, the Host to send (over
+/// TLS the name verified, with the port the URL gave) and the path.
+fn split_url<'u>(
+    url: &'u str,
+    tls: Option<&TlsTarget>,
+) -> Result<(String, String, &'u str), String> {
     let (rest, default_port) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
         (Some(rest), _) if tls.is_none() => (rest, 80),
         (_, Some(rest)) if tls.is_some() => (rest, 443),
@@ -136,7 +189,6 @@ pub fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String>
     } else {
         format!("{authority}:{default_port}")
     };
-    // Over TLS the Host is the name verified, with the port the URL gave.
     let host = match tls {
         Some(tls) => match target.rsplit_once(':') {
             Some((_, "443")) | None => tls.name.clone(),
@@ -144,32 +196,32 @@ pub fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String>
         },
         None => authority.to_string(),
     };
-    let start_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0);
-    let started = Instant::now();
-    let us = |since: Instant| since.elapsed().as_micros() as u64;
-    let tcp = connect(&target)?;
-    let connect_us = us(started);
-    let _ = tcp.set_nodelay(true);
-    let dst = tcp
-        .peer_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let mut stream = match tls {
-        None => Conn::Plain(tcp),
-        Some(tls) => {
-            let name = rustls::pki_types::ServerName::try_from(tls.name.clone())
-                .map_err(|e| format!("FAIL TLS name {:?}: {e}", tls.name))?;
-            let conn = rustls::ClientConnection::new(tls.config.clone(), name)
-                .map_err(|e| format!("FAIL TLS: {e}"))?;
-            Conn::Tls(Box::new(rustls::StreamOwned::new(conn, tcp)))
-        }
+    Ok((target, host, path))
+}
+
+/// `tcp` as is, or with `tls` a TLS client on it (its handshake happens on
+/// the first write).
+fn open_stream(tcp: TcpStream, tls: Option<&TlsTarget>) -> Result<Conn, String> {
+    let Some(tls) = tls else {
+        return Ok(Conn::Plain(tcp));
     };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: sluice-probe\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| format!("FAIL send: {e}"))?;
+    let name = rustls::pki_types::ServerName::try_from(tls.name.clone())
+        .map_err(|e| format!("FAIL TLS name {:?}: {e}", tls.name))?;
+    let conn = rustls::ClientConnection::new(tls.config.clone(), name)
+        .map_err(|e| format!("FAIL TLS: {e}"))?;
+    Ok(Conn::Tls(Box::new(rustls::StreamOwned::new(conn, tcp))))
+}
+
+/// A response read to its end (head and body), when its first byte came
+/// and when its body's last (µs since the request started).
+struct Received {
+    bytes: Vec<u8>,
+    first_byte_us: u64,
+    last_byte_us: Option<u64>,
+}
+
+/// Read the response on `stream` until the server closes it.
+fn read_response(stream: &mut Conn, started: Instant) -> Result<Received, String> {
     let mut response = Vec::new();
     let mut buf = [0u8; 64 * 1024];
     let mut first_byte_us = 0;
@@ -181,7 +233,7 @@ pub fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String>
             Ok(0) => break,
             Ok(n) => {
                 if response.is_empty() {
-                    first_byte_us = us(started);
+                    first_byte_us = micros_since(started);
                 }
                 response.extend_from_slice(&buf[..n]);
                 if body_at.is_none() {
@@ -197,7 +249,7 @@ pub fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String>
                 }
                 if let Some((start, Some(len))) = body_at {
                     if last_byte_us.is_none() && response.len() >= start + len {
-                        last_byte_us = Some(us(started));
+                        last_byte_us = Some(micros_since(started));
                     }
                 }
             }
@@ -210,26 +262,10 @@ pub fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String>
             Err(e) => return Err(format!("FAIL read: {e}")),
         }
     }
-    let total_us = us(started);
-    let head_end = find(&response, b"\r\n\r\n").ok_or("FAIL no HTTP response".to_string())?;
-    let head = String::from_utf8_lossy(&response[..head_end]).to_string();
-    let status: u16 = head
-        .lines()
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    response.drain(..head_end + 4);
-    Ok(Fetched {
-        status,
-        body: response,
-        dst,
-        start_us,
-        connect_us,
+    Ok(Received {
+        bytes: response,
         first_byte_us,
-        last_byte_us: last_byte_us.unwrap_or(total_us),
-        total_us,
-        bytes_up: request.len() as u64,
+        last_byte_us,
     })
 }
 
