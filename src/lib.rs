@@ -4,11 +4,13 @@
 //! top to bottom:
 //!
 //! ```text
-//! cli -> {app, daemon, bench, demo} -> attach -> {enforce, netns, proxy, dns}
+//! cli -> {app, daemon, bench, demo} -> serve -> attach -> {enforce, netns, proxy, dns}
 //!     -> {metrics, audit, timing} -> bundle -> policy
 //! ```
 //!
-//! Nothing imports `cli`. `attach` turns each way in (host, oci, vm) into an `Attachment` that one `prepare` enforces; `proxy` learns
+//! Nothing imports `cli`. `attach` turns each way in (host, oci, vm) into an `Attachment` that one `prepare` enforces; `serve` serves a
+//! prepared sandbox (listeners, DNS, services, reloading) for `app` and
+//! `daemon` alike, so neither imports the other; `proxy` learns
 //! sluice's internal addresses and its resolver only through its context.
 //! `testbed` (throwaway topology, fast origin, load client) serves the demo,
 //! the probe, `bench` and the tests and is on no enforcement path. `bench`
@@ -88,6 +90,8 @@ pub mod report;
 pub mod sandbox_id;
 #[forbid(unsafe_code)]
 pub mod secret;
+#[forbid(unsafe_code)]
+pub mod serve;
 #[forbid(unsafe_code)]
 pub mod testbed;
 #[forbid(unsafe_code)]

@@ -11,12 +11,9 @@
 //! proxy serves, enforce and netns build the sandbox.
 
 pub(crate) mod oci;
-pub(crate) mod runtime;
-mod sandbox;
 pub(crate) mod vm;
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::Arc;
@@ -26,34 +23,17 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
-pub(crate) use sandbox::{ServedSandbox, Shared, DRAIN_GRACE};
+use crate::serve::{
+    runtime, ActiveSource, Reloading, ServedSandbox, Services, Shared, DRAIN_DEADLINE, DRAIN_GRACE,
+};
+pub use crate::serve::{PolicySource, ServiceOptions};
 
 use crate::attach::{self, host};
-use crate::audit::{AuditOptions, AuditWriter};
-use crate::bundle::PolicyHandle;
 use crate::drain::Drain;
-use crate::metrics::{Metrics, ReloadResult};
 use crate::policy::Policy;
-use crate::proxy::Limits;
-use crate::reload::{ReloadConfig, ReloadOutcome, Reloader};
-use crate::timing::{TimingLog, TimingWriter};
 
 /// How long the workload gets between SIGTERM and SIGKILL.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// The hard deadline of a shutdown, counted from its start: connections get
-/// [`DRAIN_GRACE`] of it, the audit and timing writers the rest to write
-/// what the connections left them.
-pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
-
-/// Where the policy in force comes from.
-pub enum PolicySource {
-    /// A plain policy file (already validated); SIGHUP re-reads it.
-    File { path: PathBuf, policy: Box<Policy> },
-    /// A signed bundle, verified before the workload starts and reloaded
-    /// (verify, then swap) when it changes or on SIGHUP.
-    Bundle(Box<ReloadConfig>),
-}
 
 /// Everything `sluice run` was asked to do.
 pub struct RunOptions {
@@ -68,336 +48,6 @@ pub struct RunOptions {
     /// The sandbox namespace, being made since just after the init's fork
     /// ([`start_sandbox`]).
     pub sandbox: attach::FreshSandbox,
-}
-
-/// The process-wide services: audit and timing writers, the metrics
-/// registry and endpoint. Started before any sandbox, finished after all.
-pub struct Services {
-    pub shared: Shared,
-    pub registry: prometheus::Registry,
-    /// The metrics endpoint and the writers.
-    drain: Drain,
-}
-
-/// What the process-wide services are asked to do.
-pub struct ServiceOptions {
-    pub audit: Option<PathBuf>,
-    pub audit_max_bytes: Option<u64>,
-    /// Where the audit log's checkpoint key is, and when checkpoints are
-    /// signed (only with `audit`).
-    pub checkpoints: CheckpointSettings,
-    pub audit_allows: bool,
-    pub timings: Option<PathBuf>,
-    pub metrics: Option<SocketAddr>,
-    pub limits: Limits,
-    pub default_upstream: Vec<SocketAddr>,
-    /// CA files trusted for origins besides the system roots
-    /// (`--upstream-ca`), when sluice terminates TLS.
-    pub upstream_ca: Vec<PathBuf>,
-}
-
-/// Signed checkpoints of the audit log.
-#[derive(Debug, Clone)]
-pub struct CheckpointSettings {
-    /// The state directory that holds (or will hold) `audit.key`.
-    pub state_dir: PathBuf,
-    /// Records between checkpoints (0: not by count).
-    pub every_records: u64,
-    /// Longest a record waits for one (zero: not by time).
-    pub interval: Duration,
-}
-
-impl CheckpointSettings {
-    /// The defaults, with the key in `state_dir`.
-    pub fn in_dir(state_dir: PathBuf) -> CheckpointSettings {
-        CheckpointSettings {
-            state_dir,
-            every_records: crate::audit::CHECKPOINT_EVERY_RECORDS,
-            interval: crate::audit::CHECKPOINT_INTERVAL,
-        }
-    }
-}
-
-impl Services {
-    pub fn start(opts: ServiceOptions) -> Result<Services> {
-        // The origin side's roots: an unreadable --upstream-ca is an error
-        // now, not a failed request later.
-        let upstream_tls = crate::intercept::roots::UpstreamTrust::new(
-            std::path::Path::new(crate::intercept::roots::SYSTEM_BUNDLE),
-            &opts.upstream_ca,
-        )
-        .context("cannot load the CA files for origins (--upstream-ca)")?;
-        // Files first: nothing may run while its records would be lost, or
-        // could not be signed.
-        let checkpoints = open_audit(&opts)?;
-        if let Some(path) = opts.timings.as_deref() {
-            crate::timing::check_writable(path)?;
-        }
-        let limits = within_descriptors(opts.limits);
-        let registry = prometheus::Registry::new();
-        let metrics = Arc::new(Metrics::new(&registry).context("cannot register metrics")?);
-        let mut drain = Drain::new("services");
-        if let Some(addr) = opts.metrics {
-            serve_metrics(addr, &metrics, &registry, &mut drain)?;
-        }
-        let audit = spawn_audit_writer(
-            opts.audit.as_deref(),
-            opts.audit_max_bytes,
-            checkpoints,
-            &metrics,
-            &mut drain,
-        );
-        let timings = match opts.timings.as_deref() {
-            Some(path) => spawn_timing_writer(path, &mut drain),
-            None => TimingLog::disabled(),
-        };
-        Ok(Services {
-            shared: Shared {
-                audit,
-                audit_allows: opts.audit_allows,
-                metrics: Some(metrics),
-                timings,
-                limits,
-                internal: opts.metrics.into_iter().collect(),
-                default_upstream: opts.default_upstream,
-                upstream_tls,
-            },
-            registry,
-            drain,
-        })
-    }
-
-    /// Flush and stop, by `deadline`: the metrics endpoint stops accepting,
-    /// and the writers finish once every producer is gone (drop every
-    /// sandbox first), or say at the deadline what they could not write.
-    pub async fn finish(self, deadline: Instant) {
-        drop(self.shared);
-        let drained = self.drain.drain(deadline).await;
-        tracing::debug!(?drained, "services stopped");
-    }
-}
-
-/// With an audit log asked for: check that it can be written, and open
-/// (or create) the key its checkpoints are signed with.
-fn open_audit(opts: &ServiceOptions) -> Result<Option<crate::audit::CheckpointOptions>> {
-    let Some(path) = opts.audit.as_deref() else {
-        return Ok(None);
-    };
-    crate::audit::check_writable(path)?;
-    let settings = &opts.checkpoints;
-    let key = crate::audit::AuditKey::open_or_create(&settings.state_dir)
-        .map_err(crate::audit::AuditError::from)?;
-    Ok(Some(crate::audit::CheckpointOptions {
-        key: Arc::new(key),
-        every_records: settings.every_records,
-        interval: settings.interval,
-    }))
-}
-
-/// `limits` with at most the connections the descriptor limit (raised as
-/// far as it goes) can hold at once.
-fn within_descriptors(mut limits: Limits) -> Limits {
-    let fd_limit = crate::confine::fds::raise();
-    let fits = crate::confine::fds::connections_within(fd_limit).max(1);
-    if limits.max_connections > fits {
-        tracing::info!(
-            asked = limits.max_connections,
-            serving = fits,
-            fd_limit,
-            "the descriptor limit caps connections relayed at once (more wait their turn); raise `ulimit -Hn` for more"
-        );
-        limits.max_connections = fits;
-    }
-    limits
-}
-
-/// Serve `registry` on `addr`, on a thread of its own, until `drain`.
-fn serve_metrics(
-    addr: SocketAddr,
-    metrics: &Metrics,
-    registry: &prometheus::Registry,
-    drain: &mut Drain,
-) -> Result<()> {
-    // Every sandbox's drop counters are read as it starts, so that
-    // the first scrape has them (docs/observability.md).
-    metrics.read_drops_from_start();
-    // Bound here, in sluice's own namespace: the sandbox cannot reach it.
-    let listener =
-        crate::metrics::bind(addr).with_context(|| format!("cannot serve metrics on {addr}"))?;
-    tracing::info!(%addr, "serving /metrics");
-    // On a thread of its own: a scrape never waits for connections
-    // to yield, and connections never wait for a scrape.
-    let serving = crate::metrics::serve_on_thread(listener, registry.clone(), drain.watch())
-        .context("cannot start the metrics thread")?;
-    drain.spawn(async move {
-        if let Err(err) = serving.await {
-            tracing::error!(%err, "metrics endpoint failed");
-        }
-    });
-    Ok(())
-}
-
-/// The audit log (to `path`, or nowhere), its writer running in `drain`.
-fn spawn_audit_writer(
-    path: Option<&std::path::Path>,
-    max_bytes: Option<u64>,
-    checkpoints: Option<crate::audit::CheckpointOptions>,
-    metrics: &Metrics,
-    drain: &mut Drain,
-) -> crate::audit::AuditLog {
-    let (head_gauge, checkpoint_gauge) = metrics.audit_head_gauges();
-    let (audit, audit_writer) = AuditWriter::with_options(
-        path,
-        AuditOptions {
-            max_bytes,
-            keep: 0,
-            wait_counter: Some(metrics.audit_wait_counter()),
-            capacity: 0,
-            checkpoints,
-            head_gauge: Some(head_gauge),
-            checkpoint_gauge: Some(checkpoint_gauge),
-        },
-    );
-    let watch = drain.watch();
-    drain.spawn(async move {
-        if let Err(err) = audit_writer.run_until(watch).await {
-            tracing::error!(%err, "audit log incomplete");
-        }
-    });
-    audit
-}
-
-/// The timing log to `path`, its writer running in `drain`.
-fn spawn_timing_writer(path: &std::path::Path, drain: &mut Drain) -> TimingLog {
-    let (log, writer) = TimingWriter::new(path);
-    let watch = drain.watch();
-    drain.spawn(async move {
-        if let Err(err) = writer.run_until(watch).await {
-            tracing::error!(%err, "timing records incomplete");
-        }
-    });
-    log
-}
-
-/// The policy in force and how it is kept current.
-pub struct ActiveSource {
-    pub handle: PolicyHandle,
-    reload: Reload,
-    /// Where SIGHUP's request goes.
-    trigger: Option<crate::reload::ReloadTrigger>,
-}
-
-enum Reload {
-    File(PathBuf),
-    Bundle(Box<Reloader>),
-}
-
-impl ActiveSource {
-    /// Load the first policy (for a bundle: verify it, check rollback). The
-    /// workload must not start unless this succeeds.
-    pub async fn load(source: PolicySource, shared: &Shared) -> Result<ActiveSource> {
-        match source {
-            PolicySource::File { path, policy } => {
-                let label = policy.name().to_string();
-                Ok(ActiveSource {
-                    handle: PolicyHandle::new(*policy, label),
-                    reload: Reload::File(path),
-                    trigger: None,
-                })
-            }
-            PolicySource::Bundle(config) => {
-                let mut reloader = Reloader::start(*config, Some(shared.audit.clone())).await?;
-                let handle = reloader.handle();
-                if let Some(metrics) = shared.metrics.clone() {
-                    let label = handle.label();
-                    set_revision(&metrics, &label);
-                    let for_label = handle.clone();
-                    reloader.on_outcome(move |outcome: &ReloadOutcome| {
-                        metrics.bundle_reload(match outcome {
-                            ReloadOutcome::Applied { .. } => ReloadResult::Applied,
-                            ReloadOutcome::Unchanged => ReloadResult::Unchanged,
-                            ReloadOutcome::Refused { .. } => ReloadResult::Refused,
-                        });
-                        if let ReloadOutcome::Applied { .. } = outcome {
-                            set_revision(&metrics, &for_label.label());
-                        }
-                    });
-                }
-                let trigger = Some(reloader.trigger());
-                Ok(ActiveSource {
-                    handle,
-                    reload: Reload::Bundle(Box::new(reloader)),
-                    trigger,
-                })
-            }
-        }
-    }
-
-    /// Keep the policy current until `drain` drains: a bundle's
-    /// watcher/poller.
-    pub(crate) fn spawn(self, drain: &mut Drain) -> Reloading {
-        match self.reload {
-            Reload::Bundle(reloader) => {
-                drain.spawn(reloader.run(drain.watch()));
-                Reloading {
-                    handle: self.handle,
-                    file: None,
-                    trigger: self.trigger,
-                }
-            }
-            Reload::File(path) => Reloading {
-                handle: self.handle,
-                file: Some(path),
-                trigger: None,
-            },
-        }
-    }
-}
-
-/// What SIGHUP does while the workload runs.
-pub(crate) struct Reloading {
-    handle: PolicyHandle,
-    file: Option<PathBuf>,
-    trigger: Option<crate::reload::ReloadTrigger>,
-}
-
-impl Reloading {
-    /// The policy in force.
-    pub(crate) fn handle(&self) -> &PolicyHandle {
-        &self.handle
-    }
-
-    pub(crate) fn reload_now(&self) {
-        if let Some(trigger) = &self.trigger {
-            trigger.reload_now();
-        }
-        if let Some(path) = &self.file {
-            match Policy::load(path) {
-                Ok(policy) => {
-                    let label = policy.name().to_string();
-                    self.handle.swap(policy, label);
-                    tracing::info!(path = %path.display(), "policy re-read and swapped in");
-                }
-                Err(err) => tracing::warn!(
-                    "policy reload refused, the previous policy stays in force:\n{err}"
-                ),
-            }
-        }
-    }
-}
-
-/// `name@revision` -> sluice_bundle_revision{bundle="name"} = revision.
-fn set_revision(metrics: &Metrics, label: &str) {
-    if let Some((name, rev)) = bundle_of(label) {
-        metrics.set_bundle_revision(name, rev);
-    }
-}
-
-/// The bundle name and revision of a policy label (`name@revision`);
-/// `None` for a plain policy file's (its name alone).
-pub(crate) fn bundle_of(label: &str) -> Option<(&str, u64)> {
-    let (name, rev) = label.rsplit_once('@')?;
-    Some((name, rev.parse().ok()?))
 }
 
 /// What every enforced workload of one process shares: the services, the
@@ -436,7 +86,7 @@ impl Session {
 
     /// The policy in force now.
     pub(crate) fn policy(&self) -> Arc<crate::bundle::ActivePolicy> {
-        self.reloading.handle.current()
+        self.reloading.handle().current()
     }
 
     /// Serve `sandbox` as sandbox `id` under this session's policy, with
@@ -456,7 +106,7 @@ impl Session {
         ServedSandbox::start_with(
             sandbox,
             id,
-            self.reloading.handle.clone(),
+            self.reloading.handle().clone(),
             &self.services.shared,
             interception,
         )
@@ -672,12 +322,6 @@ pub(crate) fn secret_files(policy: &Policy) -> Vec<PathBuf> {
             _ => None,
         })
         .collect()
-}
-
-/// Whether `policy` has a rule whose connections sluice terminates (an
-/// `http` or `inject` block): only then does a workload need the sandbox CA.
-pub(crate) fn terminates_tls(policy: &Policy) -> bool {
-    policy.rules().iter().any(|r| r.terminates())
 }
 
 /// Write the system roots plus the sandbox CA to `path`, readable by
@@ -907,15 +551,4 @@ pub(crate) fn exit_code(status: ExitStatus) -> i32 {
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1)
-}
-
-/// The nameservers of the host's resolv.conf, for policies that name no
-/// `dns.upstream`.
-pub fn host_nameservers() -> Vec<SocketAddr> {
-    let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    text.lines()
-        .filter_map(|line| line.trim().strip_prefix("nameserver"))
-        .filter_map(|rest| rest.trim().parse::<std::net::IpAddr>().ok())
-        .map(|ip| SocketAddr::new(ip, 53))
-        .collect()
 }

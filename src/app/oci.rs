@@ -22,13 +22,14 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio::io::AsyncReadExt;
 
-use super::{supervise, supervise_command, CtrlC, PolicySource, ServedSandbox, ServiceOptions};
+use super::{supervise, supervise_command, CtrlC, PolicySource, ServiceOptions};
 use super::{Session, STOP_GRACE};
 use crate::attach::oci::{self as podman, PodmanRun};
 use crate::attach::oci_check::{Guarded, WrapperHook};
 use crate::attach::Sandbox;
 use crate::drain::Watch;
 use crate::proxy::Interception;
+use crate::serve::ServedSandbox;
 
 /// Everything `sluice oci` was asked to do.
 pub struct OciOptions {
@@ -131,7 +132,7 @@ async fn contain(
     // After podman is started: the container keeps the priority sluice
     // was started with (podman's own wait and stop, started later from
     // this thread, share the lead; they only wait).
-    super::runtime::serve_ahead_of_workload();
+    crate::serve::runtime::serve_ahead_of_workload();
 
     // Drained once podman has returned: the id is then written, or never.
     let (stop_naming, stop_rx) = crate::drain::trigger();
@@ -140,7 +141,7 @@ async fn contain(
         cidfile,
         own_cidfile,
         sandbox,
-        session.reloading.handle.clone(),
+        session.reloading.handle().clone(),
         session.services.shared.clone(),
         interception,
         stop_rx,

@@ -109,7 +109,7 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
     let served = session.serve_with(sandbox, opts.id, interception)?;
     // The VM's command comes from the init, forked before: it keeps
     // sluice's starting priority.
-    super::runtime::serve_ahead_of_workload();
+    crate::serve::runtime::serve_ahead_of_workload();
     let terminal = crate::confine::terminal::Foreground::now();
     // Started from this (the runtime's main) thread: see host::spawn.
     let spawned = match served.sandbox.netns.entry() {
@@ -226,7 +226,7 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
     };
     let served = session.serve_with(sandbox, opts.id, interception)?;
     // The guest is someone else's process: nothing here inherits the lead.
-    super::runtime::serve_ahead_of_workload();
+    crate::serve::runtime::serve_ahead_of_workload();
     tracing::info!(tap = %net.tap, guest = %net.guest, "serving the tap until SIGINT or SIGTERM");
     let stop = tokio::select! {
         _ = wait_for_stop(&session) => Stop::Signal,
@@ -236,7 +236,7 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
         // Its addresses went with it; the tables would fence a tap of the
         // same name made later, for another guest: they go too.
         session.finish_attached(Some(served)).await;
-        let removed = detach(&kept, &net.tap);
+        let removed = crate::attach::vm::remove_fence(&kept, &net.tap);
         eprintln!(
             "sluice: the tap {} was removed while sluice vm attach served it{}; exiting 1",
             net.tap,
@@ -307,17 +307,4 @@ async fn wait_for_stop(session: &Session) {
             }
         }
     }
-}
-
-/// `sluice vm detach`: remove the fence of `tap` in `netns` (both of its
-/// tables). The tap itself and its addresses are left alone.
-pub fn detach(netns: &SandboxNetns, tap: &str) -> Result<()> {
-    let spec = crate::enforce::SandboxSpec::vm(
-        attach::PROXY_PORT,
-        attach::DNS_PORT,
-        crate::enforce::example_fence(tap),
-    );
-    netns
-        .run_in(move || crate::enforce::remove(&spec))?
-        .with_context(|| format!("cannot remove the fence of tap {tap}"))
 }

@@ -8,7 +8,7 @@
 //! `vm` fences a microVM's tap (`sluice vm`, `sluice vm attach`).
 //! [`prepare`] does the rest for all of them: install and read back the
 //! namespace's sluice tables and bind the listeners (and a VM's DHCP
-//! socket) inside it. Nothing here serves connections (`app` does) or
+//! socket) inside it. Nothing here serves connections (`serve` does) or
 //! decides policy.
 
 pub mod host;
@@ -144,7 +144,7 @@ pub fn prepare(netns: SandboxNetns, attachment: &Attachment) -> Result<Sandbox, 
 }
 
 /// Proxy listeners bound per proxy address (one per worker of the runtime
-/// that serves them; see `app::runtime`).
+/// that serves them; see `serve::runtime`).
 static LISTENERS_PER_ADDRESS: AtomicUsize = AtomicUsize::new(1);
 
 /// Bind `n` proxy listeners per address from now on (at least one). With

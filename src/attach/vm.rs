@@ -243,6 +243,17 @@ impl VmNet {
     }
 }
 
+/// `sluice vm detach`: remove the fence of `tap` in `netns` (both of its
+/// tables). The tap itself and its addresses are left alone.
+pub fn remove_fence(
+    netns: &crate::netns::SandboxNetns,
+    tap: &str,
+) -> Result<(), super::AttachError> {
+    let spec = SandboxSpec::vm(PROXY_PORT, DNS_PORT, crate::enforce::example_fence(tap));
+    netns.run_in(move || crate::enforce::remove(&spec))??;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -107,7 +107,7 @@ impl RecordArgs {
         crate::app::ServiceOptions {
             audit: self.audit,
             audit_max_bytes: self.audit_max_bytes,
-            checkpoints: crate::app::CheckpointSettings {
+            checkpoints: crate::serve::CheckpointSettings {
                 state_dir: state_dir.to_path_buf(),
                 every_records: self.audit_checkpoint_records,
                 interval: self.audit_checkpoint_interval,
@@ -119,7 +119,7 @@ impl RecordArgs {
                 max_connections: self.max_connections.max(1),
                 ..Default::default()
             },
-            default_upstream: crate::app::host_nameservers(),
+            default_upstream: crate::serve::host_nameservers(),
             upstream_ca: self.upstream_ca,
         }
     }

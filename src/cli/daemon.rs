@@ -21,5 +21,5 @@ pub struct DaemonArgs {
 pub fn execute(args: DaemonArgs) -> anyhow::Result<i32> {
     let config = crate::daemon::DaemonConfig::load(&args.config)?;
     crate::confine::require_root("sluice daemon")?;
-    crate::app::runtime::many_sandboxes()?.block_on(crate::daemon::run(config))
+    crate::serve::runtime::many_sandboxes()?.block_on(crate::daemon::run(config))
 }

@@ -40,7 +40,7 @@ pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
     crate::confine::require_root("sluice oci")?;
     // Before the sandbox, whose listeners (one per worker) may be bound
     // before the runtime starts.
-    let runtime = crate::app::runtime::plan_one_sandbox()?;
+    let runtime = crate::serve::runtime::plan_one_sandbox()?;
     // The namespace first, on a thread of its own while the runtime and the
     // services start (as for `sluice run`).
     let sandbox = crate::app::start_sandbox(&crate::attach::oci::attachment())?;

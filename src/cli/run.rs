@@ -39,7 +39,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     crate::confine::require_root("sluice run")?;
     // Before the sandbox, whose listeners (one per worker) may be bound
     // before the runtime starts.
-    let runtime = crate::app::runtime::plan_one_sandbox()?;
+    let runtime = crate::serve::runtime::plan_one_sandbox()?;
     // The init, while sluice is still one thread and small (see PreparedInit).
     let init = crate::confine::PreparedInit::fork()?;
     // Then the namespace, on a thread of its own while the runtime and the

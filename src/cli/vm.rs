@@ -243,7 +243,7 @@ fn wrap(args: WrapArgs) -> anyhow::Result<i32> {
         files,
         init,
     };
-    crate::app::runtime::one_sandbox()?.block_on(crate::app::vm::run(opts))
+    crate::serve::runtime::one_sandbox()?.block_on(crate::app::vm::run(opts))
 }
 
 fn attach(args: AttachArgs) -> anyhow::Result<i32> {
@@ -269,7 +269,7 @@ fn attach(args: AttachArgs) -> anyhow::Result<i32> {
         id,
         ca_file: args.ca_file,
     };
-    crate::app::runtime::one_sandbox()?.block_on(crate::app::vm::attach(opts))
+    crate::serve::runtime::one_sandbox()?.block_on(crate::app::vm::attach(opts))
 }
 
 /// `sluice vm attach --daemon`: the daemon fences the tap in the namespace
@@ -323,7 +323,8 @@ fn detach(args: DetachArgs) -> anyhow::Result<i32> {
         pid: args.pid,
     };
     let netns = namespace.open()?;
-    crate::app::vm::detach(&netns, tap)?;
+    crate::attach::vm::remove_fence(&netns, tap)
+        .with_context(|| format!("cannot remove the fence of tap {tap}"))?;
     eprintln!("sluice: removed the fence of tap {tap}");
     Ok(0)
 }

@@ -27,8 +27,8 @@ pub(crate) use config::DaemonConfig;
 pub(crate) use registry::Registry;
 pub(crate) use server::SocketError;
 
-use crate::app::{host_nameservers, ServiceOptions, Services, DRAIN_DEADLINE, DRAIN_GRACE};
 use crate::drain::Drain;
+use crate::serve::{host_nameservers, ServiceOptions, Services, DRAIN_DEADLINE, DRAIN_GRACE};
 
 /// Run the daemon until SIGINT or SIGTERM; SIGHUP re-reads every sandbox's
 /// policy. Returns the exit status.
@@ -36,7 +36,7 @@ pub(crate) async fn run(config: DaemonConfig) -> Result<i32> {
     let services = Services::start(ServiceOptions {
         audit: config.audit.clone(),
         audit_max_bytes: config.audit_max_bytes,
-        checkpoints: crate::app::CheckpointSettings {
+        checkpoints: crate::serve::CheckpointSettings {
             state_dir: config.defaults.state_dir.clone(),
             every_records: config.audit_checkpoint_records,
             interval: config.audit_checkpoint_interval,

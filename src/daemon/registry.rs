@@ -22,11 +22,11 @@ use super::adopt::{self, Records};
 use super::api::{ApiError, AttachRequest, Connections, Fence, SandboxInfo, FENCE_REMOVE};
 use super::config::Defaults;
 use super::exits::ExitWatcher;
-use crate::app::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, DRAIN_GRACE};
 use crate::attach::vm::VmNet;
 use crate::drain::Drain;
 use crate::netns::{LinkAddress, SandboxNetns};
 use crate::sandbox_id::SandboxId;
+use crate::serve::{ActiveSource, PolicySource, Reloading, ServedSandbox, Shared, DRAIN_GRACE};
 use crate::workload::WorkloadPath;
 
 mod adoption;
@@ -515,8 +515,8 @@ impl Registry {
                 let removed = netns.remove_tap_addresses(&net.tap, &added);
                 let unfenced = match fence {
                     Fence::Keep => Ok(()),
-                    Fence::Remove => crate::app::vm::detach(&netns, &net.tap)
-                        .map_err(|e| crate::report::error_line(&e)),
+                    Fence::Remove => crate::attach::vm::remove_fence(&netns, &net.tap)
+                        .map_err(|e| format!("cannot remove the fence of tap {}: {e}", net.tap)),
                 };
                 (removed, unfenced)
             })
@@ -551,7 +551,7 @@ impl Registry {
     /// highest revision still enforced.
     fn forget_bundle_unless_used(&self, label: &str) {
         let (Some(metrics), Some((bundle, _))) =
-            (self.shared.metrics.as_ref(), crate::app::bundle_of(label))
+            (self.shared.metrics.as_ref(), crate::serve::bundle_of(label))
         else {
             return;
         };
@@ -563,7 +563,7 @@ impl Registry {
                 Slot::Pending { .. } => None,
             })
             .filter_map(|label| {
-                crate::app::bundle_of(&label)
+                crate::serve::bundle_of(&label)
                     .filter(|(name, _)| *name == bundle)
                     .map(|(_, rev)| rev)
             })
