@@ -24,7 +24,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
 use crate::serve::{
-    runtime, ActiveSource, Reloading, ServedSandbox, Services, Shared, DRAIN_DEADLINE, DRAIN_GRACE,
+    ActiveSource, Reloading, ServedSandbox, Services, Shared, DRAIN_DEADLINE, DRAIN_GRACE,
 };
 pub use crate::serve::{PolicySource, ServiceOptions};
 
@@ -257,7 +257,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
 
     // The workload comes from the init, forked before this thread got its
     // lead, so it keeps the priority sluice was started with.
-    runtime::serve_ahead_of_workload();
+    session.services.shared.workers.serve_ahead_of_workload();
     let terminal = crate::confine::terminal::Foreground::now();
     // Spawned from this (the runtime's main) thread: see host::spawn.
     let mut child = match host::spawn(init, &served.sandbox).await {

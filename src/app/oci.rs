@@ -132,7 +132,7 @@ async fn contain(
     // After podman is started: the container keeps the priority sluice
     // was started with (podman's own wait and stop, started later from
     // this thread, share the lead; they only wait).
-    crate::serve::runtime::serve_ahead_of_workload();
+    session.services.shared.workers.serve_ahead_of_workload();
 
     // Drained once podman has returned: the id is then written, or never.
     let (stop_naming, stop_rx) = crate::drain::trigger();

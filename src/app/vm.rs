@@ -99,7 +99,8 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
         session.finish(None, super::Leftovers::Unknown).await;
         return Err(attach::AttachError::Confine(err).into());
     }
-    let sandbox = match own_namespace(&opts.net, owner) {
+    let listeners = session.services.shared.workers.listeners_per_address();
+    let sandbox = match own_namespace(&opts.net, owner, listeners) {
         Ok(sandbox) => sandbox,
         Err(err) => {
             session.finish(None, super::Leftovers::Unknown).await;
@@ -109,7 +110,7 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
     let served = session.serve_with(sandbox, opts.id, interception)?;
     // The VM's command comes from the init, forked before: it keeps
     // sluice's starting priority.
-    crate::serve::runtime::serve_ahead_of_workload();
+    session.services.shared.workers.serve_ahead_of_workload();
     let terminal = crate::confine::terminal::Foreground::now();
     // Started from this (the runtime's main) thread: see host::spawn.
     let spawned = match served.sandbox.netns.entry() {
@@ -142,12 +143,13 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
 }
 
 /// A fresh namespace with the tap in it, fenced, listeners bound.
-fn own_namespace(net: &VmNet, owner: TapOwner) -> Result<attach::Sandbox> {
+fn own_namespace(net: &VmNet, owner: TapOwner, listeners: usize) -> Result<attach::Sandbox> {
     let netns = SandboxNetns::create().context("cannot create the VMM's network namespace")?;
     netns
         .create_tap(&net.tap, owner, &net.gateway_addresses())
         .with_context(|| format!("cannot create the tap {}", net.tap))?;
-    attach::prepare(netns, &net.attachment(true)).context("cannot fence the tap")
+    attach::prepare(netns, &net.attachment(true).served_by(listeners))
+        .context("cannot fence the tap")
 }
 
 /// Everything `sluice vm attach` was asked to do.
@@ -216,7 +218,10 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
                 .context(format!("cannot watch tap {} for its removal", net.tap)));
         }
     };
-    let sandbox = match attach::prepare(netns, &net.attachment(false)) {
+    let attachment = net
+        .attachment(false)
+        .served_by(session.services.shared.workers.listeners_per_address());
+    let sandbox = match attach::prepare(netns, &attachment) {
         Ok(sandbox) => sandbox,
         Err(err) => {
             let _ = kept.remove_tap_addresses(&net.tap, &added);
@@ -226,7 +231,7 @@ pub async fn attach(opts: AttachOptions) -> Result<i32> {
     };
     let served = session.serve_with(sandbox, opts.id, interception)?;
     // The guest is someone else's process: nothing here inherits the lead.
-    crate::serve::runtime::serve_ahead_of_workload();
+    session.services.shared.workers.serve_ahead_of_workload();
     tracing::info!(tap = %net.tap, guest = %net.guest, "serving the tap until SIGINT or SIGTERM");
     let stop = tokio::select! {
         _ = wait_for_stop(&session) => Stop::Signal,

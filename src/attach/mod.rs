@@ -17,7 +17,6 @@ pub mod oci_check;
 pub mod vm;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::enforce::{self, SandboxSpec};
 use crate::netns::{NetnsError, SandboxNetns, SANDBOX_V4, SANDBOX_V6};
@@ -81,9 +80,21 @@ pub struct Attachment {
     /// pinned too (its MAC, permanent), so that no reply to it waits on
     /// neighbour discovery.
     pub router: Option<(String, crate::ndp::GuestRouter)>,
+    /// Proxy listeners bound per proxy address: one per worker of the
+    /// runtime that serves them ([`Attachment::served_by`]). With more than
+    /// one they share the address through SO_REUSEPORT, and the kernel
+    /// spreads connections over them by their addresses.
+    pub listeners_per_address: usize,
 }
 
 impl Attachment {
+    /// The same attachment, with `listeners` proxy listeners per address
+    /// (at least one): one per worker (`serve::runtime::Workers`).
+    pub fn served_by(mut self, listeners: usize) -> Attachment {
+        self.listeners_per_address = listeners.max(1);
+        self
+    }
+
     /// A namespace that is the workload's alone (`sluice run`'s, a
     /// container's): its output hooks redirect every TCP connection and DNS
     /// query to listeners on its loopback, v4 and v6.
@@ -102,6 +113,7 @@ impl Attachment {
             internal: vec![SANDBOX_V4.into(), SANDBOX_V6.into()],
             dhcp: None,
             router: None,
+            listeners_per_address: 1,
         }
     }
 }
@@ -141,17 +153,6 @@ pub fn prepare(netns: SandboxNetns, attachment: &Attachment) -> Result<Sandbox, 
         attachment: attachment.clone(),
         sockets,
     })
-}
-
-/// Proxy listeners bound per proxy address (one per worker of the runtime
-/// that serves them; see `serve::runtime`).
-static LISTENERS_PER_ADDRESS: AtomicUsize = AtomicUsize::new(1);
-
-/// Bind `n` proxy listeners per address from now on (at least one). With
-/// more than one they share the address through SO_REUSEPORT, and the
-/// kernel spreads connections over them by their addresses.
-pub fn set_listeners_per_address(n: usize) {
-    LISTENERS_PER_ADDRESS.store(n.max(1), Ordering::Relaxed);
 }
 
 /// A listener on `addr` that other listeners of this process share
@@ -241,7 +242,7 @@ fn enforce_inside(attachment: &Attachment) -> Result<SandboxSockets, AttachError
 
 /// Runs on a thread inside the sandbox namespace.
 fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> {
-    let shared = LISTENERS_PER_ADDRESS.load(Ordering::Relaxed) > 1;
+    let shared = attachment.listeners_per_address > 1;
     let tcp = |what, addr, reuseport: bool| {
         let bound = if reuseport {
             reuseport_listener(addr)
@@ -289,7 +290,7 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
         router: None,
     };
     for &addr in &attachment.proxy_binds {
-        for _ in 0..LISTENERS_PER_ADDRESS.load(Ordering::Relaxed) {
+        for _ in 0..attachment.listeners_per_address.max(1) {
             sockets.proxy.push(tcp("proxy", addr, shared)?);
         }
     }

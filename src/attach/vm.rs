@@ -209,6 +209,7 @@ impl VmNet {
             internal,
             dhcp: Some((self.tap.clone(), self.lease())),
             router: self.router().map(|r| (self.tap.clone(), r)),
+            listeners_per_address: 1,
         }
     }
 

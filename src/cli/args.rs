@@ -102,8 +102,12 @@ pub struct RecordArgs {
 
 impl RecordArgs {
     /// The process-wide services these options ask for; the audit key is in
-    /// `state_dir`.
-    pub fn services(self, state_dir: &std::path::Path) -> crate::app::ServiceOptions {
+    /// `state_dir`; `workers` serve.
+    pub fn services(
+        self,
+        state_dir: &std::path::Path,
+        workers: crate::serve::runtime::Workers,
+    ) -> crate::app::ServiceOptions {
         crate::app::ServiceOptions {
             audit: self.audit,
             audit_max_bytes: self.audit_max_bytes,
@@ -121,6 +125,7 @@ impl RecordArgs {
             },
             default_upstream: crate::serve::host_nameservers(),
             upstream_ca: self.upstream_ca,
+            workers,
         }
     }
 }

@@ -21,5 +21,6 @@ pub struct DaemonArgs {
 pub fn execute(args: DaemonArgs) -> anyhow::Result<i32> {
     let config = crate::daemon::DaemonConfig::load(&args.config)?;
     crate::confine::require_root("sluice daemon")?;
-    crate::serve::runtime::many_sandboxes()?.block_on(crate::daemon::run(config))
+    let (runtime, workers) = crate::serve::runtime::many_sandboxes()?;
+    runtime.block_on(crate::daemon::run(config, workers))
 }

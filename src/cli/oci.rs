@@ -43,12 +43,17 @@ pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
     let runtime = crate::serve::runtime::plan_one_sandbox()?;
     // The namespace first, on a thread of its own while the runtime and the
     // services start (as for `sluice run`).
-    let sandbox = crate::app::start_sandbox(&crate::attach::oci::attachment())?;
+    let sandbox = crate::app::start_sandbox(
+        &crate::attach::oci::attachment().served_by(runtime.listeners_per_address()),
+    )?;
+    let (started, workers) = runtime.start()?;
     let opts = crate::app::oci::OciOptions {
         policy,
-        services: args.records.services(&args.source.bundle_opts.state_dir),
+        services: args
+            .records
+            .services(&args.source.bundle_opts.state_dir, workers),
         podman,
         sandbox,
     };
-    runtime.start()?.block_on(crate::app::oci::run(opts))
+    started.block_on(crate::app::oci::run(opts))
 }

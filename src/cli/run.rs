@@ -44,18 +44,23 @@ pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let init = crate::confine::PreparedInit::fork()?;
     // Then the namespace, on a thread of its own while the runtime and the
     // services start: its table's thread is the longest path to the go.
-    let sandbox = crate::app::start_sandbox(&crate::attach::host::attachment())?;
+    let sandbox = crate::app::start_sandbox(
+        &crate::attach::host::attachment().served_by(runtime.listeners_per_address()),
+    )?;
     let files = sluice_files(&args.source, &args.records);
+    let (started, workers) = runtime.start()?;
     let opts = crate::app::RunOptions {
         policy,
-        services: args.records.services(&args.source.bundle_opts.state_dir),
+        services: args
+            .records
+            .services(&args.source.bundle_opts.state_dir, workers),
         user: args.user,
         command: args.command,
         files,
         init,
         sandbox,
     };
-    runtime.start()?.block_on(crate::app::run(opts))
+    started.block_on(crate::app::run(opts))
 }
 
 /// The files this run of sluice reads or writes, which its workload must

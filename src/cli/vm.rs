@@ -233,9 +233,12 @@ fn wrap(args: WrapArgs) -> anyhow::Result<i32> {
     // First, while sluice is one thread and small (see PreparedInit).
     let init = crate::confine::PreparedInit::fork()?;
     let files = super::run::sluice_files(&args.source, &args.records);
+    let (started, workers) = crate::serve::runtime::one_sandbox()?;
     let opts = crate::app::vm::VmOptions {
         policy,
-        services: args.records.services(&args.source.bundle_opts.state_dir),
+        services: args
+            .records
+            .services(&args.source.bundle_opts.state_dir, workers),
         net,
         id,
         user: args.user,
@@ -243,7 +246,7 @@ fn wrap(args: WrapArgs) -> anyhow::Result<i32> {
         files,
         init,
     };
-    crate::serve::runtime::one_sandbox()?.block_on(crate::app::vm::run(opts))
+    started.block_on(crate::app::vm::run(opts))
 }
 
 fn attach(args: AttachArgs) -> anyhow::Result<i32> {
@@ -261,15 +264,18 @@ fn attach(args: AttachArgs) -> anyhow::Result<i32> {
     }
     crate::confine::require_root("sluice vm attach")?;
     let netns = args.namespace.open()?;
+    let (started, workers) = crate::serve::runtime::one_sandbox()?;
     let opts = crate::app::vm::AttachOptions {
         policy,
-        services: args.records.services(&args.source.bundle_opts.state_dir),
+        services: args
+            .records
+            .services(&args.source.bundle_opts.state_dir, workers),
         netns,
         net,
         id,
         ca_file: args.ca_file,
     };
-    crate::serve::runtime::one_sandbox()?.block_on(crate::app::vm::attach(opts))
+    started.block_on(crate::app::vm::attach(opts))
 }
 
 /// `sluice vm attach --daemon`: the daemon fences the tap in the namespace

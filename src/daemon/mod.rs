@@ -32,8 +32,12 @@ use crate::serve::{host_nameservers, ServiceOptions, Services, DRAIN_DEADLINE, D
 
 /// Run the daemon until SIGINT or SIGTERM; SIGHUP re-reads every sandbox's
 /// policy. Returns the exit status.
-pub(crate) async fn run(config: DaemonConfig) -> Result<i32> {
+pub(crate) async fn run(
+    config: DaemonConfig,
+    workers: crate::serve::runtime::Workers,
+) -> Result<i32> {
     let services = Services::start(ServiceOptions {
+        workers,
         audit: config.audit.clone(),
         audit_max_bytes: config.audit_max_bytes,
         checkpoints: crate::serve::CheckpointSettings {

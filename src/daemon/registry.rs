@@ -255,8 +255,9 @@ impl Registry {
         let pid = req.pid;
         let vm = req.vm.as_ref().map(vm_net).transpose()?;
         let for_vm = vm.clone();
+        let listeners = self.shared.workers.listeners_per_address();
         let (sandbox, process, added) =
-            tokio::task::spawn_blocking(move || enforce(fd, pid, for_vm.as_ref()))
+            tokio::task::spawn_blocking(move || enforce(fd, pid, for_vm.as_ref(), listeners))
                 .await
                 .map_err(|e| ApiError::internal(format!("attach task failed: {e}")))??;
         let netns = Arc::new(

@@ -1,11 +1,14 @@
-//! Which async runtime serves sandboxes, and how many workers it has.
+//! Which async runtime serves sandboxes, and how many workers it has: a
+//! plan read once from the environment at start ([`plan_one_sandbox`],
+//! [`many_sandboxes`]) and passed down as a value ([`Workers`]), never a
+//! process-wide global.
 //!
 //! Each worker gets its own proxy listener per address (SO_REUSEPORT, see
-//! `attach::set_listeners_per_address`): the kernel spreads connections
+//! `Attachment::served_by`): the kernel spreads connections
 //! over the listeners. One sandbox (`run`, `oci`, `vm`) with more than one
 //! worker is served thread-per-core: the main thread's single-threaded
 //! runtime and, per extra worker, a thread with a single-threaded runtime
-//! of its own ([`side_workers`]) that accepts on its own listeners and
+//! of its own ([`Workers::side`]) that accepts on its own listeners and
 //! keeps every connection it accepted, so no task or wake-up crosses
 //! threads. The daemon keeps tokio's multi-threaded runtime.
 //!
@@ -15,8 +18,6 @@
 //! proxy's turn comes first. While many connections are in flight they run
 //! a few steps further ahead ([`lead_by_load`]). The workload keeps the
 //! priority it was started with.
-
-use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 use tokio::runtime::Handle;
@@ -41,9 +42,6 @@ pub struct BadNice(String);
 /// more of a CPU from the host's other processes.
 const NICE_AHEAD: i32 = 2;
 
-/// The lead [`plan_one_sandbox`] read, for [`serve_ahead_of_workload`].
-static AHEAD: OnceLock<i32> = OnceLock::new();
-
 /// Nice steps a serving thread takes on top of its lead while [`BUSY_AT`]
 /// or more of the sandbox's connections are in flight. Measured on these
 /// 2-vCPU machines (docs/measurements.md, round fifteen): at 8 in flight
@@ -61,16 +59,6 @@ std::thread_local! {
     /// The nice this serving thread returns to once the load is gone, while
     /// it runs [`LEAD_UNDER_LOAD`] further ahead; `None` when it does not.
     static BEFORE_LOAD: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
-}
-
-/// What a sandbox's proxy calls after each accept (its `on_accept`), or
-/// `None` where serving threads do not run ahead of the workload (the
-/// daemon, or `SLUICE_NICE=0`).
-pub fn lead_by_load() -> Option<fn(usize)> {
-    AHEAD
-        .get()
-        .filter(|&&steps| steps > 0)
-        .map(|_| follow_load as fn(usize))
 }
 
 /// Take or give back [`LEAD_UNDER_LOAD`] on the calling thread, given the
@@ -117,20 +105,6 @@ fn nice_ahead(value: Option<&str>) -> Result<i32, BadNice> {
     }
 }
 
-/// Run the calling thread, and the threads it starts from then on, the
-/// planned number of nice steps ahead of the workload (nice -20 at most). Call
-/// it where the workload's own processes cannot inherit it: in `sluice
-/// run` and `sluice vm` the workload comes from the init, forked before;
-/// in `sluice oci`, after podman is started. A thread that may not raise
-/// its priority (no CAP_SYS_NICE) serves at the workload's.
-pub fn serve_ahead_of_workload() {
-    let steps = *AHEAD.get_or_init(|| NICE_AHEAD);
-    if steps == 0 {
-        return;
-    }
-    let _ = run_ahead_by(steps);
-}
-
 /// How many workers serve sandboxes: `SLUICE_WORKERS` if set (1 to 64),
 /// else `default`.
 fn workers(default: usize) -> Result<usize, BadWorkers> {
@@ -158,21 +132,10 @@ fn build(threads: usize) -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// The extra workers of a thread-per-core process, in order (worker 1 is
-/// the first); empty unless [`one_sandbox`] started some.
-static SIDE_WORKERS: OnceLock<Vec<Handle>> = OnceLock::new();
-
-/// The runtimes of the workers after the first (the main thread's), each
-/// driven by a thread of its own for the rest of the process. A task
-/// spawned on one stays on that thread, and so do the sockets it opens.
-pub fn side_workers() -> &'static [Handle] {
-    SIDE_WORKERS.get().map_or(&[], Vec::as_slice)
-}
-
 /// Start `n` threads, each driving a single-threaded runtime of its own.
 /// They park in their runtime until the process exits: nothing waits for
 /// them at exit, and a sandbox's drain waits for the tasks it put there.
-fn start_side_workers(n: usize) -> Result<Vec<Handle>> {
+fn start_side_workers(n: usize, plan: Plan) -> Result<Vec<Handle>> {
     (1..=n)
         .map(|index| {
             let runtime = build(1).context("cannot start a worker's async runtime")?;
@@ -181,7 +144,7 @@ fn start_side_workers(n: usize) -> Result<Vec<Handle>> {
                 .name(format!("sluice-worker-{index}"))
                 .spawn(move || {
                     // Nothing is spawned from these threads: the lead is theirs alone.
-                    serve_ahead_of_workload();
+                    plan.serve_ahead_of_workload();
                     runtime.block_on(std::future::pending::<()>())
                 })
                 .context("cannot start a worker thread")?;
@@ -190,46 +153,148 @@ fn start_side_workers(n: usize) -> Result<Vec<Handle>> {
         .collect()
 }
 
+/// How many workers serve a process's sandboxes and how far ahead of the
+/// workload they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Worker threads, each with its own proxy listener per address.
+    pub workers: usize,
+    /// Nice steps the serving threads run ahead of the workload (0: none).
+    pub nice_ahead: i32,
+}
+
+impl Plan {
+    /// Run the calling thread, and the threads it starts from then on, the
+    /// planned number of nice steps ahead of the workload (nice -20 at
+    /// most). Call it where the workload's own processes cannot inherit it:
+    /// in `sluice run` and `sluice vm` the workload comes from the init,
+    /// forked before; in `sluice oci`, after podman is started. A thread
+    /// that may not raise its priority (no CAP_SYS_NICE) serves at the
+    /// workload's.
+    pub fn serve_ahead_of_workload(&self) {
+        if self.nice_ahead > 0 {
+            let _ = run_ahead_by(self.nice_ahead);
+        }
+    }
+}
+
+/// The workers that serve, as the runtime started them: the plan, and the
+/// runtimes of the workers after the first (the main thread's), each driven
+/// by a thread of its own for the rest of the process. A task spawned on one
+/// stays on that thread, and so do the sockets it opens.
+#[derive(Debug, Clone)]
+pub struct Workers {
+    plan: Plan,
+    side: Vec<Handle>,
+}
+
+impl Default for Workers {
+    /// One worker, no lead: what a process that planned nothing gets.
+    fn default() -> Workers {
+        Workers {
+            plan: Plan {
+                workers: 1,
+                nice_ahead: 0,
+            },
+            side: Vec::new(),
+        }
+    }
+}
+
+impl Workers {
+    pub fn plan(&self) -> Plan {
+        self.plan
+    }
+
+    /// The side workers, in order (worker 1 is the first); empty for one
+    /// worker, and for the daemon's multi-threaded runtime.
+    pub fn side(&self) -> &[Handle] {
+        &self.side
+    }
+
+    /// Proxy listeners to bind per address: one per worker.
+    pub fn listeners_per_address(&self) -> usize {
+        self.plan.workers
+    }
+
+    /// What a sandbox's proxy calls after each accept (its `on_accept`),
+    /// or `None` where serving threads do not run ahead of the workload
+    /// (the daemon, or `SLUICE_NICE=0`).
+    pub fn lead_by_load(&self) -> Option<fn(usize)> {
+        (self.plan.nice_ahead > 0).then_some(follow_load as fn(usize))
+    }
+
+    /// See [`Plan::serve_ahead_of_workload`].
+    pub fn serve_ahead_of_workload(&self) {
+        self.plan.serve_ahead_of_workload();
+    }
+}
+
 /// One sandbox (`run`, `oci`, `vm`) is served on one thread by default: no
 /// task ever hops between threads, and on these 2-vCPU machines the
 /// workload and its peers need the other core. With `SLUICE_WORKERS=n` it
 /// is served thread-per-core by n threads.
-pub fn one_sandbox() -> Result<tokio::runtime::Runtime> {
+pub fn one_sandbox() -> Result<(tokio::runtime::Runtime, Workers)> {
     plan_one_sandbox()?.start()
 }
 
-/// The workers [`one_sandbox`] will start, decided (and the listeners per
-/// address set to match) without starting them: call it before binding the
-/// sandbox's listeners, which may happen before the runtime starts.
+/// The workers [`one_sandbox`] will start, decided without starting them:
+/// call it before binding the sandbox's listeners (one per worker, see
+/// [`OneSandbox::listeners_per_address`]), which may happen before the
+/// runtime starts.
 pub fn plan_one_sandbox() -> Result<OneSandbox> {
     let workers = workers(1)?;
-    let ahead = nice_ahead(std::env::var("SLUICE_NICE").ok().as_deref())?;
-    let _ = AHEAD.set(ahead);
-    crate::attach::set_listeners_per_address(workers);
-    Ok(OneSandbox { workers })
+    let nice_ahead = nice_ahead(std::env::var("SLUICE_NICE").ok().as_deref())?;
+    Ok(OneSandbox {
+        plan: Plan {
+            workers,
+            nice_ahead,
+        },
+    })
 }
 
 /// A runtime for one sandbox, planned ([`plan_one_sandbox`]), not started.
 pub struct OneSandbox {
-    workers: usize,
+    plan: Plan,
 }
 
 impl OneSandbox {
+    /// Proxy listeners to bind per address: one per worker.
+    pub fn listeners_per_address(&self) -> usize {
+        self.plan.workers
+    }
+
     /// Start the side workers and the main thread's runtime.
-    pub fn start(self) -> Result<tokio::runtime::Runtime> {
-        if self.workers > 1 && SIDE_WORKERS.get().is_none() {
-            let _ = SIDE_WORKERS.set(start_side_workers(self.workers - 1)?);
-        }
-        build(1)
+    pub fn start(self) -> Result<(tokio::runtime::Runtime, Workers)> {
+        let side = if self.plan.workers > 1 {
+            start_side_workers(self.plan.workers - 1, self.plan)?
+        } else {
+            Vec::new()
+        };
+        let workers = Workers {
+            plan: self.plan,
+            side,
+        };
+        Ok((build(1)?, workers))
     }
 }
 
-/// The daemon serves many sandboxes and gets a worker per core.
-pub fn many_sandboxes() -> Result<tokio::runtime::Runtime> {
+/// The daemon serves many sandboxes and gets a worker per core, on tokio's
+/// multi-threaded runtime, with no lead over its workloads.
+pub fn many_sandboxes() -> Result<(tokio::runtime::Runtime, Workers)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = workers(cores)?;
-    crate::attach::set_listeners_per_address(workers);
-    build(workers)
+    let plan = Plan {
+        workers,
+        nice_ahead: 0,
+    };
+    Ok((
+        build(workers)?,
+        Workers {
+            plan,
+            side: Vec::new(),
+        },
+    ))
 }
 
 impl crate::exit_class::Classified for BadWorkers {

@@ -36,6 +36,8 @@ pub struct Shared {
     pub default_upstream: Vec<SocketAddr>,
     /// The origin side's TLS trust (system roots plus `--upstream-ca`).
     pub upstream_tls: crate::intercept::roots::UpstreamTrust,
+    /// The workers that serve the process's sandboxes.
+    pub workers: super::runtime::Workers,
 }
 
 impl Shared {
@@ -126,7 +128,7 @@ fn proxy_context(
         .as_ref()
         .map(|m| m.path(path).with_tally(tally.clone()));
     proxy_ctx.timings = shared.timings.clone();
-    proxy_ctx.on_accept = super::runtime::lead_by_load();
+    proxy_ctx.on_accept = shared.workers.lead_by_load();
     proxy_ctx.internal = InternalAddrs {
         ips: sandbox.attachment.internal.clone(),
         endpoints: shared.internal.clone(),
@@ -139,11 +141,11 @@ fn spawn_proxy_listeners(
     drain: &mut Drain,
     sandbox: &Sandbox,
     proxy_ctx: &Arc<ProxyContext>,
+    side: &[tokio::runtime::Handle],
 ) -> Result<()> {
     // The listeners come `workers` per address, in order: the k-th of
     // each address is served by worker k (the main runtime is worker
-    // 0; see `runtime::side_workers`).
-    let side = super::runtime::side_workers();
+    // 0; see `runtime::Workers::side`).
     for (index, listener) in sandbox.sockets.proxy.iter().enumerate() {
         let (ctx, watch) = (proxy_ctx.clone(), drain.watch());
         let number = index % (side.len() + 1);
@@ -276,7 +278,7 @@ impl ServedSandbox {
             &tally,
         );
         let mut drain = Drain::new("sandbox");
-        spawn_proxy_listeners(&mut drain, &sandbox, &proxy_ctx)?;
+        spawn_proxy_listeners(&mut drain, &sandbox, &proxy_ctx, shared.workers.side())?;
         spawn_dns_servers(&mut drain, &sandbox, &dns_ctx)?;
         spawn_link_servers(&mut drain, &sandbox)?;
         if let Some(metrics) = shared.metrics.as_ref() {

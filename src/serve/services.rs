@@ -48,6 +48,8 @@ pub struct ServiceOptions {
     /// CA files trusted for origins besides the system roots
     /// (`--upstream-ca`), when sluice terminates TLS.
     pub upstream_ca: Vec<PathBuf>,
+    /// The workers that serve (the runtime plan, as the runtime started).
+    pub workers: super::runtime::Workers,
 }
 
 /// Signed checkpoints of the audit log.
@@ -115,6 +117,7 @@ impl Services {
                 internal: opts.metrics.into_iter().collect(),
                 default_upstream: opts.default_upstream,
                 upstream_tls,
+                workers: opts.workers,
             },
             registry,
             drain,

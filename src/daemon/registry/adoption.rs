@@ -64,11 +64,12 @@ pub(super) type Enforced = (crate::attach::Sandbox, Option<Pidfd>, Vec<LinkAddre
 
 /// Blocking part of an attach: adopt the namespace, tie it to the
 /// container's (or VMM's) process, give it its plumbing (a VM: take over
-/// its tap), enforce it.
+/// its tap), enforce it, with `listeners` proxy listeners per address.
 pub(super) fn enforce(
     fd: OwnedFd,
     pid: Option<i32>,
     vm: Option<&VmNet>,
+    listeners: usize,
 ) -> Result<Enforced, ApiError> {
     let netns = SandboxNetns::from_owned_fd(fd).map_err(|e| ApiError::bad(e.to_string()))?;
     let process = match pid {
@@ -83,7 +84,7 @@ pub(super) fn enforce(
         let kept = netns
             .clone_handle()
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        return match crate::attach::prepare(netns, &net.attachment(false)) {
+        return match crate::attach::prepare(netns, &net.attachment(false).served_by(listeners)) {
             Ok(sandbox) => Ok((sandbox, process, added)),
             Err(e) => {
                 let _ = kept.remove_tap_addresses(&net.tap, &added);
@@ -91,7 +92,7 @@ pub(super) fn enforce(
             }
         };
     }
-    let attachment = crate::attach::oci::attachment();
+    let attachment = crate::attach::oci::attachment().served_by(listeners);
     let links = netns
         .links()
         .map_err(|e| ApiError::internal(e.to_string()))?;
