@@ -13,6 +13,8 @@
 //! the name, and never writes a secret's value anywhere but the request's
 //! header (no log, no record).
 
+mod check;
+
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +40,8 @@ use crate::outcome::{
 };
 use crate::policy::{Mode, Reason, RequestReason, Rule};
 use crate::secret::SecretStore;
+
+use check::{contains, host_header_names, is_certificate_error, same_name};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -779,48 +783,6 @@ where
         }
     });
     Ok(sender)
-}
-
-fn is_certificate_error(err: &std::io::Error) -> bool {
-    err.get_ref()
-        .and_then(|e| e.downcast_ref::<rustls::Error>())
-        .is_some_and(|e| {
-            matches!(
-                e,
-                rustls::Error::InvalidCertificate(_)
-                    | rustls::Error::NoCertificatesPresented
-                    | rustls::Error::UnsupportedNameType
-            )
-        })
-}
-
-/// True if `a` and `b` are one DNS name (case and a trailing dot aside).
-fn same_name(a: &str, b: &str) -> bool {
-    a.trim_end_matches('.')
-        .eq_ignore_ascii_case(b.trim_end_matches('.'))
-}
-
-/// True if the Host header `value` names `host` (and, with a port, the
-/// connection's port).
-fn host_header_names(value: &HeaderValue, host: &str, port: u16, plain: bool) -> bool {
-    let Ok(value) = value.to_str() else {
-        return false;
-    };
-    let (name, given_port) = match value.rsplit_once(':') {
-        Some((name, p)) if !name.contains(':') => match p.parse::<u16>() {
-            Ok(p) => (name, Some(p)),
-            Err(_) => return false,
-        },
-        _ => (value, None),
-    };
-    let default = if plain { 80 } else { 443 };
-    same_name(name, host)
-        && given_port.is_none_or(|p| p == port || (p == default && port == default))
-}
-
-/// Whether `needle` occurs in `haystack`.
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// A request body on its way to the origin, searched for placeholders:
