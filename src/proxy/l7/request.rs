@@ -1,285 +1,47 @@
-//! Requests on a connection whose rule needs them (an `http` or `inject`
-//! block): sluice terminates the client's TLS with a leaf of the sandbox
-//! CA, decides every request on its own (the Host against the verified
-//! name, the method and path against the rule, placeholders anywhere they
-//! are not admitted), injects the rule's credentials into the requests it
-//! admits, and forwards them with hyper over its own TLS connection to the
-//! origin, whose certificate it verified for the name first.
+//! One request on a terminated connection, as hyper's service: decided
+//! under the connection's rule (its Host against the verified name, its
+//! framing and upgrade, its method and path, the placeholders in its
+//! target and headers), then, once the origin's certificate verified for
+//! the name, given the rule's credentials, recorded, and sent to the
+//! origin on the connection the requests share (made again if the origin
+//! closed it). This file owns the order of those steps, the origin
+//! connection, and every refusal's record and answer (a 403, or a 502 for
+//! an origin that failed, that closes the connection).
 //!
-//! hyper parses and writes both sides: a hand-written parser is where
-//! request smuggling lives, and a re-serialised request carries exactly the
-//! framing hyper read. This module never relays a byte of a request it did
-//! not decide, never injects before the origin's certificate verified for
-//! the name, and never writes a secret's value anywhere but the request's
-//! header (no log, no record).
+//! It never forwards a request it has not decided (one a check refuses in
+//! audit mode is recorded and forwarded as it came), never injects before
+//! the origin's certificate verified for the name (nor into a plain
+//! connection's request, nor into one a check refused), audits every check
+//! that fails before it answers, and never writes a secret's value
+//! anywhere but the request's header: its records name the secret, never
+//! the value.
 
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{ready, Context, Poll};
+use std::sync::{Arc, OnceLock};
 
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
-use hyper::body::{Body, Bytes, Frame, Incoming};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderName, HeaderValue, CONNECTION, HOST, UPGRADE};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::connection::{audit_request, denial_text};
-use super::upstream::connect_upstream;
-use super::ProxyContext;
+use super::check::{contains, host_header_names, is_certificate_error};
+use super::io::scanned;
+use super::{BoxError, ProxyBody, Scope, Shared};
 use crate::audit::RequestFields;
 use crate::bundle::ActivePolicy;
-use crate::intercept::ca::SandboxCa;
 use crate::outcome::{
     Cause, DenyReason, Outcome, Refusal, RequestDenial, UpstreamFailure, Verdict,
 };
 use crate::policy::{Mode, Reason, RequestReason, Rule};
-use crate::secret::SecretStore;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type ProxyBody = BoxBody<Bytes, BoxError>;
-
-/// What a sandbox needs to terminate TLS: its CA, the origin side's TLS
-/// client configuration, and the credentials its rules inject.
-pub struct Interception {
-    pub ca: Arc<SandboxCa>,
-    pub upstream_tls: Arc<rustls::ClientConfig>,
-    pub secrets: Arc<SecretStore>,
-}
-
-/// One connection to serve request by request.
-pub(super) struct Terminated<'a> {
-    pub ctx: &'a ProxyContext,
-    pub peer: SocketAddr,
-    pub dst: SocketAddr,
-    /// The name the connection was decided on (its SNI, Host or resolved
-    /// name): the only name its requests may address.
-    pub host: String,
-    /// The rule that admitted the connection.
-    pub rule: Arc<str>,
-    /// The client's first bytes, already read by the peek.
-    pub first: Vec<u8>,
-    /// They are a plain HTTP request head (else a TLS ClientHello).
-    pub plain: bool,
-}
-
-/// How a terminated connection went, for its record.
-#[derive(Default)]
-pub(super) struct Served {
-    /// The outcome that replaces the connection's allow (a refused
-    /// request, a failed origin), if any.
-    pub outcome: Option<Outcome>,
-    pub connected: bool,
-    pub bytes_up: u64,
-    pub bytes_down: u64,
-    pub first_byte_down: Option<std::time::Instant>,
-}
-
-/// Serve `client` request by request until either side ends.
-pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
-    let counters = Arc::new(Counters::default());
-    let client = Counted {
-        inner: Prefixed {
-            prefix: conn.first.clone(),
-            at: 0,
-            inner: client,
-        },
-        counters: counters.clone(),
-    };
-    let state = Arc::new(Shared {
-        outcome: Mutex::new(None),
-        connected: OnceLock::new(),
-        upstream: tokio::sync::Mutex::new(None),
-    });
-    let Some(interception) = conn.ctx.interception.clone() else {
-        // A rule that needs requests reached a sandbox that cannot
-        // terminate (no CA: its starting policy had no such rule, so its
-        // workload was given none to trust): refused, never relayed
-        // undecided.
-        tracing::warn!(
-            rule = %conn.rule,
-            "a rule needs requests decided and this sandbox has no CA (its starting policy terminated no TLS); restart the sandbox with this policy"
-        );
-        return refused_connection(&conn, RequestDenial::NoInterception).await;
-    };
-    let scope = Arc::new(Scope {
-        ctx_sandbox: conn.ctx.sandbox.clone(),
-        peer: conn.peer,
-        dst: conn.dst,
-        host: conn.host.clone(),
-        rule: conn.rule.clone(),
-        plain: conn.plain,
-        interception: interception.clone(),
-    });
-    let head_timeout = conn.ctx.policy.current().limits().request_head;
-    let served = if conn.plain {
-        serve_http(client, conn.ctx, scope, state.clone(), head_timeout).await
-    } else {
-        let acceptor =
-            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), client);
-        let start = match tokio::time::timeout(head_timeout, acceptor).await {
-            Ok(Ok(start)) => start,
-            // Not TLS after all, a ClientHello rustls refuses, or silence.
-            _ => {
-                return handshake_failed(&conn, counters, &state).await;
-            }
-        };
-        let sni = start
-            .client_hello()
-            .server_name()
-            .map(str::to_ascii_lowercase);
-        if sni.as_deref().is_some_and(|s| !same_name(s, &conn.host)) {
-            let outcome = refused(&conn, RequestDenial::HostMismatch);
-            audit_request(
-                conn.ctx,
-                conn.peer,
-                conn.dst,
-                &outcome,
-                Some(conn.host.clone()),
-                None,
-            )
-            .await;
-            return finish(counters, &state, Some(outcome));
-        }
-        // The leaf is minted (or taken from the cache) for the decided name;
-        // the ClientHello's SNI, if any, is that name.
-        let config = SandboxCa::server_config(&interception.ca, &conn.host);
-        match tokio::time::timeout(head_timeout, start.into_stream(config)).await {
-            Ok(Ok(tls)) => serve_http(tls, conn.ctx, scope, state.clone(), head_timeout).await,
-            // A client that pins its certificates, or does not trust the
-            // sandbox CA, gives up here: nothing reached the origin.
-            _ => return handshake_failed(&conn, counters, &state).await,
-        }
-    };
-    finish(counters, &state, served)
-}
-
-/// The client's TLS handshake with sluice failed: refused and audited.
-async fn handshake_failed(
-    conn: &Terminated<'_>,
-    counters: Arc<Counters>,
-    state: &Shared,
-) -> Served {
-    let outcome = refused(conn, RequestDenial::BadHandshake);
-    audit_request(
-        conn.ctx,
-        conn.peer,
-        conn.dst,
-        &outcome,
-        Some(conn.host.clone()),
-        None,
-    )
-    .await;
-    finish(counters, state, Some(outcome))
-}
-
-fn finish(counters: Arc<Counters>, state: &Shared, served: Option<Outcome>) -> Served {
-    let outcome = state.outcome().take().or(served);
-    Served {
-        outcome,
-        connected: state.connected.get().is_some(),
-        bytes_up: counters.up.load(Ordering::Relaxed),
-        bytes_down: counters.down.load(Ordering::Relaxed),
-        first_byte_down: counters.first_down.get().copied(),
-    }
-}
-
-/// The outcome of a connection refused for `denial` under its rule.
-fn refused(conn: &Terminated<'_>, denial: RequestDenial) -> Outcome {
-    Outcome {
-        verdict: Verdict::Deny,
-        rule: Some(conn.rule.clone()),
-        cause: Cause::Denied(DenyReason::L7(denial)),
-    }
-}
-
-async fn refused_connection(conn: &Terminated<'_>, denial: RequestDenial) -> Served {
-    let outcome = refused(conn, denial);
-    audit_request(
-        conn.ctx,
-        conn.peer,
-        conn.dst,
-        &outcome,
-        Some(conn.host.clone()),
-        None,
-    )
-    .await;
-    Served {
-        outcome: Some(outcome),
-        ..Served::default()
-    }
-}
-
-/// What every request of the connection shares.
-struct Scope {
-    ctx_sandbox: String,
-    peer: SocketAddr,
-    dst: SocketAddr,
-    host: String,
-    rule: Arc<str>,
-    plain: bool,
-    interception: Arc<Interception>,
-}
-
-/// What the requests of one connection leave for its record, and the
-/// origin connection they share.
-struct Shared {
-    /// The last refusal (a refused request ends the connection).
-    outcome: Mutex<Option<Outcome>>,
-    connected: OnceLock<()>,
-    upstream: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<ProxyBody>>>,
-}
-
-impl Shared {
-    /// The outcome slot. Held only to set or take a value, so a poisoned
-    /// lock (a panic elsewhere while holding it) still holds a whole value:
-    /// its record must not be lost to a second panic.
-    fn outcome(&self) -> std::sync::MutexGuard<'_, Option<Outcome>> {
-        self.outcome
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// Serve HTTP/1.1 on `io` (the client's TLS stream, or its plain bytes).
-/// Returns the outcome that replaces the connection's allow, if any.
-async fn serve_http<I>(
-    io: I,
-    ctx: &ProxyContext,
-    scope: Arc<Scope>,
-    state: Arc<Shared>,
-    head_timeout: std::time::Duration,
-) -> Option<Outcome>
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    // The service runs on this task; it borrows nothing of the context but
-    // what it is handed (hyper's service must be 'static).
-    let handle = RequestHandle::of(ctx, scope, state);
-    let service = hyper::service::service_fn(move |req| {
-        let handle = handle.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle.answer(req).await) }
-    });
-    let served = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(head_timeout)
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(io), service)
-        .with_upgrades()
-        .await;
-    if let Err(err) = served {
-        tracing::debug!(%err, "terminated connection ended");
-    }
-    None
-}
+use crate::proxy::connection::denial_text;
+use crate::proxy::upstream::connect_upstream;
+use crate::proxy::ProxyContext;
 
 /// What one request needs of the sandbox, owned (hyper's service is
 /// 'static).
 #[derive(Clone)]
-struct RequestHandle {
+pub(super) struct RequestHandle {
     scope: Arc<Scope>,
     state: Arc<Shared>,
     policy: crate::bundle::PolicyHandle,
@@ -290,7 +52,7 @@ struct RequestHandle {
 }
 
 impl RequestHandle {
-    fn of(ctx: &ProxyContext, scope: Arc<Scope>, state: Arc<Shared>) -> RequestHandle {
+    pub(super) fn of(ctx: &ProxyContext, scope: Arc<Scope>, state: Arc<Shared>) -> RequestHandle {
         RequestHandle {
             scope,
             state,
@@ -304,7 +66,7 @@ impl RequestHandle {
 
     /// Decide `req`, and answer it: forwarded, or refused with a 403 that
     /// names the rule and the reason (and closes the connection).
-    async fn answer(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    pub(super) async fn answer(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
         let policy = self.policy.current();
         let mode = policy.mode();
         let fields = request_fields(&req);
@@ -730,24 +492,6 @@ fn request_fields(req: &Request<Incoming>) -> RequestFields {
     }
 }
 
-/// `req` with its body scanned on its way to the origin for the
-/// `placeholders` it must not carry; the slot returned names the secret
-/// of the first one found.
-fn scanned(
-    req: Request<Incoming>,
-    placeholders: Arc<Vec<(String, String)>>,
-) -> (Request<ProxyBody>, Arc<OnceLock<String>>) {
-    let misuse = Arc::new(OnceLock::new());
-    let (parts, body) = req.into_parts();
-    let body = Scanned {
-        inner: body,
-        placeholders,
-        tail: Vec::new(),
-        found: misuse.clone(),
-    };
-    (Request::from_parts(parts, body.boxed()), misuse)
-}
-
 /// Splice the client's and the origin's upgraded connections (a WebSocket
 /// the origin switched to) on a task of their own.
 fn splice_upgrade(client_side: hyper::upgrade::OnUpgrade, resp: &mut Response<Incoming>) {
@@ -779,201 +523,4 @@ where
         }
     });
     Ok(sender)
-}
-
-fn is_certificate_error(err: &std::io::Error) -> bool {
-    err.get_ref()
-        .and_then(|e| e.downcast_ref::<rustls::Error>())
-        .is_some_and(|e| {
-            matches!(
-                e,
-                rustls::Error::InvalidCertificate(_)
-                    | rustls::Error::NoCertificatesPresented
-                    | rustls::Error::UnsupportedNameType
-            )
-        })
-}
-
-/// True if `a` and `b` are one DNS name (case and a trailing dot aside).
-fn same_name(a: &str, b: &str) -> bool {
-    a.trim_end_matches('.')
-        .eq_ignore_ascii_case(b.trim_end_matches('.'))
-}
-
-/// True if the Host header `value` names `host` (and, with a port, the
-/// connection's port).
-fn host_header_names(value: &HeaderValue, host: &str, port: u16, plain: bool) -> bool {
-    let Ok(value) = value.to_str() else {
-        return false;
-    };
-    let (name, given_port) = match value.rsplit_once(':') {
-        Some((name, p)) if !name.contains(':') => match p.parse::<u16>() {
-            Ok(p) => (name, Some(p)),
-            Err(_) => return false,
-        },
-        _ => (value, None),
-    };
-    let default = if plain { 80 } else { 443 };
-    same_name(name, host)
-        && given_port.is_none_or(|p| p == port || (p == default && port == default))
-}
-
-/// Whether `needle` occurs in `haystack`.
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// A request body on its way to the origin, searched for placeholders:
-/// one found ends the body with an error, so the origin never receives a
-/// complete request carrying it. A placeholder split across frames is
-/// found with the tail of the frame before.
-struct Scanned {
-    inner: Incoming,
-    placeholders: Arc<Vec<(String, String)>>,
-    tail: Vec<u8>,
-    found: Arc<OnceLock<String>>,
-}
-
-impl Body for Scanned {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-            None => return Poll::Ready(None),
-            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-            Some(Ok(frame)) => frame,
-        };
-        if let Some(data) = frame.data_ref() {
-            let longest = this
-                .placeholders
-                .iter()
-                .map(|(_, p)| p.len())
-                .max()
-                .unwrap_or(0);
-            let mut window = std::mem::take(&mut this.tail);
-            window.extend_from_slice(data);
-            for (secret, placeholder) in this.placeholders.iter() {
-                if contains(&window, placeholder.as_bytes()) {
-                    let _ = this.found.set(secret.clone());
-                    return Poll::Ready(Some(Err("a placeholder in the request body".into())));
-                }
-            }
-            let keep = longest.saturating_sub(1).min(window.len());
-            this.tail = window[window.len() - keep..].to_vec();
-        }
-        Poll::Ready(Some(Ok(frame)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// The bytes the peek already read, then the socket.
-struct Prefixed<S> {
-    prefix: Vec<u8>,
-    at: usize,
-    inner: S,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = &mut *self;
-        if this.at < this.prefix.len() {
-            let n = (this.prefix.len() - this.at).min(buf.remaining());
-            buf.put_slice(&this.prefix[this.at..this.at + n]);
-            this.at += n;
-            if this.at == this.prefix.len() {
-                this.prefix = Vec::new();
-                this.at = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Bytes to and from the client, for the connection's record.
-#[derive(Default)]
-struct Counters {
-    up: AtomicU64,
-    down: AtomicU64,
-    first_down: OnceLock<std::time::Instant>,
-}
-
-struct Counted<S> {
-    inner: S,
-    counters: Arc<Counters>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        this.counters.up.fetch_add(n as u64, Ordering::Relaxed);
-        polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = polled {
-            if n > 0 {
-                let _ = this.counters.first_down.set(std::time::Instant::now());
-            }
-            this.counters.down.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        polled
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
