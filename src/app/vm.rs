@@ -66,17 +66,12 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
     }
     let mut env = opts.net.environment();
     // Removed when this returns (the CA dies with the sandbox).
-    let ca_file = if let Some(interception) = &interception {
-        let path = std::env::temp_dir().join(format!("sluice-vm-ca-{}.pem", std::process::id()));
-        match super::CaBundleFile::write(interception, path) {
-            Ok(file) => Some(file),
-            Err(err) => {
-                session.finish(None, super::Leftovers::Unknown).await;
-                return Err(err.context("the VMM was not started"));
-            }
+    let ca_file = match vmm_ca_file(interception.as_deref()) {
+        Ok(file) => file,
+        Err(err) => {
+            session.finish(None, super::Leftovers::Unknown).await;
+            return Err(err.context("the VMM was not started"));
         }
-    } else {
-        None
     };
     if let Some(file) = &ca_file {
         // Read-only for the VMM, root or not: the guest's trust is sluice's.
@@ -140,6 +135,17 @@ pub async fn run(opts: VmOptions) -> Result<i32> {
         .await;
     drop(ca_file);
     status
+}
+
+/// The CA bundle the VMM gets for its guest, when the policy terminates TLS.
+fn vmm_ca_file(
+    interception: Option<&crate::proxy::Interception>,
+) -> Result<Option<super::CaBundleFile>> {
+    let Some(interception) = interception else {
+        return Ok(None);
+    };
+    let path = std::env::temp_dir().join(format!("sluice-vm-ca-{}.pem", std::process::id()));
+    super::CaBundleFile::write(interception, path).map(Some)
 }
 
 /// A fresh namespace with the tap in it, fenced, listeners bound.
