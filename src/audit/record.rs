@@ -91,6 +91,55 @@ impl AuditEvent {
             request: None,
         }
     }
+
+    /// The record of a DNS query the responder refused (or would have, in
+    /// audit mode): who asked for which name, and why.
+    pub fn of_dns_refusal(
+        sandbox: &str,
+        path: crate::workload::WorkloadPath,
+        verdict: &'static str,
+        reason: &'static str,
+        client: std::net::SocketAddr,
+        host: String,
+        bundle: &str,
+    ) -> AuditEvent {
+        AuditEvent {
+            sandbox: sandbox.to_string(),
+            path,
+            verdict,
+            rule: None,
+            reason,
+            proto: Proto::Dns,
+            src: Some(client),
+            dst: None,
+            host: Some(host),
+            bundle: bundle.to_string(),
+            request: None,
+        }
+    }
+
+    /// The record of a bundle loaded, swapped in or refused.
+    pub fn of_bundle(
+        sandbox: &str,
+        path: crate::workload::WorkloadPath,
+        verdict: &'static str,
+        reason: &'static str,
+        bundle: String,
+    ) -> AuditEvent {
+        AuditEvent {
+            sandbox: sandbox.to_string(),
+            path,
+            verdict,
+            rule: None,
+            reason,
+            proto: Proto::Bundle,
+            src: None,
+            dst: None,
+            host: None,
+            bundle,
+            request: None,
+        }
+    }
 }
 
 /// One decision line of the audit log, exactly as serialized (field order

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
 
-use crate::audit::{AuditEvent, AuditLog, Proto};
+use crate::audit::{AuditEvent, AuditLog};
 use crate::bundle::PolicyHandle;
 use crate::policy::{Mode, Policy};
 
@@ -125,19 +125,15 @@ pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Optio
             let host = asked.host;
             tracing::debug!(%client, %host, qtype = %asked.qtype, reason, "DNS {verdict}");
             ctx.audit
-                .record(AuditEvent {
-                    sandbox: ctx.sandbox.clone(),
-                    path: ctx.path,
-                    verdict: verdict.as_str(),
-                    rule: None,
+                .record(AuditEvent::of_dns_refusal(
+                    &ctx.sandbox,
+                    ctx.path,
+                    verdict.as_str(),
                     reason,
-                    proto: Proto::Dns,
-                    src: Some(client),
-                    dst: None,
-                    host: Some(host),
-                    bundle: policy.label().to_string(),
-                    request: None,
-                })
+                    client,
+                    host,
+                    policy.label(),
+                ))
                 .await;
         }
         if let Some((name, ips)) = asked.remember {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 
-use crate::audit::{AuditEvent, AuditLog, Proto};
+use crate::audit::{AuditEvent, AuditLog};
 use crate::bundle::{Bundle, BundleError, PolicyHandle, RevisionState, TrustStore, VerifiedBundle};
 use crate::drain::Watch;
 
@@ -351,19 +351,7 @@ fn event(
     reason: &'static str,
     bundle: String,
 ) -> AuditEvent {
-    AuditEvent {
-        sandbox: config.sandbox.clone(),
-        path: config.path,
-        verdict,
-        rule: None,
-        reason,
-        proto: Proto::Bundle,
-        src: None,
-        dst: None,
-        host: None,
-        bundle,
-        request: None,
-    }
+    AuditEvent::of_bundle(&config.sandbox, config.path, verdict, reason, bundle)
 }
 
 async fn load_path(path: PathBuf, trust: Arc<TrustStore>) -> Result<VerifiedBundle, BundleError> {
