@@ -162,15 +162,6 @@ impl Drain {
         self.tasks.spawn(task);
     }
 
-    /// Tasks still running.
-    pub fn len(&self) -> usize {
-        self.tasks.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
-    }
-
     /// Tell every task to drain, wait for them until `deadline`, then tell
     /// the rest they are overdue and abort whatever is still running
     /// [`LAST_WORDS`] later.

@@ -13,16 +13,6 @@ use std::path::{Path, PathBuf};
 use super::stats::{self, ConditionStats, MetricStats, Summary};
 use super::{BenchError, ConditionKind, Metric, Results, Workload};
 
-/// The files a report consists of.
-pub const FILES: [&str; 6] = [
-    "report.md",
-    "batches.csv",
-    "paired.csv",
-    "raw.jsonl",
-    "ecdf-small.svg",
-    "paired.svg",
-];
-
 pub const BATCHES_HEADER: &str = "batch,position,condition,workload,ok,requests,failed,median_ms,p95_ms,first_byte_median_ms,cpu_us_per_connection,session_start_ms,session_exit_ms";
 pub const PAIRED_HEADER: &str = "condition,workload,diff_median_ms,ci_low_ms,ci_high_ms,ratio";
 

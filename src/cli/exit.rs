@@ -3,7 +3,7 @@
 //! of an error says ([`crate::exit_class`]); an error with none (a plain
 //! message about the machine or sluice itself: a thread, a signal handler, a
 //! runtime that could not start, a tool that is not installed) exits
-//! [`CANNOT_ENFORCE`]. Whatever is the user's input is typed (`BadInput`,
+//! [`ExitClass::CannotEnforce`]. Whatever is the user's input is typed (`BadInput`,
 //! or a classified error), so it never lands there.
 //!
 //! The list of sluice's error types is here, at the top, where every module
@@ -15,15 +15,6 @@ use std::error::Error;
 
 use crate::exit_class::{Classified, ExitClass};
 
-/// Bad input: a malformed policy, bad arguments.
-pub const BAD_INPUT: i32 = ExitClass::BadInput.code();
-/// The environment cannot enforce: not root, libnftables missing, the
-/// ruleset did not read back as applied.
-pub const CANNOT_ENFORCE: i32 = ExitClass::CannotEnforce.code();
-/// `sluice status`: no daemon answers at the control socket.
-pub const NO_DAEMON: i32 = ExitClass::NoDaemon.code();
-/// The wrapped command exists but cannot be run (as `env` and shells say).
-pub const COMMAND_CANNOT_RUN: i32 = ExitClass::CommandCannotRun.code();
 /// The wrapped command was not found.
 pub const COMMAND_NOT_FOUND: i32 = ExitClass::CommandNotFound.code();
 

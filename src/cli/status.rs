@@ -18,7 +18,7 @@ Exit status: 0 with the list (empty when no sandbox is attached), \
 socket with --socket).";
 
 /// No daemon answers at the socket: `sluice status` exits
-/// [`super::exit::NO_DAEMON`].
+/// [`ExitClass::NoDaemon`](crate::exit_class::ExitClass::NoDaemon).
 #[derive(Debug, thiserror::Error)]
 #[error("no sluice daemon answers at {}: {cause}; start one with `sluice daemon --config FILE`, or give the socket its config names with --socket", socket.display())]
 pub struct NoDaemon {

@@ -30,7 +30,7 @@ pub use drops::{
     DropCounts, DropSource, FIRST_READ_WAIT as DROPS_FIRST_READ_WAIT, REFRESH as DROPS_REFRESH,
     SINGLE_REASON,
 };
-pub use server::{bind, render, serve, serve_listener, serve_on_thread, ServeError};
+pub use server::{bind, render, serve_listener, serve_on_thread, ServeError};
 
 /// Histogram buckets for a loopback proxy: 10 µs up to a minute.
 pub const LATENCY_BUCKETS: &[f64] = &[

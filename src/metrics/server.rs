@@ -39,11 +39,6 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
     Ok(listener)
 }
 
-/// Bind `addr` and serve `registry` until the drain starts.
-pub async fn serve(addr: SocketAddr, registry: Registry, drain: Watch) -> Result<(), ServeError> {
-    serve_listener(bind(addr)?, registry, drain).await
-}
-
 /// Serve `registry` on an already-bound listener until the drain starts:
 /// then stop accepting, let scrapes in flight finish and close idle
 /// connections, and drop whatever is left at the drain's deadline (scrapes

@@ -47,8 +47,6 @@ pub const SANDBOX_V4_PREFIX: u8 = 30;
 /// `nodad` (lo sends no MLD reports); the v6 default route via `sbx0` uses it
 /// as its source.
 pub const SANDBOX_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0x0db8, 0x5c, 0xffff, 0, 0, 0, 2);
-/// Prefix length of [`SANDBOX_V6`].
-pub const SANDBOX_V6_PREFIX: u8 = 128;
 /// Name of the link that carries the addresses and default routes.
 pub const SANDBOX_LINK: &str = "sbx0";
 /// What kind of link [`SANDBOX_LINK`] is (`IFLA_INFO_KIND`).
@@ -423,17 +421,6 @@ impl SandboxNetns {
     pub fn link_kind(&self, name: &str) -> Result<Option<String>, NetnsError> {
         let name = name.to_string();
         self.run_in(move || Ok(links::Rtnl::open()?.link(&name)?.and_then(|f| f.kind)))?
-    }
-
-    /// The MAC address of link `name`, if it has one.
-    pub fn link_mac(&self, name: &str) -> Result<Option<crate::mac::MacAddr>, NetnsError> {
-        let name = name.to_string();
-        self.run_in(move || {
-            let facts = links::Rtnl::open()?.link(&name)?;
-            Ok(facts
-                .and_then(|f| f.mac)
-                .and_then(|m| crate::mac::MacAddr::from_slice(&m)))
-        })?
     }
 
     /// The namespace's inode number (as in `net:[INODE]`).

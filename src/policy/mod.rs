@@ -38,8 +38,8 @@ pub use http::{
     SecretSource, Template, DEFAULT_SECRET_TTL,
 };
 pub use model::{
-    query_type_name, DnsConfig, DnsLimits, Limits, Mode, PortRange, Reason, Rule, Verdict,
-    DEFAULT_QUERY_TYPES, QUERY_TYPES,
+    DnsConfig, DnsLimits, Limits, Mode, PortRange, Reason, Rule, Verdict, DEFAULT_QUERY_TYPES,
+    QUERY_TYPES,
 };
 pub use net::{canonical, embedded_v4, is_local_host, is_private, names_loopback};
 

@@ -279,12 +279,3 @@ pub const QUERY_TYPES: &[(&str, u16)] = &[
     ("ANY", 255),
     ("CAA", 257),
 ];
-
-/// The mnemonic of type `code`, or `TYPEnnn`.
-pub fn query_type_name(code: u16) -> String {
-    QUERY_TYPES
-        .iter()
-        .find(|(_, c)| *c == code)
-        .map(|(name, _)| name.to_string())
-        .unwrap_or_else(|| format!("TYPE{code}"))
-}

@@ -13,7 +13,7 @@
 mod fetch;
 mod watch;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use time::OffsetDateTime;
@@ -408,9 +408,4 @@ async fn initial_from_url(
             tracing::warn!("the last good bundle is no longer valid: {e}");
             fetched
         })
-}
-
-/// Verifies `path` now (for `sluice bundle verify`): no state, no swap.
-pub fn verify_path(path: &Path, trust: &TrustStore) -> Result<VerifiedBundle, BundleError> {
-    Bundle::load(path, trust, OffsetDateTime::now_utc())
 }

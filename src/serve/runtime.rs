@@ -202,10 +202,6 @@ impl Default for Workers {
 }
 
 impl Workers {
-    pub fn plan(&self) -> Plan {
-        self.plan
-    }
-
     /// The side workers, in order (worker 1 is the first); empty for one
     /// worker, and for the daemon's multi-threaded runtime.
     pub fn side(&self) -> &[Handle] {

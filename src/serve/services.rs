@@ -28,7 +28,6 @@ pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 /// registry and endpoint. Started before any sandbox, finished after all.
 pub struct Services {
     pub shared: Shared,
-    pub registry: prometheus::Registry,
     /// The metrics endpoint and the writers.
     drain: Drain,
 }
@@ -61,17 +60,6 @@ pub struct CheckpointSettings {
     pub every_records: u64,
     /// Longest a record waits for one (zero: not by time).
     pub interval: Duration,
-}
-
-impl CheckpointSettings {
-    /// The defaults, with the key in `state_dir`.
-    pub fn in_dir(state_dir: PathBuf) -> CheckpointSettings {
-        CheckpointSettings {
-            state_dir,
-            every_records: crate::audit::CHECKPOINT_EVERY_RECORDS,
-            interval: crate::audit::CHECKPOINT_INTERVAL,
-        }
-    }
 }
 
 impl Services {
@@ -119,7 +107,6 @@ impl Services {
                 upstream_tls,
                 workers: opts.workers,
             },
-            registry,
             drain,
         })
     }

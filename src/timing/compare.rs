@@ -29,7 +29,6 @@ pub use super::stats::{
     median, quantile_sorted, two_clusters, Cluster, PairedDiff, BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED, CLUSTER_MIN_FRACTION, CLUSTER_MIN_GAP, CLUSTER_MIN_RATIO,
 };
-pub const DEFAULT_BATCH_SIZE: usize = 256;
 
 /// A timing phase, measured from accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
