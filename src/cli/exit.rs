@@ -16,6 +16,7 @@ use std::error::Error;
 use crate::exit_class::{Classified, ExitClass};
 
 /// The wrapped command was not found.
+#[cfg(test)]
 pub const COMMAND_NOT_FOUND: i32 = ExitClass::CommandNotFound.code();
 
 /// The class of `err`: its outermost classified cause's, else

@@ -338,6 +338,7 @@ fn x32_guard() -> BpfProgram {
 }
 
 /// For docs and tests: every refused call's name and why.
+#[cfg(test)]
 pub fn refused_calls() -> Vec<(&'static str, &'static str)> {
     let mut calls: Vec<(&str, &str)> = REFUSED
         .iter()
@@ -357,6 +358,7 @@ pub fn refused_calls() -> Vec<(&'static str, &'static str)> {
     calls
 }
 
+#[cfg(test)]
 fn syscall_name(nr: libc::c_long) -> &'static str {
     // Only for messages; the list is short.
     macro_rules! names {

@@ -104,6 +104,7 @@ impl SandboxCa {
     }
 
     /// The CA certificate, DER.
+    #[cfg(test)]
     pub fn cert_der(&self) -> &CertificateDer<'static> {
         &self.cert
     }

@@ -131,12 +131,14 @@ impl PathPattern {
     }
 
     /// The pattern as written.
+    #[cfg(test)]
     pub fn as_str(&self) -> &str {
         &self.text
     }
 
     /// True if the raw request path `path` (without the query) matches.
     /// A path sluice refuses to read ([`refused_path`]) matches nothing.
+    #[cfg(test)]
     pub fn matches(&self, path: &str) -> bool {
         match segments(path) {
             Some(segs) => self.matches_segments(&segs),
@@ -192,6 +194,7 @@ impl fmt::Display for PathPattern {
 /// True if sluice refuses to match `path` against any pattern: it does not
 /// start with `/`, or it has a segment an origin might read as something
 /// else (see [`segments`]).
+#[cfg(test)]
 pub fn refused_path(path: &str) -> bool {
     segments(path).is_none()
 }
@@ -341,6 +344,7 @@ impl Template {
     }
 
     /// The template as written.
+    #[cfg(test)]
     pub fn as_str(&self) -> &str {
         &self.text
     }

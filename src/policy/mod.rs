@@ -33,9 +33,11 @@ pub(crate) mod yaml;
 mod tests;
 
 pub use error::{PolicyError, Violation};
+#[cfg(test)]
+pub use http::refused_path;
 pub use http::{
-    is_secret_name, refused_path, HttpEntry, Inject, PathPattern, RequestReason, SecretRef,
-    SecretSource, Template, DEFAULT_SECRET_TTL,
+    is_secret_name, HttpEntry, Inject, PathPattern, RequestReason, SecretRef, SecretSource,
+    Template, DEFAULT_SECRET_TTL,
 };
 pub use model::{
     DnsConfig, DnsLimits, Limits, Mode, PortRange, Reason, Rule, Verdict, DEFAULT_QUERY_TYPES,

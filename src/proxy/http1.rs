@@ -214,6 +214,7 @@ impl Chunked {
     }
 
     /// True once the last chunk and its trailers have been read.
+    #[cfg(test)]
     pub fn is_done(&self) -> bool {
         self.state == State::Done
     }

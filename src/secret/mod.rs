@@ -19,6 +19,7 @@ pub use crate::policy::{SecretRef, SecretSource};
 pub use read::{SourceError, COMMAND_DEADLINE, VALUE_LIMIT};
 
 use std::fmt;
+#[cfg(test)]
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -67,6 +68,8 @@ enum Value {
     /// Read once at load: a file or an environment variable.
     Fixed {
         value: String,
+        /// The file it was read from ([`SecretStore::files`]).
+        #[cfg(test)]
         file: Option<PathBuf>,
     },
     /// A command's output, re-read once `ttl` has passed.
@@ -115,11 +118,16 @@ impl SecretStore {
                 source,
             })?;
             let value = match &secret.source {
-                SecretSource::File(path) => Value::Fixed {
+                SecretSource::File(_path) => Value::Fixed {
                     value,
-                    file: Some(path.clone()),
+                    #[cfg(test)]
+                    file: Some(_path.clone()),
                 },
-                SecretSource::Env(_) => Value::Fixed { value, file: None },
+                SecretSource::Env(_) => Value::Fixed {
+                    value,
+                    #[cfg(test)]
+                    file: None,
+                },
                 SecretSource::Command { ttl, .. } => Value::Command {
                     source: secret.source.clone(),
                     ttl: *ttl,
@@ -177,6 +185,7 @@ impl SecretStore {
 
     /// The per-sandbox random placeholder for `name`:
     /// `sluice-placeholder-<name>-<32 hex digits>`.
+    #[cfg(test)]
     pub fn placeholder(&self, name: &str) -> Option<&str> {
         self.secret(name).map(|s| s.placeholder.as_str())
     }
@@ -199,6 +208,7 @@ impl SecretStore {
     }
 
     /// The files the workload must not read: every `file:` source.
+    #[cfg(test)]
     pub fn files(&self) -> Vec<PathBuf> {
         self.secrets
             .iter()

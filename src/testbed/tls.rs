@@ -71,11 +71,12 @@ impl TestPki {
 /// per connection (as [`super::origin::serve_http_forever`]). Each
 /// response ends with the TLS close_notify before the TCP close, so a
 /// client reads a clean end.
+#[cfg(test)]
 pub fn serve_https_forever(listener: TcpListener, config: Arc<rustls::ServerConfig>) {
     serve_https_seeing(listener, config, Arc::new(|_: &str| {}));
 }
 
-/// [`serve_https_forever`], giving `seen` every request head.
+/// `serve_https_forever`, giving `seen` every request head.
 pub fn serve_https_seeing(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,

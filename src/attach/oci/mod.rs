@@ -125,12 +125,13 @@ fn refused(long: &str) -> Option<&'static str> {
 /// enforces, whatever started it: `config` is its OCI runtime config
 /// (config.json in the bundle directory the runtime names in its state).
 /// See `oci_check` for what is refused.
+#[cfg(test)]
 pub fn check_confinement(config: &serde_json::Value) -> Result<(), OciError> {
     super::oci_check::check(config, &[]).map_err(OciError::from)
 }
 
 /// Read the runtime config of the container whose OCI bundle is `bundle`
-/// and check it with [`check_confinement`] (the hook's check, for the
+/// and check it as `check_confinement` does (the hook's check, for the
 /// daemon's containers and the wrapper's alike); no bind may reach
 /// `secrets`. Returns the container's bind mounts and its rootfs.
 pub fn check_bundle_confinement(
