@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 /// How long a task has, once its deadline passed, to say what it could not
 /// finish and return before it is aborted.
-pub const LAST_WORDS: Duration = Duration::from_millis(500);
+pub(crate) const LAST_WORDS: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Phase {
@@ -59,7 +59,7 @@ pub fn trigger() -> (Trigger, Watch) {
 
 impl Trigger {
     /// Another watch of this trigger.
-    pub fn watch(&self) -> Watch {
+    pub(crate) fn watch(&self) -> Watch {
         Watch {
             phase: Some(self.phase.subscribe()),
         }
@@ -71,7 +71,7 @@ impl Trigger {
     }
 
     /// The deadline has passed: stop altogether.
-    pub fn overdue(&self) {
+    pub(crate) fn overdue(&self) {
         self.advance(Phase::Overdue);
     }
 
@@ -94,17 +94,17 @@ impl Watch {
     }
 
     /// Resolves once the owner started draining (or is gone).
-    pub async fn draining(&self) {
+    pub(crate) async fn draining(&self) {
         self.reached(Phase::Draining).await
     }
 
     /// Resolves once the deadline has passed (or the owner is gone).
-    pub async fn overdue(&self) {
+    pub(crate) async fn overdue(&self) {
         self.reached(Phase::Overdue).await
     }
 
     /// Whether draining has started.
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.phase
             .as_ref()
             .is_some_and(|rx| *rx.borrow() >= Phase::Draining)
@@ -123,7 +123,7 @@ impl Watch {
 }
 
 /// A group of long-lived tasks that stop together, by one deadline.
-pub struct Drain {
+pub(crate) struct Drain {
     what: &'static str,
     trigger: Trigger,
     tasks: JoinSet<()>,
@@ -131,18 +131,18 @@ pub struct Drain {
 
 /// How a drain went.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Drained {
+pub(crate) struct Drained {
     /// Tasks that finished before the deadline.
-    pub finished: usize,
+    pub(crate) finished: usize,
     /// Tasks that returned after being told they were overdue.
-    pub overdue: usize,
+    pub(crate) overdue: usize,
     /// Tasks aborted [`LAST_WORDS`] after the deadline.
-    pub aborted: usize,
+    pub(crate) aborted: usize,
 }
 
 impl Drain {
     /// An empty group; `what` names it in the drain's own messages.
-    pub fn new(what: &'static str) -> Drain {
+    pub(crate) fn new(what: &'static str) -> Drain {
         let (trigger, _) = trigger();
         Drain {
             what,
@@ -152,20 +152,20 @@ impl Drain {
     }
 
     /// A watch for a task of this group.
-    pub fn watch(&self) -> Watch {
+    pub(crate) fn watch(&self) -> Watch {
         self.trigger.watch()
     }
 
     /// Run `task` in this group: it is awaited by [`Drain::drain`], never
     /// detached.
-    pub fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
         self.tasks.spawn(task);
     }
 
     /// Tell every task to drain, wait for them until `deadline`, then tell
     /// the rest they are overdue and abort whatever is still running
     /// [`LAST_WORDS`] later.
-    pub async fn drain(mut self, deadline: Instant) -> Drained {
+    pub(crate) async fn drain(mut self, deadline: Instant) -> Drained {
         let mut drained = Drained::default();
         self.trigger.drain();
         while let Ok(Some(joined)) = tokio::time::timeout_at(deadline, self.tasks.join_next()).await

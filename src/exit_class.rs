@@ -12,7 +12,7 @@ use std::error::Error;
 
 /// The kind of failure, and so the exit status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitClass {
+pub(crate) enum ExitClass {
     /// 2: what the user gave is wrong: a policy, a bundle, an argument, a
     /// file that cannot be read or written, a sandbox id, a request the
     /// daemon refused as bad.
@@ -31,7 +31,7 @@ pub enum ExitClass {
 
 impl ExitClass {
     /// The exit status.
-    pub const fn code(self) -> i32 {
+    pub(crate) const fn code(self) -> i32 {
         match self {
             ExitClass::BadInput => 2,
             ExitClass::CannotEnforce => 3,
@@ -43,7 +43,7 @@ impl ExitClass {
 
     /// A command that could not be started, by why: not found (127) or
     /// found and not runnable (126), as shells and `env` say it.
-    pub fn of_spawn(err: &std::io::Error) -> ExitClass {
+    pub(crate) fn of_spawn(err: &std::io::Error) -> ExitClass {
         match err.kind() {
             std::io::ErrorKind::NotFound => ExitClass::CommandNotFound,
             _ => ExitClass::CommandCannotRun,
@@ -52,7 +52,7 @@ impl ExitClass {
 }
 
 /// An error that says what kind of failure it is.
-pub trait Classified: Error {
+pub(crate) trait Classified: Error {
     fn exit_class(&self) -> ExitClass;
 }
 

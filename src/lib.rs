@@ -37,7 +37,7 @@
 //! `undocumented_unsafe_blocks` is denied.
 
 #[forbid(unsafe_code)]
-pub mod app;
+pub(crate) mod app;
 #[forbid(unsafe_code)]
 pub mod attach;
 #[forbid(unsafe_code)]
@@ -63,7 +63,7 @@ pub mod drain;
 #[deny(unsafe_code)]
 pub mod enforce;
 #[forbid(unsafe_code)]
-pub mod exit_class;
+pub(crate) mod exit_class;
 #[forbid(unsafe_code)]
 pub mod intercept;
 #[forbid(unsafe_code)]
@@ -71,7 +71,7 @@ pub mod mac;
 #[forbid(unsafe_code)]
 pub mod metrics;
 #[forbid(unsafe_code)]
-pub mod ndp;
+pub(crate) mod ndp;
 #[deny(unsafe_code)]
 pub mod netns;
 #[forbid(unsafe_code)]

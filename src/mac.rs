@@ -36,7 +36,7 @@ impl MacAddr {
 
     /// The IPv6 link-local address a kernel gives an interface with this
     /// MAC by default: fe80::/64 with the modified EUI-64 (RFC 4291 2.5.1).
-    pub fn link_local(&self) -> std::net::Ipv6Addr {
+    pub(crate) fn link_local(&self) -> std::net::Ipv6Addr {
         let m = self.0;
         std::net::Ipv6Addr::from([
             0xfe,
@@ -59,12 +59,12 @@ impl MacAddr {
     }
 
     /// The group bit: multicast and broadcast addresses.
-    pub fn is_multicast(&self) -> bool {
+    pub(crate) fn is_multicast(&self) -> bool {
         self.0[0] & 1 == 1
     }
 
     /// Ok when a guest's NIC may carry this address.
-    pub fn check_guest(self) -> Result<MacAddr, MacError> {
+    pub(crate) fn check_guest(self) -> Result<MacAddr, MacError> {
         if self.0 == [0; 6] {
             Err(MacError::Zero)
         } else if self.is_multicast() {

@@ -290,7 +290,7 @@ pub struct Outcome {
 
 impl Outcome {
     /// A policy decision in `mode`: allowed, denied or would-deny.
-    pub fn decided(decision: &policy::Decision<'_>, mode: Mode) -> Outcome {
+    pub(crate) fn decided(decision: &policy::Decision<'_>, mode: Mode) -> Outcome {
         let verdict = Verdict::of(decision.verdict, mode);
         let cause = match decision.verdict {
             policy::Verdict::Allow => Cause::Allowed,
@@ -314,7 +314,7 @@ impl Outcome {
 
     /// The same decision, ended by `cause` instead (an upstream failure,
     /// the drain). A verdict of deny is never turned into anything else.
-    pub fn ended_by(&mut self, cause: Cause) {
+    pub(crate) fn ended_by(&mut self, cause: Cause) {
         if self.verdict != Verdict::Deny {
             self.cause = cause;
         }
@@ -322,12 +322,12 @@ impl Outcome {
 
     /// True if the connection is refused (enforce mode) and must not reach
     /// the origin.
-    pub fn is_denied(&self) -> bool {
+    pub(crate) fn is_denied(&self) -> bool {
         self.verdict == Verdict::Deny
     }
 
     /// The rule's name, if one decided.
-    pub fn rule_name(&self) -> Option<&str> {
+    pub(crate) fn rule_name(&self) -> Option<&str> {
         self.rule.as_deref()
     }
 

@@ -32,7 +32,7 @@ impl SandboxId {
         "use 1 to 128 ASCII letters, digits, '.', '_' or '-' (a container id or a name)";
 
     /// `id`, if it keeps the rule.
-    pub fn new(id: impl Into<String>) -> Result<SandboxId, BadSandboxId> {
+    pub(crate) fn new(id: impl Into<String>) -> Result<SandboxId, BadSandboxId> {
         let id = id.into();
         let ok = !id.is_empty()
             && id.len() <= MAX_LEN

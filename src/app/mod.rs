@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::serve::{
     ActiveSource, Reloading, ServedSandbox, Services, Shared, DRAIN_DEADLINE, DRAIN_GRACE,
 };
-pub use crate::serve::{PolicySource, ServiceOptions};
+pub(crate) use crate::serve::{PolicySource, ServiceOptions};
 
 use crate::attach::{self, host};
 use crate::drain::Drain;
@@ -36,26 +36,26 @@ use crate::policy::Policy;
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Everything `sluice run` was asked to do.
-pub struct RunOptions {
-    pub policy: PolicySource,
-    pub services: ServiceOptions,
-    pub user: Option<String>,
-    pub command: Vec<OsString>,
+pub(crate) struct RunOptions {
+    pub(crate) policy: PolicySource,
+    pub(crate) services: ServiceOptions,
+    pub(crate) user: Option<String>,
+    pub(crate) command: Vec<OsString>,
     /// sluice's own files, which the command must not change.
-    pub files: crate::confine::SluiceFiles,
+    pub(crate) files: crate::confine::SluiceFiles,
     /// The command's init, forked before the runtime started.
-    pub init: crate::confine::PreparedInit,
+    pub(crate) init: crate::confine::PreparedInit,
     /// The sandbox namespace, being made since just after the init's fork
     /// ([`start_sandbox`]).
-    pub sandbox: attach::FreshSandbox,
+    pub(crate) sandbox: attach::FreshSandbox,
 }
 
 /// What every enforced workload of one process shares: the services, the
 /// policy in force, and the tasks that keep it current. `sluice run` and
 /// `sluice oci` each open one, serve one sandbox, and finish it.
 pub(crate) struct Session {
-    pub signals: Signals,
-    pub services: Services,
+    pub(crate) signals: Signals,
+    pub(crate) services: Services,
     reloading: Reloading,
     /// The reloaders.
     reload: Drain,
@@ -157,7 +157,7 @@ impl Session {
 /// ([`RunOptions::sandbox`], [`oci::OciOptions::sandbox`]) and wait for it
 /// only once those have started: its table's thread is the longest path to
 /// the workload's start.
-pub fn start_sandbox(attachment: &attach::Attachment) -> Result<attach::FreshSandbox> {
+pub(crate) fn start_sandbox(attachment: &attach::Attachment) -> Result<attach::FreshSandbox> {
     attach::start_fresh(attachment).map_err(sandbox_error)
 }
 
@@ -285,7 +285,7 @@ pub async fn run(opts: RunOptions) -> Result<i32> {
 }
 
 /// The environment variables that point TLS clients at a CA bundle file.
-pub const CA_BUNDLE_VARIABLES: [&str; 5] = [
+pub(crate) const CA_BUNDLE_VARIABLES: [&str; 5] = [
     "SSL_CERT_FILE",
     "CURL_CA_BUNDLE",
     "REQUESTS_CA_BUNDLE",

@@ -32,13 +32,13 @@ use crate::proxy::Interception;
 use crate::serve::ServedSandbox;
 
 /// Everything `sluice oci` was asked to do.
-pub struct OciOptions {
-    pub policy: PolicySource,
-    pub services: ServiceOptions,
-    pub podman: PodmanRun,
+pub(crate) struct OciOptions {
+    pub(crate) policy: PolicySource,
+    pub(crate) services: ServiceOptions,
+    pub(crate) podman: PodmanRun,
     /// The container's sandbox namespace, being made since before the
     /// runtime started ([`super::start_sandbox`]).
-    pub sandbox: crate::attach::FreshSandbox,
+    pub(crate) sandbox: crate::attach::FreshSandbox,
 }
 
 /// How often the container id file is looked for while podman creates the

@@ -22,21 +22,21 @@ use crate::confine::{RunAs, SluiceFiles};
 use crate::netns::{SandboxNetns, TapOwner};
 
 /// The VMM's variable naming the CA bundle its guest should trust.
-pub const CA_FILE_VARIABLE: &str = "SLUICE_CA_FILE";
+pub(crate) const CA_FILE_VARIABLE: &str = "SLUICE_CA_FILE";
 
 /// Everything `sluice vm -- VMM ...` was asked to do.
-pub struct VmOptions {
-    pub policy: PolicySource,
-    pub services: ServiceOptions,
-    pub net: VmNet,
+pub(crate) struct VmOptions {
+    pub(crate) policy: PolicySource,
+    pub(crate) services: ServiceOptions,
+    pub(crate) net: VmNet,
     /// The `sandbox` field of its records.
-    pub id: crate::sandbox_id::SandboxId,
+    pub(crate) id: crate::sandbox_id::SandboxId,
     /// Who the VMM runs as (and who owns the tap); root when absent.
-    pub user: Option<String>,
-    pub command: Vec<OsString>,
-    pub files: SluiceFiles,
+    pub(crate) user: Option<String>,
+    pub(crate) command: Vec<OsString>,
+    pub(crate) files: SluiceFiles,
     /// The VMM's init, forked before the runtime started.
-    pub init: crate::confine::PreparedInit,
+    pub(crate) init: crate::confine::PreparedInit,
 }
 
 /// Run the VMM behind a fenced tap; returns its exit status.
@@ -159,16 +159,16 @@ fn own_namespace(net: &VmNet, owner: TapOwner, listeners: usize) -> Result<attac
 }
 
 /// Everything `sluice vm attach` was asked to do.
-pub struct AttachOptions {
-    pub policy: PolicySource,
-    pub services: ServiceOptions,
+pub(crate) struct AttachOptions {
+    pub(crate) policy: PolicySource,
+    pub(crate) services: ServiceOptions,
     /// The namespace the tap is in.
-    pub netns: SandboxNetns,
-    pub net: VmNet,
-    pub id: crate::sandbox_id::SandboxId,
+    pub(crate) netns: SandboxNetns,
+    pub(crate) net: VmNet,
+    pub(crate) id: crate::sandbox_id::SandboxId,
     /// Where to write the CA bundle for the guest (`--ca-file`), removed
     /// when the attach stops.
-    pub ca_file: Option<std::path::PathBuf>,
+    pub(crate) ca_file: Option<std::path::PathBuf>,
 }
 
 /// Fence and serve a tap someone else made until SIGINT or SIGTERM; the

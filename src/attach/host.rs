@@ -8,19 +8,19 @@
 
 use nix::unistd::{Uid, User};
 
-pub use crate::confine::RunAs;
+pub(crate) use crate::confine::RunAs;
 use crate::confine::{PreparedInit, Workload};
 
 use super::{AttachError, Attachment, Sandbox};
 use crate::workload::WorkloadPath;
 
 /// A host command's attachment: a namespace of its own, path `host`.
-pub fn attachment() -> Attachment {
+pub(crate) fn attachment() -> Attachment {
     Attachment::dedicated_namespace(WorkloadPath::Host)
 }
 
 /// Resolve `--user` (a name or a numeric uid).
-pub fn resolve_user(user: &str) -> Result<RunAs, AttachError> {
+pub(crate) fn resolve_user(user: &str) -> Result<RunAs, AttachError> {
     let found = match user.parse::<u32>() {
         Ok(uid) => User::from_uid(Uid::from_raw(uid)).ok().flatten(),
         Err(_) => User::from_name(user).ok().flatten(),
@@ -40,7 +40,7 @@ pub fn resolve_user(user: &str) -> Result<RunAs, AttachError> {
 /// The init was forked by the thread that lives as long as sluice (the main
 /// thread): it gets SIGKILL when that thread dies, so a killed sluice takes
 /// its workload with it.
-pub async fn spawn(init: PreparedInit, sandbox: &Sandbox) -> Result<Workload, AttachError> {
+pub(crate) async fn spawn(init: PreparedInit, sandbox: &Sandbox) -> Result<Workload, AttachError> {
     let netns = sandbox
         .netns
         .entry()

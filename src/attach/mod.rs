@@ -13,7 +13,7 @@
 
 pub mod host;
 pub mod oci;
-pub mod oci_check;
+pub(crate) mod oci_check;
 pub mod vm;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -29,7 +29,7 @@ pub const PROXY_PORT: u16 = 15001;
 pub const DNS_PORT: u16 = 15053;
 
 #[derive(Debug, thiserror::Error)]
-pub enum AttachError {
+pub(crate) enum AttachError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
     #[error(transparent)]
@@ -62,35 +62,35 @@ pub enum AttachError {
 /// How one kind of workload is attached: what [`prepare`] installs and
 /// binds in its namespace, and how its records are labelled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attachment {
+pub(crate) struct Attachment {
     /// The `path` of every record and metric of this sandbox.
-    pub path: WorkloadPath,
+    pub(crate) path: WorkloadPath,
     /// The ruleset the namespace gets (host-style output hooks, or a tap's).
-    pub spec: SandboxSpec,
+    pub(crate) spec: SandboxSpec,
     /// Where the transparent proxy listens inside the namespace.
-    pub proxy_binds: Vec<SocketAddr>,
+    pub(crate) proxy_binds: Vec<SocketAddr>,
     /// Where the DNS responder listens (UDP and TCP) inside the namespace.
-    pub dns_binds: Vec<SocketAddr>,
+    pub(crate) dns_binds: Vec<SocketAddr>,
     /// sluice's own addresses in the namespace: never a destination.
-    pub internal: Vec<IpAddr>,
+    pub(crate) internal: Vec<IpAddr>,
     /// A microVM's tap and the one lease sluice's DHCP responder hands out there.
-    pub dhcp: Option<(String, crate::dhcp::GuestLease)>,
+    pub(crate) dhcp: Option<(String, crate::dhcp::GuestLease)>,
     /// A microVM's tap and what sluice's router advertisements tell its
     /// guest (with IPv6). The guest's IPv6 neighbour entries on the tap are
     /// pinned too (its MAC, permanent), so that no reply to it waits on
     /// neighbour discovery.
-    pub router: Option<(String, crate::ndp::GuestRouter)>,
+    pub(crate) router: Option<(String, crate::ndp::GuestRouter)>,
     /// Proxy listeners bound per proxy address: one per worker of the
     /// runtime that serves them ([`Attachment::served_by`]). With more than
     /// one they share the address through SO_REUSEPORT, and the kernel
     /// spreads connections over them by their addresses.
-    pub listeners_per_address: usize,
+    pub(crate) listeners_per_address: usize,
 }
 
 impl Attachment {
     /// The same attachment, with `listeners` proxy listeners per address
     /// (at least one): one per worker (`serve::runtime::Workers`).
-    pub fn served_by(mut self, listeners: usize) -> Attachment {
+    pub(crate) fn served_by(mut self, listeners: usize) -> Attachment {
         self.listeners_per_address = listeners.max(1);
         self
     }
@@ -98,7 +98,7 @@ impl Attachment {
     /// A namespace that is the workload's alone (`sluice run`'s, a
     /// container's): its output hooks redirect every TCP connection and DNS
     /// query to listeners on its loopback, v4 and v6.
-    pub fn dedicated_namespace(path: WorkloadPath) -> Attachment {
+    pub(crate) fn dedicated_namespace(path: WorkloadPath) -> Attachment {
         let on_loopback = |port| {
             vec![
                 SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
@@ -119,28 +119,31 @@ impl Attachment {
 }
 
 /// The sockets sluice serves inside one sandbox namespace.
-pub struct SandboxSockets {
-    pub proxy: Vec<std::net::TcpListener>,
-    pub dns_udp: Vec<std::net::UdpSocket>,
-    pub dns_tcp: Vec<std::net::TcpListener>,
+pub(crate) struct SandboxSockets {
+    pub(crate) proxy: Vec<std::net::TcpListener>,
+    pub(crate) dns_udp: Vec<std::net::UdpSocket>,
+    pub(crate) dns_tcp: Vec<std::net::TcpListener>,
     /// A microVM's DHCP server socket (on its tap) and its lease.
-    pub dhcp: Option<(std::net::UdpSocket, crate::dhcp::GuestLease)>,
+    pub(crate) dhcp: Option<(std::net::UdpSocket, crate::dhcp::GuestLease)>,
     /// A microVM's router advertisement socket (on its tap) and what it says.
-    pub router: Option<(crate::ndp::RouterSocket, crate::ndp::GuestRouter)>,
+    pub(crate) router: Option<(crate::ndp::RouterSocket, crate::ndp::GuestRouter)>,
 }
 
 /// An enforced sandbox: the namespace, how it is attached (its verified
 /// table among it), its sockets.
-pub struct Sandbox {
-    pub netns: SandboxNetns,
-    pub attachment: Attachment,
-    pub sockets: SandboxSockets,
+pub(crate) struct Sandbox {
+    pub(crate) netns: SandboxNetns,
+    pub(crate) attachment: Attachment,
+    pub(crate) sockets: SandboxSockets,
 }
 
 /// Install `attachment`'s table in `netns`, read it back, and bind its
 /// listeners there. Only when this returns Ok is the namespace
 /// non-bypassable.
-pub fn prepare(netns: SandboxNetns, attachment: &Attachment) -> Result<Sandbox, AttachError> {
+pub(crate) fn prepare(
+    netns: SandboxNetns,
+    attachment: &Attachment,
+) -> Result<Sandbox, AttachError> {
     let inside = attachment.clone();
     let sockets = netns.run_in(move || enforce_inside(&inside))??;
     tracing::info!(
@@ -186,7 +189,7 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 /// bound on a thread of its own, started at once, so that the caller can
 /// start its services meanwhile (`sluice run` and `sluice oci` do);
 /// [`FreshSandbox::wait`] hands the sandbox over once it is enforced.
-pub fn start_fresh(attachment: &Attachment) -> Result<FreshSandbox, AttachError> {
+pub(crate) fn start_fresh(attachment: &Attachment) -> Result<FreshSandbox, AttachError> {
     let inside = attachment.clone();
     let spec = attachment.spec.clone();
     // The table is applied and read back (over netlink, no libnftables) on
@@ -208,7 +211,7 @@ pub fn start_fresh(attachment: &Attachment) -> Result<FreshSandbox, AttachError>
 /// A sandbox namespace being made and enforced ([`start_fresh`]). Dropped
 /// without [`FreshSandbox::wait`], it waits for that work to end and frees
 /// the namespace.
-pub struct FreshSandbox {
+pub(crate) struct FreshSandbox {
     creating: crate::netns::Creating<Result<SandboxSockets, AttachError>>,
     attachment: Attachment,
 }
@@ -217,7 +220,7 @@ impl FreshSandbox {
     /// Wait until the namespace exists, its table is applied and read back,
     /// and its listeners are bound. Only when this returns Ok is the
     /// namespace non-bypassable.
-    pub fn wait(self) -> Result<Sandbox, AttachError> {
+    pub(crate) fn wait(self) -> Result<Sandbox, AttachError> {
         let (netns, sockets) = self.creating.wait()?;
         let sockets = sockets?;
         tracing::info!(

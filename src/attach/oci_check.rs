@@ -27,13 +27,13 @@ use serde_json::Value;
 
 /// Annotation that allows CAP_NET_ADMIN (never with a way to reach another
 /// namespace).
-pub const ANNOTATION_ALLOW_NET_ADMIN: &str = "io.sluice.allow-net-admin";
+pub(crate) const ANNOTATION_ALLOW_NET_ADMIN: &str = "io.sluice.allow-net-admin";
 
 /// Set in the environment of the hook `sluice oci` adds: where the hook
 /// writes why it refused the container, for the wrapper to say it.
-pub const REPORT_ENV: &str = "SLUICE_OCI_REPORT";
+pub(crate) const REPORT_ENV: &str = "SLUICE_OCI_REPORT";
 /// That file's name in the wrapper's private directory.
-pub const REPORT_FILE: &str = "refused";
+pub(crate) const REPORT_FILE: &str = "refused";
 
 /// Paths whose bind gives a container a handle on other namespaces.
 const NAMESPACE_HANDLES: [&str; 3] = ["/proc", "/run/netns", "/var/run/netns"];
@@ -44,8 +44,8 @@ const NSFS_MAGIC: i64 = 0x6e73_6673;
 /// Why a container is refused: every reason found, each naming the option.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the container would leave the sandbox: {}", reasons.join("; "))]
-pub struct Refusal {
-    pub reasons: Vec<String>,
+pub(crate) struct Refusal {
+    pub(crate) reasons: Vec<String>,
 }
 
 /// Check the final OCI runtime config of a container; `secrets` are files
@@ -123,14 +123,14 @@ pub fn check(config: &Value, secrets: &[Guarded]) -> Result<(), Refusal> {
 /// A file of sluice's that no bind mount of a container may reach, and
 /// what it is (for the reason given).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Guarded {
-    pub path: PathBuf,
-    pub kind: GuardedKind,
+pub(crate) struct Guarded {
+    pub(crate) path: PathBuf,
+    pub(crate) kind: GuardedKind,
 }
 
 /// What a [`Guarded`] file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GuardedKind {
+pub(crate) enum GuardedKind {
     /// An audit checkpoint signing key: whoever reads it can forge the
     /// audit log's checkpoints.
     CheckpointKey,
@@ -141,12 +141,12 @@ pub enum GuardedKind {
 
 impl Guarded {
     /// Audit checkpoint keys.
-    pub fn keys(paths: impl IntoIterator<Item = PathBuf>) -> Vec<Guarded> {
+    pub(crate) fn keys(paths: impl IntoIterator<Item = PathBuf>) -> Vec<Guarded> {
         Guarded::all(paths, GuardedKind::CheckpointKey)
     }
 
     /// The policy's secret files.
-    pub fn policy_secrets(paths: impl IntoIterator<Item = PathBuf>) -> Vec<Guarded> {
+    pub(crate) fn policy_secrets(paths: impl IntoIterator<Item = PathBuf>) -> Vec<Guarded> {
         Guarded::all(paths, GuardedKind::PolicySecret)
     }
 
@@ -158,7 +158,7 @@ impl Guarded {
     }
 
     /// The files of a policy's `file:` secrets.
-    pub fn of_policy(policy: &crate::policy::Policy) -> Vec<Guarded> {
+    pub(crate) fn of_policy(policy: &crate::policy::Policy) -> Vec<Guarded> {
         Guarded::policy_secrets(policy.secrets().iter().filter_map(|s| match &s.source {
             crate::policy::SecretSource::File(path) => Some(path.clone()),
             _ => None,
@@ -169,7 +169,7 @@ impl Guarded {
 /// Why each bind of `sources` (source, destination if known) that is,
 /// holds or lies in one of `guarded` (that exists) is refused: one reason
 /// per bind.
-pub fn secret_binds(sources: &[(PathBuf, String)], guarded: &[Guarded]) -> Vec<String> {
+pub(crate) fn secret_binds(sources: &[(PathBuf, String)], guarded: &[Guarded]) -> Vec<String> {
     let guarded: Vec<(PathBuf, GuardedKind)> = guarded
         .iter()
         .filter_map(|g| Some((std::fs::canonicalize(&g.path).ok()?, g.kind)))
@@ -207,7 +207,7 @@ pub fn secret_binds(sources: &[(PathBuf, String)], guarded: &[Guarded]) -> Vec<S
 }
 
 /// The bind mounts of a config: (source, destination).
-pub fn bind_sources(config: &Value) -> Vec<(PathBuf, String)> {
+pub(crate) fn bind_sources(config: &Value) -> Vec<(PathBuf, String)> {
     let Some(mounts) = config["mounts"].as_array() else {
         return Vec::new();
     };
@@ -255,19 +255,19 @@ fn reaches_namespaces(source: &Path) -> bool {
 /// What the hook needs of a container's runtime config once it passed
 /// [`check`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckedBundle {
+pub(crate) struct CheckedBundle {
     /// Its bind mounts (source, destination), for the daemon to check
     /// against its own secrets.
-    pub binds: Vec<(PathBuf, String)>,
+    pub(crate) binds: Vec<(PathBuf, String)>,
     /// Its root filesystem on the host (`root.path`, made absolute against
     /// the bundle directory).
-    pub rootfs: Option<PathBuf>,
+    pub(crate) rootfs: Option<PathBuf>,
 }
 
 /// Read the runtime config of the container whose OCI bundle is `bundle`
 /// and [`check`] it. When the hook runs for `sluice oci` ([`REPORT_ENV`]
 /// set), a refusal is also written where the wrapper reads it.
-pub fn check_bundle(
+pub(crate) fn check_bundle(
     bundle: &Path,
     secrets: &[Guarded],
 ) -> Result<CheckedBundle, super::oci::OciError> {
@@ -296,7 +296,7 @@ pub fn check_bundle(
 /// directory of its own in the wrapper's private directory, holding one
 /// createRuntime hook that runs `sluice oci-hook` for the container carrying
 /// this wrapper's namespace annotation.
-pub struct WrapperHook {
+pub(crate) struct WrapperHook {
     dir: PathBuf,
 }
 
@@ -315,7 +315,7 @@ impl WrapperHook {
     /// Write the hook file into `private` (a directory only root may
     /// enter), for the container annotated with namespace `inode`; no bind
     /// mount of that container may reach `secrets`.
-    pub fn install(
+    pub(crate) fn install(
         private: &Path,
         inode: u64,
         secrets: &[Guarded],
@@ -356,7 +356,7 @@ impl WrapperHook {
     /// this hook, after the hooks podman would have used anyway: the user's
     /// own `--hooks-dir`s if given, else the directories containers.conf
     /// names, else podman's defaults.
-    pub fn command_line(&self, argv: Vec<OsString>, globals: &[OsString]) -> Vec<OsString> {
+    pub(crate) fn command_line(&self, argv: Vec<OsString>, globals: &[OsString]) -> Vec<OsString> {
         let user_gave = globals
             .iter()
             .any(|a| a == "--hooks-dir" || a.to_string_lossy().starts_with("--hooks-dir="));

@@ -24,21 +24,21 @@ use crate::netns::{LinkAddress, SANDBOX_V4, SANDBOX_V6};
 use crate::workload::WorkloadPath;
 
 /// The tap `sluice vm` makes unless told otherwise.
-pub const DEFAULT_TAP: &str = "tap0";
+pub(crate) const DEFAULT_TAP: &str = "tap0";
 /// The guest's MAC unless told otherwise (QEMU's prefix, locally administered).
-pub const DEFAULT_GUEST_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x5c, 0xfe, 0x02]);
+pub(crate) const DEFAULT_GUEST_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x5c, 0xfe, 0x02]);
 /// The guest's IPv4 address unless told otherwise: a /30 of the benchmark
 /// range that neither the test origins (198.18.0.0/24) nor sluice's sandbox
 /// link (198.19.255.0/30) use. Its gateway is 198.19.254.1.
-pub const DEFAULT_GUEST_IP: &str = "198.19.254.2/30";
+pub(crate) const DEFAULT_GUEST_IP: &str = "198.19.254.2/30";
 /// The guest's IPv6 address unless told otherwise; its gateway is `::1`.
-pub const DEFAULT_GUEST_IP6: &str = "2001:db8:5c:fffe::2/64";
+pub(crate) const DEFAULT_GUEST_IP6: &str = "2001:db8:5c:fffe::2/64";
 /// How long a DHCP lease lasts (a guest renews at half of it).
-pub const LEASE_SECS: u32 = 3600;
+pub(crate) const LEASE_SECS: u32 = 3600;
 
 /// Why a VM's addressing was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum VmNetError {
+pub(crate) enum VmNetError {
     #[error("{what} {addr} is not inside the guest's prefix {prefix}: give a gateway in that prefix (or none, for the first free address)")]
     GatewayOutside {
         what: &'static str,
@@ -61,21 +61,21 @@ pub enum VmNetError {
 
 /// Who the guest is on its tap, and sluice's addresses there.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmNet {
-    pub tap: String,
-    pub mac: MacAddr,
+pub(crate) struct VmNet {
+    pub(crate) tap: String,
+    pub(crate) mac: MacAddr,
     /// The guest's IPv4 address and prefix.
-    pub guest: Ipv4Net,
+    pub(crate) guest: Ipv4Net,
     /// sluice's IPv4 address on the tap: the guest's router, DNS and DHCP server.
-    pub gateway: Ipv4Addr,
+    pub(crate) gateway: Ipv4Addr,
     /// The guest's IPv6 address and prefix, and sluice's IPv6 address.
-    pub ipv6: Option<(Ipv6Net, Ipv6Addr)>,
+    pub(crate) ipv6: Option<(Ipv6Net, Ipv6Addr)>,
 }
 
 impl VmNet {
     /// Checks the addresses; a missing gateway is the first usable address of
     /// the guest's prefix that is not the guest's.
-    pub fn new(
+    pub(crate) fn new(
         tap: String,
         mac: MacAddr,
         guest: Ipv4Net,
@@ -140,13 +140,13 @@ impl VmNet {
     }
 
     /// The one DHCP lease sluice hands this guest.
-    pub fn lease(&self) -> GuestLease {
+    pub(crate) fn lease(&self) -> GuestLease {
         GuestLease::new(self.mac, self.guest, self.gateway, LEASE_SECS)
             .expect("checked in VmNet::new")
     }
 
     /// The fence of this guest's tap.
-    pub fn fence(&self, dedicated: bool) -> TapFence {
+    pub(crate) fn fence(&self, dedicated: bool) -> TapFence {
         TapFence {
             name: self.tap.clone(),
             guest_mac: self.mac,
@@ -167,7 +167,7 @@ impl VmNet {
     /// advertisements and neighbour solicitations (without one the kernel
     /// sends no solicitation to probe the guest, and its entry for the
     /// guest fails).
-    pub fn gateway_addresses(&self) -> Vec<LinkAddress> {
+    pub(crate) fn gateway_addresses(&self) -> Vec<LinkAddress> {
         let mut out: Vec<LinkAddress> = vec![(self.gateway.into(), self.guest.prefix_len())];
         if let Some((net, gw)) = self.ipv6 {
             out.push((IpAddr::from(gw), net.prefix_len()));
@@ -177,7 +177,7 @@ impl VmNet {
     }
 
     /// What sluice's router advertisements tell this guest, with IPv6.
-    pub fn router(&self) -> Option<GuestRouter> {
+    pub(crate) fn router(&self) -> Option<GuestRouter> {
         self.ipv6.map(|(net, _)| GuestRouter {
             guest: net,
             guest_mac: self.mac,
@@ -189,7 +189,7 @@ impl VmNet {
     /// in the VMM's own namespace, on loopback, where the namespace's own
     /// output is redirected), DHCP and (with IPv6) router advertisements on
     /// the tap, path `vm`.
-    pub fn attachment(&self, dedicated: bool) -> Attachment {
+    pub(crate) fn attachment(&self, dedicated: bool) -> Attachment {
         let mut ips: Vec<IpAddr> = vec![self.gateway.into()];
         ips.extend(self.ipv6.map(|(_, gw)| IpAddr::from(gw)));
         let mut internal = ips.clone();
@@ -216,7 +216,7 @@ impl VmNet {
     /// What the VMM's command is told (`sluice vm`): the tap, the MAC its
     /// guest's NIC must have, the guest's addresses and its gateways, and a
     /// ready kernel `ip=` argument for guests whose NIC driver is built in.
-    pub fn environment(&self) -> Vec<(String, String)> {
+    pub(crate) fn environment(&self) -> Vec<(String, String)> {
         let mut env = vec![
             ("SLUICE_TAP".to_string(), self.tap.clone()),
             ("SLUICE_GUEST_MAC".into(), self.mac.to_string()),
@@ -233,7 +233,7 @@ impl VmNet {
 
     /// `ip=CLIENT::GATEWAY:NETMASK::eth0:off:DNS` (the kernel's
     /// nfsroot format; DNS is the gateway, where sluice answers).
-    pub fn kernel_ip_arg(&self) -> String {
+    pub(crate) fn kernel_ip_arg(&self) -> String {
         format!(
             "ip={}::{}:{}::eth0:off:{}",
             self.guest.addr(),
@@ -246,7 +246,7 @@ impl VmNet {
 
 /// `sluice vm detach`: remove the fence of `tap` in `netns` (both of its
 /// tables). The tap itself and its addresses are left alone.
-pub fn remove_fence(
+pub(crate) fn remove_fence(
     netns: &crate::netns::SandboxNetns,
     tap: &str,
 ) -> Result<(), super::AttachError> {

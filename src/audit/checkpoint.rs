@@ -17,9 +17,9 @@ use super::record::{CheckpointRecord, CHECKPOINT_KIND};
 use crate::bundle::{SigningKey, TrustStore};
 
 /// The private signing key's file name in the state directory.
-pub const KEY_FILE: &str = "audit.key";
+pub(crate) const KEY_FILE: &str = "audit.key";
 /// Its public half, as a trust file (what `sluice audit verify --key` reads).
-pub const PUBLIC_FILE: &str = "audit.pub";
+pub(crate) const PUBLIC_FILE: &str = "audit.pub";
 
 /// The first line of every signed message: a checkpoint's signature can
 /// never be taken for a bundle manifest's, or the other way round.
@@ -40,13 +40,13 @@ pub enum KeyError {
 }
 
 /// `<state_dir>/audit.key`.
-pub fn key_path(state_dir: &Path) -> PathBuf {
+pub(crate) fn key_path(state_dir: &Path) -> PathBuf {
     state_dir.join(KEY_FILE)
 }
 
 /// The checkpoint keys no workload may read: `state_dir`'s and the
 /// default state directory's (the daemon's, unless told otherwise).
-pub fn key_paths(state_dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn key_paths(state_dir: &Path) -> Vec<PathBuf> {
     let mut keys = vec![
         key_path(state_dir),
         key_path(Path::new(crate::bundle::DEFAULT_STATE_DIR)),
@@ -56,7 +56,7 @@ pub fn key_paths(state_dir: &Path) -> Vec<PathBuf> {
 }
 
 /// `<state_dir>/audit.pub`.
-pub fn public_path(state_dir: &Path) -> PathBuf {
+pub(crate) fn public_path(state_dir: &Path) -> PathBuf {
     state_dir.join(PUBLIC_FILE)
 }
 

@@ -14,24 +14,23 @@
 pub mod checkpoint;
 mod head;
 mod record;
-pub mod rotate;
+pub(crate) mod rotate;
 pub mod tail;
 pub mod verify;
 mod writer;
 
-pub use checkpoint::{AuditKey, CheckpointKeys, KeyError};
-pub use head::{Anchor, AuditHead};
-pub use record::{
-    line_hash, seal, unseal, AuditEvent, AuditLine, AuditRecord, CheckpointRecord, Flow, Proto,
-    RequestFields, CHECKPOINT_KIND, GENESIS,
-};
+pub use checkpoint::{AuditKey, CheckpointKeys};
+pub(crate) use head::{Anchor, AuditHead};
+pub use record::{line_hash, seal, unseal, AuditEvent, AuditLine, AuditRecord, Proto, GENESIS};
+pub(crate) use record::{Flow, RequestFields};
 pub use rotate::{rotated_path, rotated_set};
-pub use tail::{format_line, format_record, tail, TailOptions, Tailer};
+pub(crate) use tail::format_line;
+pub use tail::{tail, TailOptions, Tailer};
 pub use verify::{
     verify, verify_log, verify_rotated, verify_with, Genesis, VerifyError, VerifyOptions,
     VerifySummary,
 };
-pub use writer::{
-    check_writable, AuditError, AuditLog, AuditOptions, AuditWriter, CheckpointOptions,
-    CHECKPOINT_EVERY_RECORDS, CHECKPOINT_INTERVAL,
+pub(crate) use writer::{
+    check_writable, AuditError, AuditLog, CHECKPOINT_EVERY_RECORDS, CHECKPOINT_INTERVAL,
 };
+pub use writer::{AuditOptions, AuditWriter, CheckpointOptions};

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// The `kind` of a checkpoint line (decision records have none).
-pub const CHECKPOINT_KIND: &str = "checkpoint";
+pub(crate) const CHECKPOINT_KIND: &str = "checkpoint";
 
 /// Transport of the audited flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,19 +60,19 @@ pub struct RequestFields {
 /// Where a connection's audited outcome happened: the sandbox and path it
 /// came from, its ends and name, and the bundle that decided it.
 #[derive(Debug, Clone, Copy)]
-pub struct Flow<'a> {
-    pub sandbox: &'a str,
-    pub path: crate::workload::WorkloadPath,
-    pub src: std::net::SocketAddr,
-    pub dst: Option<std::net::SocketAddr>,
-    pub bundle: &'a str,
+pub(crate) struct Flow<'a> {
+    pub(crate) sandbox: &'a str,
+    pub(crate) path: crate::workload::WorkloadPath,
+    pub(crate) src: std::net::SocketAddr,
+    pub(crate) dst: Option<std::net::SocketAddr>,
+    pub(crate) bundle: &'a str,
 }
 
 impl AuditEvent {
     /// The record of how a TCP connection, or a request on one, ended: the
     /// one builder the proxy uses, so the audit record says exactly what
     /// the timing record and the metrics say.
-    pub fn of_outcome(
+    pub(crate) fn of_outcome(
         flow: Flow<'_>,
         outcome: &crate::outcome::Outcome,
         host: Option<String>,

@@ -52,7 +52,7 @@ pub fn tail(path: &Path, options: &TailOptions, out: &mut dyn Write) -> io::Resu
 
 /// One record in the readable form:
 /// `ts verdict rule reason proto src -> dst host bundle`.
-pub fn format_record(r: &AuditRecord) -> String {
+pub(crate) fn format_record(r: &AuditRecord) -> String {
     let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
     let proto = serde_json::to_value(r.proto)
         .ok()
@@ -75,7 +75,7 @@ pub fn format_record(r: &AuditRecord) -> String {
 
 /// A checkpoint in the readable form:
 /// `ts checkpoint key KEY signs seq ..N [#SEQ]`.
-pub fn format_checkpoint(c: &CheckpointRecord) -> String {
+pub(crate) fn format_checkpoint(c: &CheckpointRecord) -> String {
     let anchors = match c.seq.checked_sub(1) {
         Some(last) => format!("signs seq ..{last}"),
         None => "signs nothing".to_string(),
@@ -87,7 +87,7 @@ pub fn format_checkpoint(c: &CheckpointRecord) -> String {
 }
 
 /// Any line in its readable form.
-pub fn format_line(line: &AuditLine) -> String {
+pub(crate) fn format_line(line: &AuditLine) -> String {
     match line {
         AuditLine::Record(r) => format_record(r),
         AuditLine::Checkpoint(c) => format_checkpoint(c),

@@ -86,7 +86,7 @@ pub struct VerifyError {
 impl VerifyError {
     /// The file could not be read (missing, no permission): nothing was
     /// checked, which is not the same as a broken chain.
-    pub fn is_unreadable(&self) -> bool {
+    pub(crate) fn is_unreadable(&self) -> bool {
         self.line == 0
     }
 }
@@ -141,7 +141,7 @@ pub fn verify_log(path: &Path, options: &VerifyOptions) -> Result<VerifySummary,
 }
 
 /// Verify `files` (oldest first) as one chain.
-pub fn verify_files(
+pub(crate) fn verify_files(
     files: &[PathBuf],
     options: &VerifyOptions,
 ) -> Result<VerifySummary, VerifyError> {

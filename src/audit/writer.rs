@@ -61,7 +61,7 @@ pub enum AuditError {
 
 /// Check, before anything depends on it, that the audit log at `path` can
 /// be opened for appending (creating it if missing).
-pub fn check_writable(path: &Path) -> Result<(), AuditError> {
+pub(crate) fn check_writable(path: &Path) -> Result<(), AuditError> {
     open_append(path).map(drop)
 }
 
@@ -118,9 +118,9 @@ pub struct CheckpointOptions {
 }
 
 /// Records between checkpoints unless told otherwise.
-pub const CHECKPOINT_EVERY_RECORDS: u64 = 1000;
+pub(crate) const CHECKPOINT_EVERY_RECORDS: u64 = 1000;
 /// The longest a record waits for a checkpoint unless told otherwise.
-pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How the writer keeps its file: rotation, checkpoints, and the metrics
 /// it updates.
@@ -205,7 +205,7 @@ impl AuditWriter {
     /// checkpoint is signed every `every_records` records, when a record
     /// has waited `interval` for one, and when the producers are gone (or,
     /// at the deadline, over what was written by then).
-    pub async fn run_until(mut self, drain: Watch) -> Result<u64, AuditError> {
+    pub(crate) async fn run_until(mut self, drain: Watch) -> Result<u64, AuditError> {
         let Some(path) = self.path.clone() else {
             let mut n = 0;
             while self.rx.recv().await.is_some() {

@@ -54,54 +54,54 @@ pub struct TlsFetch {
 
 /// The line a client prints first, once it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ready {
-    pub ready: bool,
+pub(crate) struct Ready {
+    pub(crate) ready: bool,
 }
 
 /// One request's times, in microseconds from connect start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Sample {
-    pub connect_us: u64,
-    pub first_byte_us: u64,
+pub(crate) struct Sample {
+    pub(crate) connect_us: u64,
+    pub(crate) first_byte_us: u64,
     /// The body's last byte: what the bench calls the request time.
-    pub last_byte_us: u64,
+    pub(crate) last_byte_us: u64,
     /// The server's close.
-    pub total_us: u64,
+    pub(crate) total_us: u64,
 }
 
 /// What one command gave.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reply {
     /// The requests that succeeded (2xx), in completion order per thread.
-    pub samples: Vec<Sample>,
+    pub(crate) samples: Vec<Sample>,
     /// Requests that failed (no connection, an error, not 2xx).
     pub failed: usize,
     /// The first failure's line.
-    pub first_failure: Option<String>,
+    pub(crate) first_failure: Option<String>,
     /// Successful requests whose body had the wrong length or digest, and
     /// the first such mismatch.
-    pub mismatched: usize,
-    pub first_mismatch: Option<String>,
+    pub(crate) mismatched: usize,
+    pub(crate) first_mismatch: Option<String>,
     /// For `deny`: what each socket saw.
-    pub deny: Option<DenyProbe>,
+    pub(crate) deny: Option<DenyProbe>,
 }
 
 /// What the deny check's two sockets saw.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DenyProbe {
+pub(crate) struct DenyProbe {
     /// Whether the forbidden service answered (its banner came back).
-    pub forbidden_reached: bool,
+    pub(crate) forbidden_reached: bool,
     /// What happened to the forbidden socket, in one line.
-    pub forbidden: String,
+    pub(crate) forbidden: String,
     /// Whether the control GET succeeded with the origin's greeting.
-    pub control_ok: bool,
-    pub control: String,
+    pub(crate) control_ok: bool,
+    pub(crate) control: String,
 }
 
 /// What the forbidden service says to anyone who reaches it.
-pub const FORBIDDEN_BANNER: &[u8] = b"forbidden service reached\n";
+pub(crate) const FORBIDDEN_BANNER: &[u8] = b"forbidden service reached\n";
 /// What the origin's `/` answers.
-pub const GREETING: &[u8] = b"hello from origin\n";
+pub(crate) const GREETING: &[u8] = b"hello from origin\n";
 
 /// Run the client on stdin and stdout until `quit` or end of input.
 pub fn main() -> i32 {

@@ -68,7 +68,7 @@ impl ConditionKind {
     }
 
     /// Whether this is sluice itself (and DESIGN.md's targets apply).
-    pub fn is_sluice(self) -> bool {
+    pub(crate) fn is_sluice(self) -> bool {
         matches!(
             self,
             ConditionKind::Host | ConditionKind::Oci | ConditionKind::Vm
@@ -79,14 +79,14 @@ impl ConditionKind {
     /// only. The peers have none: the tokio proxy goes wherever a
     /// connection was headed, haproxy to its one upstream whatever the
     /// destination; and the native client and the plain tap go anywhere.
-    pub fn enforces(self) -> bool {
+    pub(crate) fn enforces(self) -> bool {
         self.is_sluice()
     }
 
     /// Whether this condition runs `workload`, and if not, why (the
     /// report says so): the `l7` workload needs a proxy that terminates
     /// TLS and a client that trusts it.
-    pub fn skips(self, workload: super::Workload) -> Option<&'static str> {
+    pub(crate) fn skips(self, workload: super::Workload) -> Option<&'static str> {
         if workload != super::Workload::L7 {
             return None;
         }
@@ -109,7 +109,7 @@ impl ConditionKind {
     /// Whether its proxy adds the `l7` rule's header (and so the origin
     /// must see it on every `l7` request): sluice and haproxy; native
     /// sends none.
-    pub fn injects(self) -> bool {
+    pub(crate) fn injects(self) -> bool {
         self.is_sluice() || self == ConditionKind::Haproxy
     }
 
@@ -119,7 +119,7 @@ impl ConditionKind {
     }
 
     /// One line on what the condition is, for the report.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             ConditionKind::Native => "the client straight to the origin (no sluice, no nftables)",
             ConditionKind::Host => "the client as the workload of `sluice run` (with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead of the client, 2 unless set, 3 more while 4 or more connections are in flight, and the peers at its priority)",
@@ -140,7 +140,7 @@ impl std::fmt::Display for ConditionKind {
 }
 
 /// A condition ready for the run.
-pub trait Condition {
+pub(crate) trait Condition {
     fn kind(&self) -> ConditionKind;
     /// Start round `round`'s client session.
     fn start(&self, bed: &Testbed, round: usize) -> Result<Session, BenchError>;
@@ -153,10 +153,10 @@ pub trait Condition {
 
 /// Why a condition does not run here, in one line (with what would make
 /// it run).
-pub type Skip = String;
+pub(crate) type Skip = String;
 
 /// Make `kind` ready for the run on `bed`, or say why it cannot run here.
-pub fn prepare(
+pub(crate) fn prepare(
     kind: ConditionKind,
     bed: &Testbed,
     image: &str,
@@ -195,7 +195,7 @@ pub fn prepare(
 /// a timings file for `round`, and the testbed's own state dir (the audit
 /// writer keeps its checkpoint key there: a throwaway one, so a benchmark
 /// leaves nothing in /var/lib). The caller adds the rest.
-pub fn sluice_command(
+pub(crate) fn sluice_command(
     bed: &Testbed,
     subcommand: &str,
     audit: &std::path::Path,
@@ -217,7 +217,7 @@ pub fn sluice_command(
     cmd
 }
 
-pub fn client_command(bed: &Testbed) -> Command {
+pub(crate) fn client_command(bed: &Testbed) -> Command {
     let mut cmd = Command::new(&bed.exe);
     cmd.arg("bench-client");
     cmd

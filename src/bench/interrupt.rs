@@ -56,12 +56,12 @@ pub fn install() -> std::io::Result<()> {
 }
 
 /// Whether a signal asked the run to stop.
-pub fn raised() -> bool {
+pub(crate) fn raised() -> bool {
     WATCH.get().is_some_and(|w| w.raised.load(Ordering::SeqCst))
 }
 
 /// Ask `pid` to stop when a signal comes (and at once if one came already).
-pub fn register(pid: u32) {
+pub(crate) fn register(pid: u32) {
     if let Some(watch) = WATCH.get() {
         if let Ok(mut children) = watch.children.lock() {
             children.push(pid as i32);
@@ -73,7 +73,7 @@ pub fn register(pid: u32) {
 }
 
 /// `pid` is gone (waited for): never signal it again.
-pub fn unregister(pid: u32) {
+pub(crate) fn unregister(pid: u32) {
     if let Some(watch) = WATCH.get() {
         if let Ok(mut children) = watch.children.lock() {
             children.retain(|&p| p != pid as i32);

@@ -17,14 +17,14 @@
 pub mod client;
 pub mod condition;
 mod interrupt;
-pub mod peers;
-pub mod plot;
+pub(crate) mod peers;
+pub(crate) mod plot;
 pub mod progress;
 pub mod report;
 pub mod scale;
-pub mod scale_run;
+pub(crate) mod scale_run;
 pub mod session;
-pub mod stats;
+pub(crate) mod stats;
 #[allow(unsafe_code)]
 pub mod uring;
 pub mod vm;
@@ -41,7 +41,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 pub use condition::ConditionKind;
-pub use workload::{Metric, Workload};
+pub(crate) use workload::Metric;
+pub use workload::Workload;
 
 use client::Reply;
 use progress::Progress;
@@ -49,21 +50,21 @@ use progress::Progress;
 /// The origin every condition's client fetches from.
 pub const ORIGIN: &str = "198.18.0.1:8080";
 /// A live service the policy forbids (the deny check's target).
-pub const FORBIDDEN: &str = "198.18.0.2:9090";
+pub(crate) const FORBIDDEN: &str = "198.18.0.2:9090";
 /// The origin over TLS (the `tls` and `l7` workloads), with a certificate
 /// for both names below.
-pub const TLS_ORIGIN: &str = "198.18.0.1:8443";
+pub(crate) const TLS_ORIGIN: &str = "198.18.0.1:8443";
 /// The name the `tls` workload asks for: its rule admits it by SNI.
-pub const TLS_NAME: &str = "tls.bench.test";
+pub(crate) const TLS_NAME: &str = "tls.bench.test";
 /// The name the `l7` workload asks for: its rule decides requests and
 /// injects a credential.
-pub const L7_NAME: &str = "l7.bench.test";
+pub(crate) const L7_NAME: &str = "l7.bench.test";
 /// The header the `l7` rule injects, and the bench secret's value.
-pub const L7_HEADER: &str = "Authorization";
+pub(crate) const L7_HEADER: &str = "Authorization";
 pub(crate) const L7_SECRET: &str = "bench-token-not-a-secret";
 
 /// The origin over HTTP and nothing else (`bench-scale`'s policy).
-pub const PLAIN_POLICY: &str = "version: 1
+pub(crate) const PLAIN_POLICY: &str = "version: 1
 name: bench
 rules:
   - name: origin
@@ -114,13 +115,13 @@ dns:
 }
 
 /// Upper bounds of a plan.
-pub const MAX_CONNS: usize = 100_000;
-pub const MAX_THREADS: usize = 1024;
-pub const MAX_ROUNDS: usize = 10_000;
+pub(crate) const MAX_CONNS: usize = 100_000;
+pub(crate) const MAX_THREADS: usize = 1024;
+pub(crate) const MAX_ROUNDS: usize = 10_000;
 
 /// Why a bench run failed.
 #[derive(Debug, thiserror::Error)]
-pub enum BenchError {
+pub(crate) enum BenchError {
     #[error("{0}")]
     BadPlan(String),
     #[error("cannot set up the bench: {what}: {cause}")]
@@ -164,21 +165,21 @@ pub enum BenchError {
 
 /// What to run.
 #[derive(Debug, Clone)]
-pub struct Plan {
-    pub conditions: Vec<ConditionKind>,
-    pub workloads: Vec<Workload>,
-    pub batches: usize,
-    pub warmups: usize,
-    pub conns: usize,
-    pub threads: usize,
-    pub seed: u64,
+pub(crate) struct Plan {
+    pub(crate) conditions: Vec<ConditionKind>,
+    pub(crate) workloads: Vec<Workload>,
+    pub(crate) batches: usize,
+    pub(crate) warmups: usize,
+    pub(crate) conns: usize,
+    pub(crate) threads: usize,
+    pub(crate) seed: u64,
     /// The image the `oci` condition runs the client in.
-    pub image: String,
+    pub(crate) image: String,
 }
 
 impl Plan {
     /// Refuse what cannot give a meaningful report.
-    pub fn check(&self) -> Result<(), BenchError> {
+    pub(crate) fn check(&self) -> Result<(), BenchError> {
         if !self.conditions.contains(&ConditionKind::Native) {
             return Err(BenchError::BadPlan(
                 "--conditions must include native: every ratio and paired difference is to native"
@@ -208,22 +209,22 @@ impl Plan {
 /// The throwaway world of one run: the outer namespace (origin and the
 /// forbidden service on its loopback), the policy, a temp dir for sluice's
 /// records and the peers' configs, and the sluice binary that runs it all.
-pub struct Testbed {
-    pub outer: crate::testbed::OuterNetns,
-    pub dir: PathBuf,
-    pub policy: PathBuf,
-    pub exe: PathBuf,
+pub(crate) struct Testbed {
+    pub(crate) outer: crate::testbed::OuterNetns,
+    pub(crate) dir: PathBuf,
+    pub(crate) policy: PathBuf,
+    pub(crate) exe: PathBuf,
     /// The TLS origin's CA and certificate (haproxy serves the same one).
-    pub pki: crate::testbed::tls::TestPki,
+    pub(crate) pki: crate::testbed::tls::TestPki,
     /// `pki`'s CA, for `--upstream-ca` and haproxy's `ca-file`.
-    pub ca_file: PathBuf,
+    pub(crate) ca_file: PathBuf,
     forbidden_hits: Arc<AtomicU64>,
     /// Requests the TLS origin saw carrying the `l7` rule's header.
     injected_seen: Arc<AtomicU64>,
 }
 
 impl Testbed {
-    pub fn create() -> Result<Testbed, BenchError> {
+    pub(crate) fn create() -> Result<Testbed, BenchError> {
         let setup = |what: &str| {
             let what = what.to_string();
             move |e: anyhow::Error| BenchError::Setup {
@@ -296,7 +297,7 @@ impl Testbed {
 
     /// Start the TLS origin ([`TLS_ORIGIN`], with `pki`'s certificate) in
     /// `ns`, giving `seen` every request head.
-    pub fn tls_origin(
+    pub(crate) fn tls_origin(
         &self,
         ns: &crate::testbed::OuterNetns,
         seen: Arc<dyn Fn(&str) + Send + Sync>,
@@ -307,12 +308,12 @@ impl Testbed {
 
     /// Requests with the `l7` rule's injected header the TLS origin saw so
     /// far.
-    pub fn injected_seen(&self) -> u64 {
+    pub(crate) fn injected_seen(&self) -> u64 {
         self.injected_seen.load(Ordering::SeqCst)
     }
 
     /// Connections the forbidden service accepted so far.
-    pub fn forbidden_hits(&self) -> u64 {
+    pub(crate) fn forbidden_hits(&self) -> u64 {
         self.forbidden_hits.load(Ordering::SeqCst)
     }
 }
@@ -336,61 +337,61 @@ impl Drop for Testbed {
 
 /// One workload's batch in one round.
 #[derive(Debug, Clone)]
-pub struct BatchOutcome {
-    pub workload: Workload,
-    pub reply: Reply,
+pub(crate) struct BatchOutcome {
+    pub(crate) workload: Workload,
+    pub(crate) reply: Reply,
     /// The proxy's CPU time over the batch.
-    pub cpu_ns: Option<u64>,
+    pub(crate) cpu_ns: Option<u64>,
 }
 
 impl BatchOutcome {
     /// A batch counts only when every request in it succeeded.
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.reply.failed == 0 && !self.reply.samples.is_empty()
     }
 
     /// Connections made (successful or not).
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.reply.samples.len() + self.reply.failed
     }
 }
 
 /// The deny check of one condition in one round.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DenyCheck {
-    pub passed: bool,
+pub(crate) struct DenyCheck {
+    pub(crate) passed: bool,
     /// What was seen, in one line.
-    pub detail: String,
+    pub(crate) detail: String,
 }
 
 /// One condition in one formal round.
 #[derive(Debug, Clone)]
-pub struct RoundOutcome {
+pub(crate) struct RoundOutcome {
     /// The formal round, from 1.
-    pub batch: usize,
+    pub(crate) batch: usize,
     /// Where the condition ran in the round's shuffled order, from 1.
-    pub position: usize,
-    pub condition: ConditionKind,
-    pub start: Duration,
-    pub exit: Duration,
-    pub deny: Option<DenyCheck>,
-    pub batches: Vec<BatchOutcome>,
+    pub(crate) position: usize,
+    pub(crate) condition: ConditionKind,
+    pub(crate) start: Duration,
+    pub(crate) exit: Duration,
+    pub(crate) deny: Option<DenyCheck>,
+    pub(crate) batches: Vec<BatchOutcome>,
 }
 
 /// Everything a run measured.
 #[derive(Debug, Clone)]
-pub struct Results {
-    pub plan: Plan,
+pub(crate) struct Results {
+    pub(crate) plan: Plan,
     /// The conditions that ran, in report order.
-    pub ran: Vec<ConditionKind>,
-    pub skipped: Vec<(ConditionKind, String)>,
-    pub rounds: Vec<RoundOutcome>,
-    pub elapsed: Duration,
+    pub(crate) ran: Vec<ConditionKind>,
+    pub(crate) skipped: Vec<(ConditionKind, String)>,
+    pub(crate) rounds: Vec<RoundOutcome>,
+    pub(crate) elapsed: Duration,
 }
 
 impl Results {
     /// The deny checks that failed, as one line each.
-    pub fn deny_failures(&self) -> Vec<String> {
+    pub(crate) fn deny_failures(&self) -> Vec<String> {
         self.rounds
             .iter()
             .filter_map(|r| match &r.deny {
@@ -404,7 +405,7 @@ impl Results {
 }
 
 /// Run `plan` on a testbed of its own; `progress` hears of every step.
-pub fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, BenchError> {
+pub(crate) fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, BenchError> {
     plan.check()?;
     interrupt::install().map_err(|e| BenchError::Setup {
         what: "installing the signal handlers".into(),

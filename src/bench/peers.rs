@@ -34,7 +34,7 @@ use crate::testbed::OuterNetns;
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A peer proxy and the namespace its clients run in.
-pub struct Peer {
+pub(crate) struct Peer {
     kind: ConditionKind,
     // Dropped in this order: the proxy first, then its namespace.
     process: Process,
@@ -52,7 +52,7 @@ enum Process {
 
 impl Peer {
     /// haproxy behind the redirect, or why it cannot run here.
-    pub fn haproxy(bed: &Testbed) -> Result<Result<Peer, Skip>, BenchError> {
+    pub(crate) fn haproxy(bed: &Testbed) -> Result<Result<Peer, Skip>, BenchError> {
         let Some(haproxy) = super::which("haproxy") else {
             return Ok(Err(
                 "haproxy is not installed (apt-get install --no-install-recommends haproxy)".into(),
@@ -107,7 +107,7 @@ impl Peer {
 
     /// The minimal proxy (`sluice bench-proxy`) on `engine` behind the
     /// redirect.
-    pub fn minimal_proxy(bed: &Testbed, engine: Engine) -> Result<Peer, BenchError> {
+    pub(crate) fn minimal_proxy(bed: &Testbed, engine: Engine) -> Result<Peer, BenchError> {
         let kind = match engine {
             Engine::Tokio => ConditionKind::TokioProxy,
             Engine::IoUring => ConditionKind::UringProxy,
@@ -286,7 +286,7 @@ fn wait_listening(
 
 /// How the minimal proxy asks the kernel for its work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Engine {
+pub(crate) enum Engine {
     /// tokio's current-thread runtime (epoll).
     Tokio,
     /// One io_uring (src/bench/uring.rs).
@@ -294,7 +294,7 @@ pub enum Engine {
 }
 
 impl Engine {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Engine::Tokio => "tokio",
             Engine::IoUring => "io-uring",
@@ -325,7 +325,7 @@ fn wait_for_quit() {
 /// 127.0.0.1:`port` inside the namespace at `netns`, connecting upstream in
 /// its own, on `engine`. Says it is ready on stdout and quits at the end of
 /// stdin (or on `quit`), so it never outlives the bench.
-pub fn serve_minimal_proxy(
+pub(crate) fn serve_minimal_proxy(
     netns: &std::path::Path,
     port: u16,
     engine: Engine,

@@ -20,7 +20,7 @@ fn error(path: &Path) -> impl Fn(String) -> PlotError + '_ {
 
 /// The ECDF of small request times (connect start to last body byte, µs),
 /// one curve per condition, from successful batches only.
-pub fn ecdf_small(results: &Results, path: &Path) -> Result<(), PlotError> {
+pub(crate) fn ecdf_small(results: &Results, path: &Path) -> Result<(), PlotError> {
     let err = error(path);
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::{ConditionKind, Metric, RoundOutcome, Workload};
 
 /// How progress is shown.
-pub enum Progress {
+pub(crate) enum Progress {
     Bar(Option<ProgressBar>),
     Lines { total: usize },
     Silent,
@@ -18,7 +18,7 @@ pub enum Progress {
 
 impl Progress {
     /// A bar when stderr is a terminal, plain lines otherwise.
-    pub fn for_stderr() -> Progress {
+    pub(crate) fn for_stderr() -> Progress {
         if std::io::stderr().is_terminal() {
             Progress::Bar(None)
         } else {
@@ -26,14 +26,14 @@ impl Progress {
         }
     }
 
-    pub fn skipped(&mut self, condition: ConditionKind, why: &str) {
+    pub(crate) fn skipped(&mut self, condition: ConditionKind, why: &str) {
         if !matches!(self, Progress::Silent) {
             eprintln!("{condition}: skipped: {why}");
         }
     }
 
     /// `rounds` rounds of `conditions` sessions each are about to run.
-    pub fn begin(&mut self, rounds: usize, conditions: usize) {
+    pub(crate) fn begin(&mut self, rounds: usize, conditions: usize) {
         match self {
             Progress::Bar(bar) => {
                 // A bar given in (one drawing elsewhere, as in the tests)
@@ -54,7 +54,7 @@ impl Progress {
     }
 
     /// One condition's session of round `round` (from 0) is done.
-    pub fn step(&mut self, round: usize, warmup: bool, outcome: &RoundOutcome) {
+    pub(crate) fn step(&mut self, round: usize, warmup: bool, outcome: &RoundOutcome) {
         let label = if warmup {
             "warmup".to_string()
         } else {
@@ -72,7 +72,7 @@ impl Progress {
         }
     }
 
-    pub fn end(&mut self) {
+    pub(crate) fn end(&mut self) {
         if let Progress::Bar(Some(bar)) = self {
             bar.finish_and_clear();
         }

@@ -14,23 +14,24 @@ use super::stats::{self, ConditionStats, MetricStats, Summary};
 use super::{BenchError, ConditionKind, Metric, Results, Workload};
 
 pub const BATCHES_HEADER: &str = "batch,position,condition,workload,ok,requests,failed,median_ms,p95_ms,first_byte_median_ms,cpu_us_per_connection,session_start_ms,session_exit_ms";
-pub const PAIRED_HEADER: &str = "condition,workload,diff_median_ms,ci_low_ms,ci_high_ms,ratio";
+pub(crate) const PAIRED_HEADER: &str =
+    "condition,workload,diff_median_ms,ci_low_ms,ci_high_ms,ratio";
 
 /// Where and on what a run happened.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Machine {
-    pub cpus: usize,
-    pub cpu_model: String,
-    pub kernel: String,
-    pub load_before: String,
-    pub load_after: String,
-    pub started: String,
-    pub build: &'static str,
+pub(crate) struct Machine {
+    pub(crate) cpus: usize,
+    pub(crate) cpu_model: String,
+    pub(crate) kernel: String,
+    pub(crate) load_before: String,
+    pub(crate) load_after: String,
+    pub(crate) started: String,
+    pub(crate) build: &'static str,
 }
 
 impl Machine {
     /// This machine now (`load_after` is filled in at the end).
-    pub fn observe() -> Machine {
+    pub(crate) fn observe() -> Machine {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
         Machine {
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -56,7 +57,7 @@ impl Machine {
 }
 
 /// The 1, 5 and 15 minute load averages.
-pub fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
         .split_whitespace()
@@ -66,7 +67,7 @@ pub fn load_average() -> String {
 }
 
 /// Write every file of the report into `dir` (created if need be).
-pub fn write(
+pub(crate) fn write(
     dir: &Path,
     results: &Results,
     summary: &Summary,
@@ -189,7 +190,7 @@ fn paired_csv(summary: &Summary) -> String {
 }
 
 /// paired.csv's `condition` for vm paired with vm-direct rather than native.
-pub const VM_OVER_PLAIN_TAP: &str = "vm-vs-vm-direct";
+pub(crate) const VM_OVER_PLAIN_TAP: &str = "vm-vs-vm-direct";
 
 fn raw_jsonl(results: &Results) -> String {
     let mut out = String::new();
@@ -295,7 +296,7 @@ fn row(c: &ConditionStats) -> String {
 /// The `tls` and `l7` workloads side by side: per-batch P50, its ratio to
 /// native, and the P90/P99 of every request (the tail a median hides), the
 /// proxy's CPU per connection, and l7's P50 over tls's.
-pub fn tls_table(results: &Results, summary: &Summary) -> String {
+pub(crate) fn tls_table(results: &Results, summary: &Summary) -> String {
     let mut md = String::from(
         "\n## TLS: relayed by SNI (tls) and terminated with a header injected (l7)\n\n\
          Fresh TLS connections one at a time, one 1 KiB GET each, by address with the name as \
@@ -346,7 +347,7 @@ pub fn tls_table(results: &Results, summary: &Summary) -> String {
 }
 
 /// The main table, as report.md has it (also printed at the end of a run).
-pub fn table(summary: &Summary) -> String {
+pub(crate) fn table(summary: &Summary) -> String {
     let mut out = String::from(
         "| condition | small P50 | small P95 | x native | small diff to native [95% CI] | serial P50 | 32 MiB, 1 KiB writes | 32 MiB, 64 KiB writes | stream first byte | stream last byte | deny | proxy CPU / conn | start+exit |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",

@@ -41,23 +41,23 @@ const TOKEN_LEN: usize = 32;
 
 /// What to run.
 #[derive(Debug, Clone)]
-pub struct ScalePlan {
-    pub sandboxes: usize,
-    pub conns: usize,
-    pub out: PathBuf,
+pub(crate) struct ScalePlan {
+    pub(crate) sandboxes: usize,
+    pub(crate) conns: usize,
+    pub(crate) out: PathBuf,
 }
 
 /// One RSS sample of a process (the daemon; `sluice run` in `scale_run`).
 #[derive(Debug, Clone)]
 pub(super) struct Sample {
-    pub label: String,
-    pub connections: usize,
-    pub rss_kib: u64,
-    pub hwm_kib: u64,
+    pub(crate) label: String,
+    pub(crate) connections: usize,
+    pub(crate) rss_kib: u64,
+    pub(crate) hwm_kib: u64,
     /// RssAnon: the heap and stacks, without the binary's file pages.
-    pub anon_kib: u64,
-    pub fds: usize,
-    pub threads: u64,
+    pub(crate) anon_kib: u64,
+    pub(crate) fds: usize,
+    pub(crate) threads: u64,
 }
 
 /// Removes what the bench made, whatever happens.
@@ -86,7 +86,7 @@ impl Drop for Scratch {
 /// Descriptors the bench and its daemon each need: the daemon holds two
 /// per relayed connection (its two sockets), the bench two (its client end and the origin's), and
 /// each some thousands besides (the sandboxes' namespaces and listeners).
-pub fn descriptors_needed(conns: usize) -> u64 {
+pub(crate) fn descriptors_needed(conns: usize) -> u64 {
     (conns as u64) * 2 + 4096
 }
 
@@ -109,7 +109,7 @@ fn raise_nofile(want: u64) -> Result<()> {
     })
 }
 
-pub fn run(plan: &ScalePlan) -> Result<String> {
+pub(crate) fn run(plan: &ScalePlan) -> Result<String> {
     raise_nofile(descriptors_needed(plan.conns))?;
     let tty = std::io::stderr().is_terminal();
     let outer = OuterNetns::create("sluice-scale", &["198.18.0.1".parse()?])?;

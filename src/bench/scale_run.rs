@@ -55,9 +55,9 @@ const SETTLE: Duration = Duration::from_millis(200);
 
 /// What to run.
 #[derive(Debug, Clone)]
-pub struct RunPlan {
-    pub conns: usize,
-    pub out: PathBuf,
+pub(crate) struct RunPlan {
+    pub(crate) conns: usize,
+    pub(crate) out: PathBuf,
 }
 
 /// How the held connections are admitted.
@@ -112,7 +112,7 @@ pub(super) struct ModeRun {
 impl ModeRun {
     /// RSS at all connections less RSS before the first, per connection,
     /// in KiB.
-    pub fn per_connection_kib(&self) -> f64 {
+    pub(crate) fn per_connection_kib(&self) -> f64 {
         let (Some(first), Some(last)) = (self.samples.first(), self.samples.last()) else {
             return 0.0;
         };
@@ -124,7 +124,7 @@ impl ModeRun {
 
     /// The least-squares slope of RSS over the held connections, KiB per
     /// connection.
-    pub fn slope_kib(&self) -> f64 {
+    pub(crate) fn slope_kib(&self) -> f64 {
         let points: Vec<(f64, f64)> = self
             .samples
             .iter()
@@ -155,7 +155,7 @@ fn least_squares(points: &[(f64, f64)]) -> f64 {
 
 /// The most connections one `sluice run` relays at once under the hard
 /// descriptor limit `hard` (it caps itself there: src/confine/fds.rs).
-pub fn most_connections(hard: u64) -> usize {
+pub(crate) fn most_connections(hard: u64) -> usize {
     crate::confine::fds::connections_within(hard)
 }
 
@@ -396,7 +396,7 @@ async fn answer(mut stream: tokio::net::TcpStream) {
 /// `other-name` (one more request, for a name no rule admits, on the first
 /// held connection: `status CODE`, 0 if no status line came). At the end
 /// of its input it closes everything and exits 0.
-pub fn hold_main() -> i32 {
+pub(crate) fn hold_main() -> i32 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -31,11 +31,11 @@ use crate::testbed::OuterNetns;
 
 /// How long a session may take to say it is ready (a container's first
 /// start on a loaded machine takes seconds).
-pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long one command may take (each request has its own 5 s bounds).
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a session may take to exit after `quit`, and after SIGTERM.
-pub const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The longest line a client may send: a reply to the largest plan
 /// (`MAX_CONNS` samples) fits many times over.
@@ -45,7 +45,7 @@ const MAX_LINE: u64 = 64 << 20;
 const STDERR_TAIL: usize = 4096;
 
 /// A running session whose client said it is ready.
-pub struct Session {
+pub(crate) struct Session {
     what: String,
     child: Option<Child>,
     input: Option<Input>,
@@ -58,13 +58,13 @@ pub struct Session {
     /// The process that proxies the client's connections, if any.
     proxy: Option<u32>,
     /// From spawn to the client's ready line.
-    pub start: Duration,
+    pub(crate) start: Duration,
 }
 
 impl Session {
     /// Start `cmd` in the network namespace `netns` and wait for the
     /// client's ready line. `proxy` says whose CPU time is the proxy's.
-    pub fn start(
+    pub(crate) fn start(
         what: &str,
         mut cmd: Command,
         netns: &OuterNetns,
@@ -109,7 +109,7 @@ impl Session {
     /// the guest, one `sluice bench-client` per command (`guest_relay`).
     /// Its ready line is that of a client run in the guest once it booted,
     /// so the start time includes the boot.
-    pub fn start_guest(
+    pub(crate) fn start_guest(
         what: &str,
         mut cmd: Command,
         netns: &OuterNetns,
@@ -191,7 +191,7 @@ impl Session {
     }
 
     /// Send `command` and wait for its reply.
-    pub fn request(&mut self, command: &client::Command) -> Result<Reply, BenchError> {
+    pub(crate) fn request(&mut self, command: &client::Command) -> Result<Reply, BenchError> {
         let line = serde_json::to_string(command).expect("commands serialize");
         let sent = match self.input.as_mut() {
             Some(Input::Pipe(stdin)) => writeln!(stdin, "{line}")
@@ -209,19 +209,19 @@ impl Session {
     }
 
     /// The started process's pid.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
     }
 
     /// CPU time (user + system, all threads) of the proxying process so far,
     /// in nanoseconds; None without a proxy or when it cannot be read.
-    pub fn proxy_cpu_ns(&self) -> Option<u64> {
+    pub(crate) fn proxy_cpu_ns(&self) -> Option<u64> {
         self.proxy.and_then(cpu_ns)
     }
 
     /// Tell the client to quit and wait for the session to exit (status 0).
     /// Returns the time from `quit` to the exit.
-    pub fn finish(mut self) -> Result<Duration, BenchError> {
+    pub(crate) fn finish(mut self) -> Result<Duration, BenchError> {
         let asked = Instant::now();
         // A guest's relay closes the control port when its input goes,
         // and the guest powers off.
@@ -333,7 +333,7 @@ fn spawn_session(what: &str, mut cmd: Command, netns: &OuterNetns) -> Result<Chi
 /// Spawn `cmd` from a thread inside `netns`: the child starts in that
 /// network namespace (and in the caller's mount namespace, where podman's
 /// storage is), with no `ip netns exec` or `nsenter` in between.
-pub fn spawn_in(netns: &OuterNetns, mut cmd: Command) -> std::io::Result<Child> {
+pub(crate) fn spawn_in(netns: &OuterNetns, mut cmd: Command) -> std::io::Result<Child> {
     netns
         .run_in(move || cmd.spawn())
         .map_err(|e| std::io::Error::other(format!("{e:#}")))?
@@ -341,7 +341,7 @@ pub fn spawn_in(netns: &OuterNetns, mut cmd: Command) -> std::io::Result<Child> 
 
 /// Whose CPU time is the proxy's.
 #[derive(Debug, Clone, Copy)]
-pub enum Proxy {
+pub(crate) enum Proxy {
     /// No proxy (the client goes straight to the origin).
     None,
     /// The process started (`sluice run`, `sluice oci`).
@@ -371,14 +371,14 @@ pub fn wait_bounded(mut child: Child, timeout: Duration) -> Option<(ExitStatus, 
 
 /// The end of what a process says on a pipe (its stderr), kept by a
 /// thread of its own for error messages.
-pub struct Tail {
+pub(crate) struct Tail {
     buf: Arc<Mutex<Vec<u8>>>,
     closed: Mutex<Receiver<()>>,
 }
 
 impl Tail {
     /// Keep the last [`STDERR_TAIL`] bytes of `pipe` until it closes.
-    pub fn follow(mut pipe: impl std::io::Read + Send + 'static) -> Tail {
+    pub(crate) fn follow(mut pipe: impl std::io::Read + Send + 'static) -> Tail {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let (done, closed) = mpsc::channel();
         let tail = buf.clone();
@@ -404,7 +404,7 @@ impl Tail {
 
     /// What was said, once the pipe closed (waiting at most `settle` for
     /// that: a process that failed usually just exited).
-    pub fn text(&self, settle: Duration) -> String {
+    pub(crate) fn text(&self, settle: Duration) -> String {
         if let Ok(closed) = self.closed.lock() {
             let _ = closed.recv_timeout(settle);
         }
@@ -420,7 +420,7 @@ impl Tail {
 /// resolution), or /proc/PID/stat's user and system ticks where schedstat
 /// is missing. Threads that already exited are not in schedstat; the
 /// proxies measured keep theirs for the whole run.
-pub fn cpu_ns(pid: u32) -> Option<u64> {
+pub(crate) fn cpu_ns(pid: u32) -> Option<u64> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     let mut total = 0u64;
     let mut any = false;

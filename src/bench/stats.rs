@@ -14,30 +14,30 @@ use super::{ConditionKind, Metric, Results, Workload};
 use crate::timing::stats::{paired_median_ci, quantile_sorted, two_clusters, Cluster, PairedDiff};
 
 /// A difference smaller than this share of native's P50 is not called out.
-pub const CALL_OUT_FRACTION: f64 = 0.05;
+pub(crate) const CALL_OUT_FRACTION: f64 = 0.05;
 
 /// One condition's numbers for one metric (microseconds).
 #[derive(Debug, Clone, PartialEq)]
-pub struct MetricStats {
+pub(crate) struct MetricStats {
     /// Batches that counted, and those that failed.
-    pub batches: usize,
-    pub failed: usize,
-    pub p50: Option<f64>,
-    pub p95: Option<f64>,
+    pub(crate) batches: usize,
+    pub(crate) failed: usize,
+    pub(crate) p50: Option<f64>,
+    pub(crate) p95: Option<f64>,
     /// Two clusters across the batch statistics (bulk), when they have two.
-    pub clusters: Option<[Cluster; 2]>,
+    pub(crate) clusters: Option<[Cluster; 2]>,
     /// Against native (None for native itself).
-    pub diff: Option<PairedDiff>,
-    pub ratio: Option<f64>,
+    pub(crate) diff: Option<PairedDiff>,
+    pub(crate) ratio: Option<f64>,
     /// vm only, when vm-direct ran: against vm-direct in the same round,
     /// so virtualisation cancels and what is left is sluice's own cost.
-    pub vs_plain_tap: Option<PairedDiff>,
-    pub plain_tap_ratio: Option<f64>,
+    pub(crate) vs_plain_tap: Option<PairedDiff>,
+    pub(crate) plain_tap_ratio: Option<f64>,
 }
 
 impl MetricStats {
     /// Whether the paired difference is real and large enough to say so.
-    pub fn called_out(&self, native_p50: Option<f64>) -> bool {
+    pub(crate) fn called_out(&self, native_p50: Option<f64>) -> bool {
         match (self.diff, native_p50) {
             (Some(d), Some(n)) => {
                 d.excludes_zero() && d.median_diff_us.abs() > CALL_OUT_FRACTION * n
@@ -49,33 +49,33 @@ impl MetricStats {
 
 /// One condition's row.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ConditionStats {
-    pub condition: ConditionKind,
-    pub metrics: BTreeMap<Metric, MetricStats>,
+pub(crate) struct ConditionStats {
+    pub(crate) condition: ConditionKind,
+    pub(crate) metrics: BTreeMap<Metric, MetricStats>,
     /// Deny checks passed and made (None: the condition does not enforce).
-    pub deny: Option<(usize, usize)>,
+    pub(crate) deny: Option<(usize, usize)>,
     /// The proxy's CPU per connection (µs) in the small and the serial
     /// workloads, over every formal batch.
-    pub cpu_small_us: Option<f64>,
-    pub cpu_serial_us: Option<f64>,
+    pub(crate) cpu_small_us: Option<f64>,
+    pub(crate) cpu_serial_us: Option<f64>,
     /// The same over the `tls` and the `l7` workloads' connections.
-    pub cpu_tls_us: Option<f64>,
-    pub cpu_l7_us: Option<f64>,
+    pub(crate) cpu_tls_us: Option<f64>,
+    pub(crate) cpu_l7_us: Option<f64>,
 }
 
 /// The whole run's numbers.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Summary {
-    pub conditions: Vec<ConditionStats>,
+pub(crate) struct Summary {
+    pub(crate) conditions: Vec<ConditionStats>,
 }
 
 impl Summary {
-    pub fn of(&self, condition: ConditionKind) -> Option<&ConditionStats> {
+    pub(crate) fn of(&self, condition: ConditionKind) -> Option<&ConditionStats> {
         self.conditions.iter().find(|c| c.condition == condition)
     }
 
     /// native's P50 of `metric`.
-    pub fn native_p50(&self, metric: Metric) -> Option<f64> {
+    pub(crate) fn native_p50(&self, metric: Metric) -> Option<f64> {
         self.of(ConditionKind::Native)?.metrics.get(&metric)?.p50
     }
 }
@@ -134,7 +134,7 @@ fn paired(
 }
 
 /// Summarise `results`; the bootstrap is seeded with the plan's seed.
-pub fn summarise(results: &Results) -> Summary {
+pub(crate) fn summarise(results: &Results) -> Summary {
     let series = series(results);
     let seed = results.plan.seed;
     let conditions = results
@@ -214,7 +214,7 @@ pub fn summarise(results: &Results) -> Summary {
 /// The P50, P90 and P99 (µs) of every request's time (connect start to the
 /// body's last byte) in `condition`'s successful formal batches of
 /// `workload`: the tail a per-batch median hides.
-pub fn request_quantiles(
+pub(crate) fn request_quantiles(
     results: &Results,
     condition: ConditionKind,
     workload: Workload,
@@ -237,11 +237,11 @@ pub fn request_quantiles(
 
 /// One of DESIGN.md's speed targets, judged on this run.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Target {
-    pub target: &'static str,
+pub(crate) struct Target {
+    pub(crate) target: &'static str,
     /// Whether it holds; None when the run lacks what it needs.
-    pub holds: Option<bool>,
-    pub measured: String,
+    pub(crate) holds: Option<bool>,
+    pub(crate) measured: String,
 }
 
 /// DESIGN.md's targets for sluice's `condition` (host, oci), judged side by

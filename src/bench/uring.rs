@@ -245,10 +245,10 @@ fn fail(conn: &mut Conn) {
 }
 
 /// One io_uring, set up before the proxy says it is ready.
-pub struct Ring(IoUring);
+pub(crate) struct Ring(IoUring);
 
 impl Ring {
-    pub fn new() -> anyhow::Result<Ring> {
+    pub(crate) fn new() -> anyhow::Result<Ring> {
         use anyhow::Context;
         IoUring::builder()
             .setup_single_issuer()
@@ -260,13 +260,13 @@ impl Ring {
 
     /// Serve `listener` (listening in the redirected namespace) until the
     /// process exits.
-    pub fn serve(self, listener: TcpListener) -> anyhow::Result<()> {
+    pub(crate) fn serve(self, listener: TcpListener) -> anyhow::Result<()> {
         serve(self.0, &listener)
     }
 }
 
 /// Why the io_uring peer cannot run here, if it cannot.
-pub fn unavailable() -> Option<String> {
+pub(crate) fn unavailable() -> Option<String> {
     Ring::new().err().map(|e| format!("{e:#}"))
 }
 

@@ -37,7 +37,7 @@ const QEMU: &str = "qemu-system-x86_64";
 
 /// Where the guest kit is: $SLUICE_VM_KIT, else `target/vm-kit` beside
 /// the `target/<profile>/sluice` that runs (where build-guest.sh puts it).
-pub fn kit_dir(exe: &Path) -> PathBuf {
+pub(crate) fn kit_dir(exe: &Path) -> PathBuf {
     match std::env::var_os("SLUICE_VM_KIT") {
         Some(dir) => PathBuf::from(dir),
         None => exe
@@ -49,7 +49,7 @@ pub fn kit_dir(exe: &Path) -> PathBuf {
 }
 
 /// Make `kind` (vm or vm-direct) ready, or say why it cannot run here.
-pub fn prepare(
+pub(crate) fn prepare(
     kind: ConditionKind,
     bed: &Testbed,
 ) -> Result<Result<Box<dyn Condition>, Skip>, BenchError> {
@@ -174,7 +174,7 @@ impl Condition for Guest {
 /// `lines` stamped with the host's clock. Returns when `inbox` closes
 /// (the session finished: dropping the port powers the guest off) or with
 /// what went wrong.
-pub fn guest_relay(
+pub(crate) fn guest_relay(
     listener: UnixListener,
     lines: &Sender<(Instant, String)>,
     inbox: &Receiver<String>,
@@ -246,9 +246,9 @@ fn forward(output: &str, lines: &Sender<(Instant, String)>, skip_ready: bool) ->
 /// A VMM's console: when it ends (the VMM exited or was killed), one
 /// connection to the control socket wakes a relay still waiting in
 /// `accept` (it then reads nothing and gives up).
-pub struct UnblockOnEof<R> {
-    pub inner: R,
-    pub control: PathBuf,
+pub(crate) struct UnblockOnEof<R> {
+    pub(crate) inner: R,
+    pub(crate) control: PathBuf,
 }
 
 impl<R: Read> Read for UnblockOnEof<R> {

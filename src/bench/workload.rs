@@ -23,13 +23,13 @@ use super::{FORBIDDEN, L7_NAME, ORIGIN, TLS_NAME, TLS_ORIGIN};
 use crate::testbed::pattern;
 
 /// The bulk body size.
-pub const BULK_BYTES: usize = 32 << 20;
+pub(crate) const BULK_BYTES: usize = 32 << 20;
 /// Streams per batch.
-pub const STREAMS: usize = 5;
+pub(crate) const STREAMS: usize = 5;
 /// The stream: events, bytes per event, ms between events.
-pub const STREAM_EVENTS: usize = 10;
-pub const STREAM_EVENT_BYTES: usize = 13;
-pub const STREAM_GAP_MS: usize = 2;
+pub(crate) const STREAM_EVENTS: usize = 10;
+pub(crate) const STREAM_EVENT_BYTES: usize = 13;
+pub(crate) const STREAM_GAP_MS: usize = 2;
 
 /// One kind of request the client makes every round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,12 +71,12 @@ impl Workload {
     }
 
     /// One of the 32 MiB transfers.
-    pub fn is_bulk(&self) -> bool {
+    pub(crate) fn is_bulk(&self) -> bool {
         matches!(self, Workload::Bulk1k | Workload::Bulk64k)
     }
 
     /// What a batch of this workload is summarised by.
-    pub fn metrics(self) -> &'static [Metric] {
+    pub(crate) fn metrics(self) -> &'static [Metric] {
         match self {
             Workload::Small => &[Metric::Small],
             Workload::Serial => &[Metric::Serial],
@@ -92,7 +92,7 @@ impl Workload {
 /// A batch statistic (microseconds), and the one per round that is no
 /// workload's: the session's start plus exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Metric {
+pub(crate) enum Metric {
     Small,
     Serial,
     Bulk1k,
@@ -105,7 +105,7 @@ pub enum Metric {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 9] = [
+    pub(crate) const ALL: [Metric; 9] = [
         Metric::Small,
         Metric::Serial,
         Metric::Bulk1k,
@@ -118,7 +118,7 @@ impl Metric {
     ];
 
     /// Its name in paired.csv and batches.csv.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Metric::Small => "small",
             Metric::Serial => "serial",
@@ -133,7 +133,7 @@ impl Metric {
     }
 
     /// How the report names it.
-    pub fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Metric::Small => "small (8 threads), per-batch median",
             Metric::Serial => "serial (one at a time), per-batch median",
@@ -151,7 +151,7 @@ impl Metric {
 
     /// The batch statistic of a batch's request samples: the median of the
     /// last-byte times (the first-byte times for a stream's first byte).
-    pub fn of(self, samples: &[super::client::Sample]) -> Option<f64> {
+    pub(crate) fn of(self, samples: &[super::client::Sample]) -> Option<f64> {
         let pick = |s: &super::client::Sample| match self {
             Metric::StreamFirst => s.first_byte_us,
             _ => s.last_byte_us,
@@ -163,15 +163,20 @@ impl Metric {
 
 /// The commands of one round, built once per run (with their digests).
 #[derive(Debug, Clone)]
-pub struct Commands {
-    pub workloads: Vec<(Workload, Command)>,
-    pub deny: Command,
+pub(crate) struct Commands {
+    pub(crate) workloads: Vec<(Workload, Command)>,
+    pub(crate) deny: Command,
 }
 
 impl Commands {
     /// `ca_pem`: the CA of the TLS origin (and of haproxy's certificate),
     /// which every client trusts besides what its sandbox delivers.
-    pub fn new(workloads: &[Workload], conns: usize, threads: usize, ca_pem: &str) -> Commands {
+    pub(crate) fn new(
+        workloads: &[Workload],
+        conns: usize,
+        threads: usize,
+        ca_pem: &str,
+    ) -> Commands {
         let digest =
             |len: usize| hex::encode(ring::digest::digest(&ring::digest::SHA256, &pattern(len)));
         let small = digest(1024);

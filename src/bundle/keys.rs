@@ -48,13 +48,13 @@ fn at(pos: Pos) -> Option<(usize, usize)> {
 }
 
 /// A private signing key and the id the manifest names it by.
-pub struct SigningKey {
+pub(crate) struct SigningKey {
     pub(crate) id: String,
     pub(crate) pair: Ed25519KeyPair,
 }
 
 impl SigningKey {
-    pub fn load(path: &Path) -> Result<SigningKey, BundleError> {
+    pub(crate) fn load(path: &Path) -> Result<SigningKey, BundleError> {
         let text = read_small(path, "signing key", KEY_HINT)?;
         SigningKey::from_yaml(&text, path)
     }
@@ -95,7 +95,7 @@ impl SigningKey {
     /// A fresh key, written to `path` (mode 0600, never overwriting an
     /// existing file) under a first line `# {comment}`; `name` gives its id
     /// from its raw public key.
-    pub fn create(
+    pub(crate) fn create(
         path: &Path,
         comment: &str,
         name: impl FnOnce(&[u8]) -> String,
@@ -125,28 +125,28 @@ impl SigningKey {
         Ok(SigningKey { id, pair })
     }
 
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.id
     }
 
     /// The raw 32-byte public key.
-    pub fn public_key(&self) -> &[u8] {
+    pub(crate) fn public_key(&self) -> &[u8] {
         self.pair.public_key().as_ref()
     }
 
     /// The public key, hex, as the trust file holds it.
-    pub fn public_hex(&self) -> String {
+    pub(crate) fn public_hex(&self) -> String {
         hex::encode(self.public_key())
     }
 
     /// The Ed25519 signature of `message`.
-    pub fn sign(&self, message: &[u8]) -> Vec<u8> {
+    pub(crate) fn sign(&self, message: &[u8]) -> Vec<u8> {
         self.pair.sign(message).as_ref().to_vec()
     }
 }
 
 /// Whether `signature` is `public`'s Ed25519 signature of `message`.
-pub fn verify_signature(public: &[u8], message: &[u8], signature: &[u8]) -> bool {
+pub(crate) fn verify_signature(public: &[u8], message: &[u8], signature: &[u8]) -> bool {
     UnparsedPublicKey::new(&ED25519, public)
         .verify(message, signature)
         .is_ok()
@@ -154,7 +154,7 @@ pub fn verify_signature(public: &[u8], message: &[u8], signature: &[u8]) -> bool
 
 /// A trust file's text listing `keys` (id, raw public key), headed by
 /// `# {comment}`: what [`TrustStore::load`] reads.
-pub fn trust_file_text(comment: &str, keys: &[(&str, &[u8])]) -> String {
+pub(crate) fn trust_file_text(comment: &str, keys: &[(&str, &[u8])]) -> String {
     let file = TrustFile {
         keys: keys
             .iter()
@@ -193,14 +193,14 @@ impl TrustStore {
     }
 
     /// A store of one key (a public key given on its own).
-    pub fn single(id: &str, key: &[u8]) -> TrustStore {
+    pub(crate) fn single(id: &str, key: &[u8]) -> TrustStore {
         TrustStore {
             keys: BTreeMap::from([(id.to_string(), key.to_vec())]),
         }
     }
 
     /// A raw 32-byte public key written as 64 hex digits, if `text` is one.
-    pub fn decode_public(text: &str) -> Option<Vec<u8>> {
+    pub(crate) fn decode_public(text: &str) -> Option<Vec<u8>> {
         decode_public(text)
     }
 

@@ -13,9 +13,9 @@ use time::OffsetDateTime;
 use crate::policy::yaml::{self, Node, Problem, Record, Value};
 
 /// Largest manifest accepted.
-pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_MANIFEST_BYTES: usize = 64 * 1024;
 /// Most files a manifest may list.
-pub const MAX_LISTED_FILES: usize = 16;
+pub(crate) const MAX_LISTED_FILES: usize = 16;
 
 /// The signed description of a bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -24,7 +24,7 @@ pub struct Manifest {
     pub name: BundleName,
     /// Higher is newer; a host refuses a revision lower than one it accepted.
     pub revision: u64,
-    pub created: Timestamp,
+    pub(crate) created: Timestamp,
     pub expires: Timestamp,
     /// Which trusted key signed `manifest.sig`.
     pub key_id: String,
@@ -156,7 +156,7 @@ impl fmt::Display for Timestamp {
 }
 
 /// Parses an RFC 3339 timestamp in UTC (`2030-01-01T00:00:00Z`).
-pub fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
+pub(crate) fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
     humantime::parse_rfc3339(text.trim())
         .map(OffsetDateTime::from)
         .map_err(|e| {

@@ -28,11 +28,17 @@ mod tests;
 pub(crate) use archive::write_atomic;
 pub use archive::{BundleFiles, MAX_ARCHIVE_BYTES, MAX_ENTRIES, MAX_FILE_BYTES};
 pub use error::BundleError;
-pub use handle::{ActivePolicy, PolicyHandle};
+pub(crate) use handle::ActivePolicy;
+pub use handle::PolicyHandle;
 pub use inspect::inspect;
-pub use keys::{keygen, trust_file_text, verify_signature, SigningKey, TrustStore};
-pub use manifest::{parse_time, BundleName, Files, Manifest, Timestamp, MAX_MANIFEST_BYTES};
-pub use state::{RevisionState, DEFAULT_STATE_DIR};
+pub use keys::{keygen, TrustStore};
+pub(crate) use keys::{trust_file_text, verify_signature, SigningKey};
+pub use manifest::Manifest;
+#[cfg(test)]
+pub(crate) use manifest::MAX_MANIFEST_BYTES;
+pub(crate) use manifest::{parse_time, BundleName};
+pub use state::RevisionState;
+pub(crate) use state::DEFAULT_STATE_DIR;
 pub use verify::{sign, Bundle, VerifiedBundle, MANIFEST, POLICY, SIGNATURE};
 
 /// Writes a bundle signed with the key at `key_path` from policy text held in

@@ -16,7 +16,7 @@ use crate::policy::yaml::{self, Problem, Value};
 
 /// The state directory unless one is given (`--state-dir`,
 /// `defaults.state_dir`).
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/sluice";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/sluice";
 
 const REVISIONS: &str = "revisions.yaml";
 const LAST_GOOD: &str = "last-good";
@@ -101,7 +101,7 @@ impl RevisionState {
     }
 
     /// Keeps the bytes of a verified bundle fetched from `source`.
-    pub fn store_last_good(&self, source: &str, bytes: &[u8]) -> Result<(), BundleError> {
+    pub(crate) fn store_last_good(&self, source: &str, bytes: &[u8]) -> Result<(), BundleError> {
         let dir = self.dir.join(LAST_GOOD);
         std::fs::create_dir_all(&dir).map_err(|e| BundleError::io(&dir, e))?;
         write_atomic(&self.last_good_path(source), bytes)
@@ -109,7 +109,7 @@ impl RevisionState {
 
     /// The last good bundle fetched from `source`, if one was kept. It is
     /// verified again before use.
-    pub fn last_good(&self, source: &str) -> Option<Vec<u8>> {
+    pub(crate) fn last_good(&self, source: &str) -> Option<Vec<u8>> {
         let file = std::fs::File::open(self.last_good_path(source)).ok()?;
         let mut bytes = Vec::new();
         file.take(MAX_ARCHIVE_BYTES + 1)
@@ -120,7 +120,7 @@ impl RevisionState {
 
     /// `last-good/<sha256(source) prefix>.tar.gz`: sources are URLs, not
     /// file names.
-    pub fn last_good_path(&self, source: &str) -> PathBuf {
+    pub(crate) fn last_good_path(&self, source: &str) -> PathBuf {
         let digest = hex::encode(Sha256::digest(source.as_bytes()));
         self.dir
             .join(LAST_GOOD)

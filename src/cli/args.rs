@@ -13,10 +13,10 @@ use crate::workload::WorkloadPath;
 /// Where the policy comes from: a plain file, or a signed bundle.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false, id = "policy_source")]
-pub struct PolicySourceArgs {
+pub(crate) struct PolicySourceArgs {
     /// A policy YAML file (unsigned; for development). SIGHUP re-reads it.
     #[arg(long, value_name = "FILE", group = "policy_source")]
-    pub policy: Option<PathBuf>,
+    pub(crate) policy: Option<PathBuf>,
     /// A signed bundle: a directory, a .tar.gz, or an https:// URL polled
     /// with ETag. Verified before the command starts; a new bundle at the
     /// same path (or SIGHUP) is verified, then swapped in.
@@ -26,84 +26,84 @@ pub struct PolicySourceArgs {
         group = "policy_source",
         requires = "trust"
     )]
-    pub bundle: Option<String>,
+    pub(crate) bundle: Option<String>,
     #[command(flatten)]
-    pub bundle_opts: BundleOpts,
+    pub(crate) bundle_opts: BundleOpts,
 }
 
 /// Options of a signed bundle source.
 #[derive(Debug, Args)]
-pub struct BundleOpts {
+pub(crate) struct BundleOpts {
     /// The trust file listing the public keys bundles may be signed with.
     #[arg(long, value_name = "FILE")]
-    pub trust: Option<PathBuf>,
+    pub(crate) trust: Option<PathBuf>,
     /// Where the highest accepted revision per bundle (rollback protection),
     /// the last good fetched bundle and, with --audit, the audit log's
     /// checkpoint signing key (audit.key, created on first use, and its
     /// public half audit.pub) are kept.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/sluice")]
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Accept a bundle whose revision is lower than one accepted before.
     #[arg(long)]
-    pub allow_rollback: bool,
+    pub(crate) allow_rollback: bool,
     /// Extra CA certificate (PEM) to trust when fetching an https:// bundle.
     #[arg(long, value_name = "FILE")]
-    pub ca: Option<PathBuf>,
+    pub(crate) ca: Option<PathBuf>,
     /// How often an https:// bundle is polled.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
-    pub poll_interval: std::time::Duration,
+    pub(crate) poll_interval: std::time::Duration,
 }
 
 /// What a sandboxed run records and exports, and its connection limit
 /// (shared by `sluice run` and `sluice oci`).
 #[derive(Debug, Args)]
-pub struct RecordArgs {
+pub(crate) struct RecordArgs {
     /// Append audit records (JSONL, hash-chained, with signed checkpoints) to FILE.
     #[arg(long, value_name = "FILE")]
-    pub audit: Option<PathBuf>,
+    pub(crate) audit: Option<PathBuf>,
     /// Audit allowed connections too, not only denies.
     #[arg(long)]
-    pub audit_allows: bool,
+    pub(crate) audit_allows: bool,
     /// Rotate the audit log when it reaches SIZE bytes (FILE.1, FILE.2, ...;
     /// the hash chain continues across files). Under `sluice run` the log's
     /// directory is then read-only for the command: keep it apart from the
     /// command's working directory (e.g. /var/log/sluice/).
     #[arg(long, value_name = "SIZE")]
-    pub audit_max_bytes: Option<u64>,
+    pub(crate) audit_max_bytes: Option<u64>,
     /// Sign a checkpoint into the audit log after N records (0: not by
     /// count); one is also signed when a record has waited
     /// --audit-checkpoint-interval, and at shutdown. The key is
     /// STATE_DIR/audit.key, which the command cannot read.
     #[arg(long, value_name = "N", default_value_t = crate::audit::CHECKPOINT_EVERY_RECORDS)]
-    pub audit_checkpoint_records: u64,
+    pub(crate) audit_checkpoint_records: u64,
     /// The longest a record waits for a signed checkpoint (0s: only by count
     /// and at shutdown).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub audit_checkpoint_interval: std::time::Duration,
+    pub(crate) audit_checkpoint_interval: std::time::Duration,
     /// Write one timing record per connection to FILE (.csv for CSV, else JSONL).
     #[arg(long, value_name = "FILE")]
-    pub timings: Option<PathBuf>,
+    pub(crate) timings: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics, from sluice's own
     /// namespace (never reachable from inside the sandbox).
     #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<SocketAddr>,
+    pub(crate) metrics: Option<SocketAddr>,
     /// Connections relayed at once; more wait for a free slot. Each takes six
     /// file descriptors: sluice raises its own soft limit to the hard one (the
     /// command keeps the limit it was started with) and serves no more than
     /// that allows.
     #[arg(long, default_value_t = 4096, value_name = "N")]
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Also trust the CA certificates in FILE (PEM) when verifying origins
     /// for rules with an `http` or `inject` block, besides the system roots
     /// (/etc/ssl/certs/ca-certificates.crt). Repeatable.
     #[arg(long, value_name = "FILE")]
-    pub upstream_ca: Vec<PathBuf>,
+    pub(crate) upstream_ca: Vec<PathBuf>,
 }
 
 impl RecordArgs {
     /// The process-wide services these options ask for; the audit key is in
     /// `state_dir`; `workers` serve.
-    pub fn services(
+    pub(crate) fn services(
         self,
         state_dir: &std::path::Path,
         workers: crate::serve::runtime::Workers,
@@ -132,7 +132,7 @@ impl RecordArgs {
 
 /// Turn `--policy` / `--bundle` into what the app loads. A plain policy is
 /// validated here, so a bad file fails before anything is created.
-pub fn policy_source(
+pub(crate) fn policy_source(
     args: &PolicySourceArgs,
     path: WorkloadPath,
 ) -> anyhow::Result<crate::app::PolicySource> {

@@ -10,7 +10,7 @@ use crate::audit::{
     verify_log, AuditKey, CheckpointKeys, Genesis, TailOptions, VerifyOptions, VerifySummary,
 };
 
-pub const VERIFY_AFTER_HELP: &str =
+pub(crate) const VERIFY_AFTER_HELP: &str =
     "Rotated files (FILE.N .. FILE.1, FILE) are checked as one chain. A file whose \
 first line continues another file's chain needs --after PREV or --genesis HASH.\n\n\
 With --key (the state directory's audit.pub, or its 64 hex digits) every signed checkpoint is \
@@ -22,7 +22,7 @@ hash.\n\n\
 Exit status: 0 intact, 1 broken (FILE:LINE: what, on stdout), 2 a file or key cannot be read.";
 
 #[derive(Debug, Subcommand)]
-pub enum AuditCommand {
+pub(crate) enum AuditCommand {
     /// Check the hash chain and signed checkpoints; exit 1 with the first bad line (FILE:LINE: what) if broken, 2 if a file cannot be read.
     #[command(after_help = VERIFY_AFTER_HELP)]
     Verify {
@@ -64,7 +64,7 @@ pub enum AuditCommand {
     },
 }
 
-pub const KEYGEN_AFTER_HELP: &str =
+pub(crate) const KEYGEN_AFTER_HELP: &str =
     "sluice also creates the key on first use (sluice run/oci --audit, or a daemon with `audit`). \
 Its public half is written beside it as audit.pub, for `sluice audit verify --key`: copy it to \
 wherever logs are verified. The key itself must stay where no workload can read it.";
@@ -87,7 +87,7 @@ fn parse_anchor(text: &str) -> Result<(u64, Option<String>), String> {
     Ok((seq, hash.map(str::to_ascii_lowercase)))
 }
 
-pub fn execute(cmd: AuditCommand) -> anyhow::Result<i32> {
+pub(crate) fn execute(cmd: AuditCommand) -> anyhow::Result<i32> {
     match cmd {
         AuditCommand::Verify {
             file,

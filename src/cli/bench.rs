@@ -8,7 +8,7 @@ use clap::Args;
 
 use crate::bench::{self, report, BenchError, ConditionKind, Plan, Workload};
 
-pub const AFTER_HELP: &str = "\
+pub(crate) const AFTER_HELP: &str = "\
 Builds a throwaway topology (an origin and a service the policy forbids, in a namespace of its \
 own; nothing outside it is touched) and runs every condition side by side: native (the client \
 straight to the origin), host (under `sluice run`), oci (in a container under `sluice oci`; \
@@ -41,10 +41,10 @@ Examples:
   sluice bench --conditions native,host,haproxy --batches 30 --out bench-$(date +%F)";
 
 /// The image `containers/build-image.sh` builds by default.
-pub const DEFAULT_IMAGE: &str = "localhost/sluice-busybox:latest";
+pub(crate) const DEFAULT_IMAGE: &str = "localhost/sluice-busybox:latest";
 
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Conditions to run, comma-separated (native is required: every ratio
     /// is to it): native, host, oci, haproxy, tokio-proxy, vm, vm-direct,
     /// and uring-proxy (not in the default list).
@@ -54,7 +54,7 @@ pub struct BenchArgs {
         value_name = "LIST",
         default_value = "native,host,oci,haproxy,tokio-proxy,vm,vm-direct"
     )]
-    pub conditions: Vec<String>,
+    pub(crate) conditions: Vec<String>,
     /// Workloads to run, comma-separated: small, serial, bulk-1k,
     /// bulk-64k, stream, tls, l7 (default: all).
     #[arg(
@@ -63,33 +63,33 @@ pub struct BenchArgs {
         value_name = "LIST",
         default_value = "small,serial,bulk-1k,bulk-64k,stream,tls,l7"
     )]
-    pub workloads: Vec<String>,
+    pub(crate) workloads: Vec<String>,
     /// Formal rounds (default 30; 3 with --quick).
     #[arg(long, value_name = "N")]
-    pub batches: Option<usize>,
+    pub(crate) batches: Option<usize>,
     /// Rounds run first and left out (default 3; 1 with --quick).
     #[arg(long, value_name = "N")]
-    pub warmups: Option<usize>,
+    pub(crate) warmups: Option<usize>,
     /// Fresh connections per small and serial batch.
     #[arg(long, default_value_t = 256, value_name = "N")]
-    pub conns: usize,
+    pub(crate) conns: usize,
     /// Client threads of the small workload.
     #[arg(long, default_value_t = 8, value_name = "N")]
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// Seed of the condition order and the bootstrap (default: one drawn
     /// now; the report names it, so a run can be repeated).
     #[arg(long, value_name = "N")]
-    pub seed: Option<u64>,
+    pub(crate) seed: Option<u64>,
     /// The image the oci condition runs the client in (it must hold the
     /// libraries sluice links against; this sluice binary is mounted in).
     #[arg(long, value_name = "NAME", default_value = DEFAULT_IMAGE)]
-    pub image: String,
+    pub(crate) image: String,
     /// Every available condition with few batches: well under two minutes.
     #[arg(long)]
-    pub quick: bool,
+    pub(crate) quick: bool,
     /// Where the report goes (created if missing).
     #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
+    pub(crate) out: PathBuf,
 }
 
 impl BenchArgs {
@@ -141,7 +141,7 @@ impl BenchArgs {
     }
 }
 
-pub fn execute(args: BenchArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: BenchArgs) -> anyhow::Result<i32> {
     let plan = args.plan().map_err(|e| super::BadInput(e.into()))?;
     crate::confine::require_root("sluice bench")?;
     for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
@@ -202,7 +202,7 @@ fn shell_word(arg: &str) -> String {
     }
 }
 
-pub const SCALE_AFTER_HELP: &str = "\
+pub(crate) const SCALE_AFTER_HELP: &str = "\
 Builds a throwaway topology (an echo origin at 198.18.0.1:8080 in a namespace of its own, and \
 --sandboxes plain namespaces each holding one `sleep infinity` process; nothing outside them is \
 touched), starts `sluice daemon` there with its own socket, audit log and state in a temp dir, \
@@ -238,22 +238,22 @@ Examples:
 
 /// `sluice bench-scale`'s arguments.
 #[derive(Debug, Args)]
-pub struct BenchScaleArgs {
+pub(crate) struct BenchScaleArgs {
     /// Sandboxes attached to the one daemon (1 to 1000).
     #[arg(long, default_value_t = 100, value_name = "N")]
-    pub sandboxes: usize,
+    pub(crate) sandboxes: usize,
     /// Connections held open at once, spread over the sandboxes (1 to 100000).
     #[arg(long, default_value_t = 10_000, value_name = "N")]
-    pub conns: usize,
+    pub(crate) conns: usize,
     /// Measure one `sluice run` (plain, then checked connections) instead of the daemon.
     #[arg(long, conflicts_with = "sandboxes")]
-    pub run: bool,
+    pub(crate) run: bool,
     /// Where the report goes (created if missing).
     #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
+    pub(crate) out: PathBuf,
 }
 
-pub fn execute_scale(args: BenchScaleArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute_scale(args: BenchScaleArgs) -> anyhow::Result<i32> {
     if !(1..=1000).contains(&args.sandboxes) || !(1..=bench::MAX_CONNS).contains(&args.conns) {
         return Err(super::BadInput(anyhow::anyhow!(
             "--sandboxes must be 1 to 1000 and --conns 1 to {}",
@@ -298,20 +298,20 @@ pub fn execute_scale(args: BenchScaleArgs) -> anyhow::Result<i32> {
 
 /// `sluice bench-proxy`'s arguments.
 #[derive(Debug, Args)]
-pub struct BenchProxyArgs {
+pub(crate) struct BenchProxyArgs {
     /// The network namespace (a path) to listen in.
     #[arg(long, value_name = "PATH")]
-    pub netns: PathBuf,
+    pub(crate) netns: PathBuf,
     /// The port to listen on, on 127.0.0.1 there.
     #[arg(long, value_name = "PORT")]
-    pub port: u16,
+    pub(crate) port: u16,
     /// How the proxy asks the kernel for its accepts, connects, reads and
     /// writes: tokio's epoll reactor, or one io_uring.
     #[arg(long, value_enum, default_value = "tokio")]
-    pub engine: bench::peers::Engine,
+    pub(crate) engine: bench::peers::Engine,
 }
 
-pub fn execute_proxy(args: BenchProxyArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute_proxy(args: BenchProxyArgs) -> anyhow::Result<i32> {
     bench::peers::serve_minimal_proxy(&args.netns, args.port, args.engine)
 }
 

@@ -8,7 +8,7 @@ use super::BadInput;
 use crate::bundle;
 
 #[derive(Debug, Subcommand)]
-pub enum BundleCommand {
+pub(crate) enum BundleCommand {
     /// Create an Ed25519 signing key and add its public key to a trust file.
     Keygen {
         /// Where to write the private key (mode 0600; never overwritten).
@@ -49,7 +49,7 @@ pub enum BundleCommand {
     Inspect { path: PathBuf },
 }
 
-pub fn execute(cmd: BundleCommand) -> anyhow::Result<i32> {
+pub(crate) fn execute(cmd: BundleCommand) -> anyhow::Result<i32> {
     match cmd {
         BundleCommand::Keygen { key, trust, id } => {
             bundle::keygen(&key, &trust, &id)?;

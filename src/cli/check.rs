@@ -9,33 +9,33 @@ use clap::Args;
 use super::BadInput;
 use crate::policy::{Mode, Policy, Verdict};
 
-pub const EXPLAIN_AFTER_HELP: &str =
+pub(crate) const EXPLAIN_AFTER_HELP: &str =
     "Examples:\n  sluice explain --policy policies/dev.yaml 198.18.0.1:8080\n  \
 sluice explain --policy policies/dev.yaml 198.18.0.1:443 --host origin.test\n\n\
 With --host, the name is assumed to have been resolved by sluice's DNS to DEST.";
 
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// The policy YAML file.
     #[arg(long, value_name = "FILE")]
-    pub policy: PathBuf,
+    pub(crate) policy: PathBuf,
 }
 
 #[derive(Debug, Args)]
-pub struct ExplainArgs {
+pub(crate) struct ExplainArgs {
     /// The policy YAML file.
     #[arg(long, value_name = "FILE")]
-    pub policy: PathBuf,
+    pub(crate) policy: PathBuf,
     /// Destination address, with optional port (IPv6 as [addr]:port). Port defaults to 443.
     #[arg(value_name = "DEST[:PORT]")]
-    pub dest: String,
+    pub(crate) dest: String,
     /// Hostname the connection names (TLS SNI, HTTP Host, or resolved name).
     #[arg(long, value_name = "NAME")]
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
 }
 
 /// `sluice check`: a summary, or every error with file:line:column.
-pub fn execute_check(args: CheckArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute_check(args: CheckArgs) -> anyhow::Result<i32> {
     let path = &args.policy;
     let policy = Policy::load(path)?;
     let rules = policy.rules();
@@ -56,7 +56,7 @@ pub fn execute_check(args: CheckArgs) -> anyhow::Result<i32> {
 }
 
 /// `sluice explain`: what the policy decides for one destination.
-pub fn execute_explain(args: ExplainArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute_explain(args: ExplainArgs) -> anyhow::Result<i32> {
     let policy = Policy::load(&args.policy)?;
     let dst = parse_dest(&args.dest).map_err(BadInput::from)?;
     let host = args.host.as_deref();

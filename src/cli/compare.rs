@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-pub const AFTER_HELP: &str =
+pub(crate) const AFTER_HELP: &str =
     "A directory is one batch per file (name order); a single file is cut into \
 batches of --batch-size records. Prints count, median and P95 of connect, first byte and total for \
 each input, the paired difference of medians by batch with a 95% bootstrap confidence interval \
@@ -13,23 +13,23 @@ each input, the paired difference of medians by batch with a 95% bootstrap confi
 a distribution has two.\n\nExample:\n  sluice compare direct.csv proxied.csv --plot compare.svg";
 
 #[derive(Debug, Args)]
-pub struct CompareArgs {
+pub(crate) struct CompareArgs {
     /// The baseline (e.g. direct) timing file or directory.
-    pub a: PathBuf,
+    pub(crate) a: PathBuf,
     /// The other (e.g. proxied) timing file or directory.
-    pub b: PathBuf,
+    pub(crate) b: PathBuf,
     /// Print the numbers as CSV instead of a table.
     #[arg(long)]
-    pub csv: bool,
+    pub(crate) csv: bool,
     /// Also draw the two distributions side by side into FILE.svg.
     #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
     /// Records per batch when an input is a single file.
     #[arg(long, default_value_t = 256, value_name = "N")]
-    pub batch_size: usize,
+    pub(crate) batch_size: usize,
 }
 
-pub fn execute(args: CompareArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: CompareArgs) -> anyhow::Result<i32> {
     let batch_size = args.batch_size.max(1);
     // The errors name the file that could not be read.
     let left = crate::timing::load_input(&args.a, batch_size)?;

@@ -17,11 +17,11 @@ use crate::exit_class::{Classified, ExitClass};
 
 /// The wrapped command was not found.
 #[cfg(test)]
-pub const COMMAND_NOT_FOUND: i32 = ExitClass::CommandNotFound.code();
+pub(crate) const COMMAND_NOT_FOUND: i32 = ExitClass::CommandNotFound.code();
 
 /// The class of `err`: its outermost classified cause's, else
 /// [`ExitClass::CannotEnforce`].
-pub fn class_of(err: &anyhow::Error) -> ExitClass {
+pub(crate) fn class_of(err: &anyhow::Error) -> ExitClass {
     err.chain()
         .find_map(class_of_cause)
         .unwrap_or(ExitClass::CannotEnforce)

@@ -14,7 +14,7 @@ pub mod daemon;
 pub mod demo;
 pub mod exit;
 pub mod oci;
-pub mod oci_hook;
+pub(crate) mod oci_hook;
 pub mod probe;
 pub mod run;
 pub mod status;
@@ -49,7 +49,7 @@ pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// The options every command takes.
@@ -71,7 +71,9 @@ impl Cli {
     /// for it only its own subcommand is built (see [`run_only`]):
     /// building all of sluice's takes about half a millisecond, paid at
     /// every start. Anything else is parsed by the whole command.
-    pub fn try_from_argv(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+    pub(crate) fn try_from_argv(
+        argv: impl IntoIterator<Item = OsString>,
+    ) -> Result<Cli, clap::Error> {
         let argv: Vec<OsString> = argv.into_iter().collect();
         if argv.get(1).is_some_and(|first| first == "run") {
             let matches = run_only().try_get_matches_from(argv)?;
@@ -95,7 +97,7 @@ fn run_only() -> clap::Command {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     // Its texts are constants that `run_only` shares.
     #[command(about = run::ABOUT, after_help = run::AFTER_HELP)]
     Run(run::RunArgs),
@@ -177,7 +179,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
 /// An error that is the user's input (exit status 2).
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
-pub struct BadInput(#[from] anyhow::Error);
+pub(crate) struct BadInput(#[from] anyhow::Error);
 
 /// The exit status for one of sluice's own failures: the class its
 /// outermost classified cause says ([`exit`]).

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::args::{policy_source, PolicySourceArgs, RecordArgs};
 
-pub const AFTER_HELP: &str = "Example:\n  sluice oci --policy policies/dev.yaml -- podman run --rm IMAGE wget -qO- http://origin.test:8080/\n\n\
+pub(crate) const AFTER_HELP: &str = "Example:\n  sluice oci --policy policies/dev.yaml -- podman run --rm IMAGE wget -qO- http://origin.test:8080/\n\n\
 sluice creates the sandbox namespace as `sluice run` does and adds `--network ns:<it>` to podman's \
 options; a --network, --net or --pod of your own is refused. Before the container runs, a hook sluice \
 adds checks its final OCI config and refuses (exit 2) CAP_SYS_ADMIN (--privileged), a PID namespace \
@@ -24,17 +24,17 @@ here (see containers/containers.conf and docs/oci.md).";
 
 /// `sluice oci`.
 #[derive(Debug, Args)]
-pub struct OciArgs {
+pub(crate) struct OciArgs {
     #[command(flatten)]
-    pub source: PolicySourceArgs,
+    pub(crate) source: PolicySourceArgs,
     #[command(flatten)]
-    pub records: RecordArgs,
+    pub(crate) records: RecordArgs,
     /// The podman command, after `--`: `podman run [OPTIONS] IMAGE [COMMAND]`.
     #[arg(last = true, required = true, value_name = "PODMAN RUN")]
-    pub podman: Vec<OsString>,
+    pub(crate) podman: Vec<OsString>,
 }
 
-pub fn execute(args: OciArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: OciArgs) -> anyhow::Result<i32> {
     let podman = crate::attach::oci::PodmanRun::parse(&args.podman)?;
     let policy = policy_source(&args.source, crate::workload::WorkloadPath::Oci)?;
     crate::confine::require_root("sluice oci")?;

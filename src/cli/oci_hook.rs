@@ -12,7 +12,7 @@ use crate::attach::oci::hook::{self, HookStep, OciState};
 use crate::attach::oci_check::Guarded;
 use crate::intercept::roots::SYSTEM_BUNDLE;
 
-pub const AFTER_HELP: &str = "Install containers/hooks.d/sluice.json in podman's hooks dir. The hook runs for \
+pub(crate) const AFTER_HELP: &str = "Install containers/hooks.d/sluice.json in podman's hooks dir. The hook runs for \
 containers annotated io.sluice.policy=FILE or io.sluice.bundle=PATH (+ io.sluice.trust=FILE), sends \
 the container's network namespace to the daemon and exits 0 only once the daemon enforces it; any \
 failure exits non-zero, which aborts the container's start. The socket is the annotation \
@@ -25,20 +25,20 @@ read); it cannot set the container's environment: give `-e SSL_CERT_FILE=/etc/ss
 mount of an audit checkpoint key or of one of the policy's secret files is refused.";
 
 #[derive(Debug, Args)]
-pub struct OciHookArgs {
+pub(crate) struct OciHookArgs {
     /// The daemon's control socket.
     #[arg(long, value_name = "PATH")]
-    pub socket: Option<PathBuf>,
+    pub(crate) socket: Option<PathBuf>,
     /// A file no bind mount of the container may reach (an audit checkpoint
     /// key; the default state directory's is always protected). `sluice oci`
     /// passes its own.
     #[arg(long, value_name = "PATH")]
-    pub secret: Vec<PathBuf>,
+    pub(crate) secret: Vec<PathBuf>,
     /// A secret file of the policy, which no bind mount of the container may
     /// reach either (`sluice oci` passes its policy's; the daemon checks the
     /// annotated policy's itself).
     #[arg(long, value_name = "PATH")]
-    pub policy_secret: Vec<PathBuf>,
+    pub(crate) policy_secret: Vec<PathBuf>,
 }
 
 pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {

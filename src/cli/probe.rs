@@ -9,7 +9,7 @@ use clap::Subcommand;
 use crate::probe;
 
 #[derive(Debug, Subcommand)]
-pub enum ProbeCommand {
+pub(crate) enum ProbeCommand {
     /// HTTP GET a URL (http:// only); prints status and body length; exit 0 on a 2xx.
     Http {
         url: String,
@@ -107,7 +107,7 @@ pub enum ProbeCommand {
 
 /// `sluice probe frame`'s kinds.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum FrameKindArg {
+pub(crate) enum FrameKindArg {
     Udp,
     Ip,
     Arp,
@@ -119,7 +119,7 @@ pub enum FrameKindArg {
 }
 
 /// Run one probe; its line goes to stdout, its status is the exit status.
-pub fn execute(cmd: ProbeCommand) -> i32 {
+pub(crate) fn execute(cmd: ProbeCommand) -> i32 {
     let result = match cmd {
         ProbeCommand::Http {
             url,

@@ -8,9 +8,9 @@ use clap::Args;
 use super::args::{policy_source, PolicySourceArgs, RecordArgs};
 
 /// `sluice run --help`'s first line.
-pub const ABOUT: &str = "Run a command in a sandbox whose only network path is sluice.";
+pub(crate) const ABOUT: &str = "Run a command in a sandbox whose only network path is sluice.";
 
-pub const AFTER_HELP: &str =
+pub(crate) const AFTER_HELP: &str =
     "Example:\n  sluice run --policy policies/dev.yaml -- curl -sS http://origin.test:8080/\n\n\
 Allowed connections behave as without sluice. Denied plain-HTTP requests get a 403 naming the \
 rule and reason; other denied TCP gets a reset; UDP other than DNS, ICMP and raw IP are dropped \
@@ -20,21 +20,21 @@ later if still running. Ctrl-C at a terminal reaches the command directly, as wi
 the command decides (a shell carries on). SIGHUP reloads the policy or bundle.";
 
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     #[command(flatten)]
-    pub source: PolicySourceArgs,
+    pub(crate) source: PolicySourceArgs,
     #[command(flatten)]
-    pub records: RecordArgs,
+    pub(crate) records: RecordArgs,
     /// Run the command as USER (name or uid) instead of root: do this for untrusted code (a root
     /// command cannot leave the namespace, but it still owns the host's files).
     #[arg(long, value_name = "USER")]
-    pub user: Option<String>,
+    pub(crate) user: Option<String>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
 
-pub fn execute(args: RunArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
     let policy = policy_source(&args.source, crate::workload::WorkloadPath::Host)?;
     crate::confine::require_root("sluice run")?;
     // Before the sandbox, whose listeners (one per worker) may be bound

@@ -8,7 +8,7 @@ use clap::Args;
 
 use crate::daemon::ClientError;
 
-pub const AFTER_HELP: &str =
+pub(crate) const AFTER_HELP: &str =
     "The first line is the audit log's head: the seq and hash of its newest \
 line and of its newest signed checkpoint. Kept elsewhere (`sluice status --audit --json` prints it \
 alone), it later shows lines that were rewritten or cut off before a checkpoint signed them: \
@@ -21,35 +21,35 @@ socket with --socket).";
 /// [`ExitClass::NoDaemon`](crate::exit_class::ExitClass::NoDaemon).
 #[derive(Debug, thiserror::Error)]
 #[error("no sluice daemon answers at {}: {cause}; start one with `sluice daemon --config FILE`, or give the socket its config names with --socket", socket.display())]
-pub struct NoDaemon {
+pub(crate) struct NoDaemon {
     socket: PathBuf,
     cause: std::io::Error,
 }
 
 impl NoDaemon {
     /// Nothing answered at `socket` (the connect failed with `cause`).
-    pub fn new(socket: PathBuf, cause: std::io::Error) -> NoDaemon {
+    pub(crate) fn new(socket: PathBuf, cause: std::io::Error) -> NoDaemon {
         NoDaemon { socket, cause }
     }
 }
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// The daemon's control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
     #[arg(long, value_name = "PATH")]
-    pub socket: Option<PathBuf>,
+    pub(crate) socket: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Show full container ids.
     #[arg(long)]
-    pub no_trunc: bool,
+    pub(crate) no_trunc: bool,
     /// Only the audit log's head (with --json: file, key, head and checkpoint as JSON).
     #[arg(long)]
-    pub audit: bool,
+    pub(crate) audit: bool,
 }
 
-pub fn execute(args: StatusArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: StatusArgs) -> anyhow::Result<i32> {
     let socket = crate::daemon::socket_path(args.socket.as_deref());
     let client = crate::daemon::Client::new(socket.clone());
     let no_daemon = |err| match err {

@@ -19,7 +19,7 @@ use crate::netns::SandboxNetns;
 use crate::sandbox_id::SandboxId;
 use crate::workload::WorkloadPath;
 
-pub const AFTER_HELP: &str = "Examples:\n  \
+pub(crate) const AFTER_HELP: &str = "Examples:\n  \
 sluice vm --policy policies/dev.yaml -- sh -c 'exec qemu-system-x86_64 -M microvm ... \\\n      \
 -netdev tap,id=n0,ifname=$SLUICE_TAP,script=no,downscript=no \\\n      \
 -device virtio-net-device,netdev=n0,mac=$SLUICE_GUEST_MAC -append \"... $SLUICE_KERNEL_IP_ARG\"'\n  \
@@ -45,15 +45,15 @@ the guest's prefix. Records carry path \"vm\" and --id as sandbox. Needs root; s
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
-pub struct VmArgs {
+pub(crate) struct VmArgs {
     #[command(subcommand)]
-    pub action: Option<VmAction>,
+    pub(crate) action: Option<VmAction>,
     #[command(flatten)]
-    pub wrap: Box<WrapArgs>,
+    pub(crate) wrap: Box<WrapArgs>,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum VmAction {
+pub(crate) enum VmAction {
     /// Fence an existing tap in another namespace and serve it until SIGINT or SIGTERM.
     #[command(after_help = ATTACH_AFTER_HELP)]
     Attach(Box<AttachArgs>),
@@ -75,41 +75,41 @@ the guest's trust store when a rule terminates TLS; it is removed when sluice st
 
 /// The VM's addresses, common to the wrapper and attach.
 #[derive(Debug, Args)]
-pub struct GuestArgs {
+pub(crate) struct GuestArgs {
     /// The guest's NIC's MAC address: the only source MAC the tap accepts.
     #[arg(long, value_name = "MAC")]
-    pub guest_mac: Option<MacAddr>,
+    pub(crate) guest_mac: Option<MacAddr>,
     /// The guest's IPv4 address with its prefix (its only IPv4 source).
     #[arg(long, value_name = "CIDR")]
-    pub guest_ip: Option<Ipv4Net>,
+    pub(crate) guest_ip: Option<Ipv4Net>,
     /// sluice's IPv4 address on the tap (default: the first free address of the guest's prefix).
     #[arg(long, value_name = "IP")]
-    pub gateway: Option<std::net::Ipv4Addr>,
+    pub(crate) gateway: Option<std::net::Ipv4Addr>,
     /// The guest's IPv6 address with its prefix.
     #[arg(long, value_name = "CIDR", conflicts_with = "no_ipv6")]
-    pub guest_ip6: Option<Ipv6Net>,
+    pub(crate) guest_ip6: Option<Ipv6Net>,
     /// sluice's IPv6 address on the tap (default: the first free address of the guest's prefix).
     #[arg(long, value_name = "IP")]
-    pub gateway6: Option<std::net::Ipv6Addr>,
+    pub(crate) gateway6: Option<std::net::Ipv6Addr>,
     /// Give the guest no IPv6 (the fence then drops all of it).
     #[arg(long)]
-    pub no_ipv6: bool,
+    pub(crate) no_ipv6: bool,
     /// The `sandbox` field of the VM's records and its name in metrics
     /// (1-128 of [A-Za-z0-9._-]; default vm-<sluice's pid>).
     #[arg(long, value_name = "ID")]
-    pub id: Option<SandboxId>,
+    pub(crate) id: Option<SandboxId>,
 }
 
 /// Where an existing tap is.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false, id = "namespace")]
-pub struct NamespaceArgs {
+pub(crate) struct NamespaceArgs {
     /// The namespace, by name (/run/netns/NAME) or path.
     #[arg(long, value_name = "NAME|PATH", group = "namespace")]
-    pub netns: Option<String>,
+    pub(crate) netns: Option<String>,
     /// The namespace of this process (the VMM's).
     #[arg(long, value_name = "VMM_PID", group = "namespace")]
-    pub pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
 }
 
 impl NamespaceArgs {
@@ -136,77 +136,77 @@ impl NamespaceArgs {
 
 /// `sluice vm [OPTIONS] -- VMM ARGS...`.
 #[derive(Debug, Args)]
-pub struct WrapArgs {
+pub(crate) struct WrapArgs {
     #[command(flatten)]
-    pub source: PolicySourceArgs,
+    pub(crate) source: PolicySourceArgs,
     #[command(flatten)]
-    pub records: RecordArgs,
+    pub(crate) records: RecordArgs,
     /// The tap's name (in the VMM's namespace, so any name is free).
     #[arg(long, value_name = "NAME", default_value = DEFAULT_TAP)]
-    pub tap: String,
+    pub(crate) tap: String,
     #[command(flatten)]
-    pub guest: GuestArgs,
+    pub(crate) guest: GuestArgs,
     /// Run the VMM as USER (name or uid) instead of root; the tap is theirs.
     #[arg(long, value_name = "USER")]
-    pub user: Option<String>,
+    pub(crate) user: Option<String>,
     /// The VMM's command, after `--` (QEMU, Firecracker, a script).
     #[arg(last = true, required = true, value_name = "VMM")]
-    pub command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
 
 /// `sluice vm attach`.
 #[derive(Debug, Args)]
-pub struct AttachArgs {
+pub(crate) struct AttachArgs {
     #[command(flatten)]
-    pub source: PolicySourceArgs,
+    pub(crate) source: PolicySourceArgs,
     #[command(flatten)]
-    pub records: RecordArgs,
+    pub(crate) records: RecordArgs,
     /// The tap to fence.
     #[arg(long, value_name = "NAME")]
-    pub tap: String,
+    pub(crate) tap: String,
     #[command(flatten)]
-    pub namespace: NamespaceArgs,
+    pub(crate) namespace: NamespaceArgs,
     #[command(flatten)]
-    pub guest: GuestArgs,
+    pub(crate) guest: GuestArgs,
     /// Ask the running `sluice daemon` to fence and serve the tap, and return
     /// at once (the daemon's audit log and metrics apply; it releases the VM
     /// when the VMM (--pid), or every process of the namespace, is gone, the
     /// fence staying; `sluice vm detach --daemon --id ID` removes it too).
     #[arg(long)]
-    pub daemon: bool,
+    pub(crate) daemon: bool,
     /// With --daemon: its control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
     #[arg(long, value_name = "PATH", requires = "daemon")]
-    pub socket: Option<PathBuf>,
+    pub(crate) socket: Option<PathBuf>,
     /// Write the CA bundle the guest should trust (system roots plus the
     /// sandbox CA) to PATH, replacing a file there; removed when sluice stops.
     #[arg(long, value_name = "PATH", conflicts_with = "daemon")]
-    pub ca_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 /// `sluice vm detach`.
 #[derive(Debug, Args)]
-pub struct DetachArgs {
+pub(crate) struct DetachArgs {
     /// The fenced tap.
     #[arg(long, value_name = "NAME", required_unless_present = "daemon")]
-    pub tap: Option<String>,
+    pub(crate) tap: Option<String>,
     /// The namespace, by name (/run/netns/NAME) or path.
     #[arg(long, value_name = "NAME|PATH", conflicts_with = "pid", required_unless_present_any = ["pid", "daemon"])]
-    pub netns: Option<String>,
+    pub(crate) netns: Option<String>,
     /// The namespace of this process (the VMM's).
     #[arg(long, value_name = "VMM_PID", required_unless_present_any = ["netns", "daemon"])]
-    pub pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     /// Ask the running `sluice daemon` to release VM --id (stop serving it,
     /// remove the gateway addresses its attach added) and remove its tap's
     /// fence; prints the daemon's view of the VM as it was.
     #[arg(long, requires = "id", conflicts_with_all = ["tap", "netns", "pid"])]
-    pub daemon: bool,
+    pub(crate) daemon: bool,
     /// With --daemon: the VM's id, as `sluice vm attach --daemon --id` gave it
     /// (`sluice status` lists them).
     #[arg(long, value_name = "ID", requires = "daemon", conflicts_with_all = ["tap", "netns", "pid"])]
-    pub id: Option<SandboxId>,
+    pub(crate) id: Option<SandboxId>,
     /// With --daemon: its control socket (default: $SLUICE_DAEMON_SOCKET, else /run/sluice/daemon.sock).
     #[arg(long, value_name = "PATH", requires = "daemon", conflicts_with_all = ["tap", "netns", "pid"])]
-    pub socket: Option<PathBuf>,
+    pub(crate) socket: Option<PathBuf>,
 }
 
 const DETACH_AFTER_HELP: &str = "Without --daemon: removes the two tables `sluice-TAP` that a \
@@ -217,7 +217,7 @@ release, when the VMM exits or the daemon stops, keeps the fence.)\n\n\
 Exit status: 0 done; 2 bad arguments, or the daemon serves no VM of that id (see `sluice \
 status`); 3 the fence could not be removed; 4 no daemon answers at the socket.";
 
-pub fn execute(args: VmArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: VmArgs) -> anyhow::Result<i32> {
     match args.action {
         None => wrap(*args.wrap),
         Some(VmAction::Attach(args)) => attach(*args),

@@ -11,7 +11,7 @@ use rustix::thread::CapabilitySet as Capability;
 /// kernel (modules, raw I/O and device nodes, BPF, file handles, the
 /// clock sluice's bundle expiry and audit timestamps rely on), or into
 /// the host's kernel log and audit system.
-pub const DROPPED: [(Capability, &str); 22] = [
+pub(crate) const DROPPED: [(Capability, &str); 22] = [
     (
         Capability::DAC_READ_SEARCH,
         "open_by_handle_at reaches any file by handle, around the mount namespace",

@@ -26,25 +26,25 @@ use super::RunAs;
 pub(crate) struct ChildSetup {
     /// setns(2) into this network namespace, first: the rest needs no
     /// privilege.
-    pub netns: Option<OwnedFd>,
+    pub(crate) netns: Option<OwnedFd>,
     /// Give the child back the descriptor limit sluice started with.
-    pub restore_fd_limit: bool,
+    pub(crate) restore_fd_limit: bool,
     /// sigprocmask(2) before exec (the mask survives exec).
-    pub signal_mask: Option<(SigmaskHow, SigSet)>,
+    pub(crate) signal_mask: Option<(SigmaskHow, SigSet)>,
     /// A descriptor the program after exec inherits (its close-on-exec
     /// flag is cleared in the child only).
-    pub inherit: Option<OwnedFd>,
+    pub(crate) inherit: Option<OwnedFd>,
     /// The signal the child gets when the thread that forked it dies.
-    pub parent_death: Option<Signal>,
+    pub(crate) parent_death: Option<Signal>,
     /// Refuse to exec if the parent is gone already (checked after
     /// `parent_death` is armed, which cannot fire for a parent that died
     /// before).
-    pub parent_alive: Option<Parent>,
+    pub(crate) parent_alive: Option<Parent>,
     /// The workload's own confinement, last.
-    pub workload: Option<WorkloadConfinement>,
+    pub(crate) workload: Option<WorkloadConfinement>,
     /// Where a failed step is reported before the spawn fails (see
     /// [`read_report`]); without it, the spawn fails with the step's errno.
-    pub report: Option<OwnedFd>,
+    pub(crate) report: Option<OwnedFd>,
 }
 
 /// How the child tells that its parent is still there.
@@ -56,10 +56,10 @@ pub(crate) enum Parent {
 /// The workload's seccomp filter (the last one: its parent, the init,
 /// installed the others), capabilities and ids.
 pub(crate) struct WorkloadConfinement {
-    pub filter: LastFilter,
+    pub(crate) filter: LastFilter,
     /// Dropped from the bounding set (only those this kernel knows).
-    pub drop_bounding: Vec<rustix::thread::CapabilitySet>,
-    pub run_as: Option<RunAs>,
+    pub(crate) drop_bounding: Vec<rustix::thread::CapabilitySet>,
+    pub(crate) run_as: Option<RunAs>,
 }
 
 /// A step that can fail, as a report names it.

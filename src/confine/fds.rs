@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 /// Descriptors one relayed connection holds at once.
-pub const PER_CONNECTION: u64 = 6;
+pub(crate) const PER_CONNECTION: u64 = 6;
 /// Descriptors kept aside for listeners, DNS, log files and the runtime.
 const RESERVE: u64 = 256;
 
@@ -37,13 +37,13 @@ pub fn raise() -> u64 {
 }
 
 /// How many connections `limit` descriptors can relay at once.
-pub fn connections_within(limit: u64) -> usize {
+pub(crate) fn connections_within(limit: u64) -> usize {
     usize::try_from(limit.saturating_sub(RESERVE) / PER_CONNECTION).unwrap_or(usize::MAX)
 }
 
 /// Runs in the forked workload before exec (async-signal-safe: an atomic
 /// load and two system calls): restore the soft limit sluice started with.
-pub fn restore_for_workload() -> std::io::Result<()> {
+pub(crate) fn restore_for_workload() -> std::io::Result<()> {
     let soft = STARTED_WITH.load(Ordering::Relaxed);
     if soft == u64::MAX {
         return Ok(());

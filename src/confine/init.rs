@@ -65,14 +65,14 @@ pub(crate) fn taken_signals() -> SigSet {
 /// [`InitArgs::to_message`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InitArgs {
-    pub run_as: Option<RunAs>,
-    pub files: FilePlan,
+    pub(crate) run_as: Option<RunAs>,
+    pub(crate) files: FilePlan,
     /// Added to the environment the workload inherits (not the init's).
-    pub env: Vec<(OsString, OsString)>,
+    pub(crate) env: Vec<(OsString, OsString)>,
     /// Removed from the environment the workload inherits (a secret that
     /// sluice reads from its own environment).
-    pub unset: Vec<OsString>,
-    pub argv: Vec<OsString>,
+    pub(crate) unset: Vec<OsString>,
+    pub(crate) argv: Vec<OsString>,
 }
 
 impl InitArgs {

@@ -26,17 +26,17 @@ pub(crate) mod child;
 pub mod fds;
 #[forbid(unsafe_code)]
 pub mod init;
-pub mod mounts;
+pub(crate) mod mounts;
 #[forbid(unsafe_code)]
-pub mod scm;
-pub mod seccomp;
+pub(crate) mod scm;
+pub(crate) mod seccomp;
 #[forbid(unsafe_code)]
 mod spawn;
 pub mod terminal;
 
 use std::path::{Path, PathBuf};
 
-pub use mounts::FilePlan;
+pub(crate) use mounts::FilePlan;
 pub use spawn::{start, PreparedInit, Workload};
 
 /// Who the workload runs as (`--user`); root when absent.
@@ -51,23 +51,23 @@ pub struct RunAs {
 pub struct SluiceFiles {
     /// Read by sluice (the policy file, a bundle, the trust file, a CA
     /// file, the rollback state directory): read-only for the workload.
-    pub read_only: Vec<PathBuf>,
+    pub(crate) read_only: Vec<PathBuf>,
     /// Appended to by sluice (the audit log, timing records): the file and
     /// any rotated FILE.n beside it are read-only; when `rotates`, its whole
     /// directory is, so that no file a rotation creates is ever writable.
-    pub records: Vec<RecordFile>,
+    pub(crate) records: Vec<RecordFile>,
     /// Files the workload must not open (a secret, a checkpoint key),
     /// sockets it must not reach (the daemon's control socket), and
     /// directories whose files it must not see ([`SluiceFiles::hide`]).
-    pub hidden: Vec<PathBuf>,
+    pub(crate) hidden: Vec<PathBuf>,
 }
 
 /// One file sluice appends records to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordFile {
-    pub path: PathBuf,
+pub(crate) struct RecordFile {
+    pub(crate) path: PathBuf,
     /// Rotated by size while the workload runs (`--audit-max-bytes`).
-    pub rotates: bool,
+    pub(crate) rotates: bool,
 }
 
 /// Errors from confining a workload.
@@ -95,7 +95,7 @@ pub enum ConfineError {
 
 impl ConfineError {
     /// An error in what the user asked for (exit 2), not in the host.
-    pub fn is_bad_input(&self) -> bool {
+    pub(crate) fn is_bad_input(&self) -> bool {
         matches!(self, ConfineError::RotatingRecordsBesideWorkload { .. })
     }
 }
@@ -114,7 +114,7 @@ impl SluiceFiles {
     /// What the init protects, for a workload started in `cwd`. Paths that
     /// do not exist are left out (sluice created every file it writes
     /// before this, and read every file it reads).
-    pub fn plan(&self, cwd: &Path) -> Result<FilePlan, ConfineError> {
+    pub(crate) fn plan(&self, cwd: &Path) -> Result<FilePlan, ConfineError> {
         let mut read_only: Vec<PathBuf> = self
             .read_only
             .iter()
@@ -219,7 +219,7 @@ fn rotated_set(path: &Path) -> Vec<PathBuf> {
 }
 
 /// Fail early, with what to do, instead of a confusing EPERM later.
-pub fn require_root(what: &'static str) -> Result<(), NotRoot> {
+pub(crate) fn require_root(what: &'static str) -> Result<(), NotRoot> {
     if !nix::unistd::geteuid().is_root() {
         return Err(NotRoot(what));
     }
@@ -230,7 +230,7 @@ pub fn require_root(what: &'static str) -> Result<(), NotRoot> {
 /// cannot enforce).
 #[derive(Debug, thiserror::Error)]
 #[error("{0} needs root (it creates a network namespace and nftables rules): run it with sudo or as root")]
-pub struct NotRoot(&'static str);
+pub(crate) struct NotRoot(&'static str);
 
 impl crate::exit_class::Classified for NotRoot {
     /// Without root nothing can be enforced.

@@ -38,22 +38,22 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 /// What the workload must not change, by sluice's paths.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FilePlan {
+pub(crate) struct FilePlan {
     /// Read-only for the workload: files, or directories with all they hold.
-    pub read_only: Vec<PathBuf>,
+    pub(crate) read_only: Vec<PathBuf>,
     /// (source, target): the workload sees the source's content at the
     /// target, read-only (a file, or a directory, bound over the target).
     /// A target gone by the time the init sets up is left as it is.
-    pub replaced: Vec<(PathBuf, PathBuf)>,
+    pub(crate) replaced: Vec<(PathBuf, PathBuf)>,
     /// Hidden from the workload: a file or socket it cannot open or
     /// connect to, a directory it sees empty.
-    pub hidden: Vec<PathBuf>,
+    pub(crate) hidden: Vec<PathBuf>,
 }
 
 /// Errors from setting up the workload's mounts.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot {what} {}: {cause}", path.display())]
-pub struct MountError {
+pub(crate) struct MountError {
     what: &'static str,
     path: PathBuf,
     cause: String,

@@ -30,15 +30,15 @@ pub fn send(socket: RawFd, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> std::io:
 
 /// What one [`recv`] read.
 #[derive(Debug)]
-pub struct Received {
+pub(crate) struct Received {
     /// Bytes read into the buffer (0: the peer closed, or sent nothing).
-    pub bytes: usize,
+    pub(crate) bytes: usize,
     /// The descriptors that came with them (close-on-exec).
-    pub fds: Vec<OwnedFd>,
+    pub(crate) fds: Vec<OwnedFd>,
     /// More descriptors came than fit (4); those were closed.
-    pub fds_truncated: bool,
+    pub(crate) fds_truncated: bool,
     /// The message was longer than the buffer (datagram sockets).
-    pub truncated: bool,
+    pub(crate) truncated: bool,
 }
 
 /// Read one message (at most `buf.len()` bytes) and up to 4 descriptors.

@@ -32,7 +32,7 @@ const ARCH: TargetArch = TargetArch::aarch64;
 /// Errors from building or installing the filter.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot {what} the workload's seccomp filter: {cause}")]
-pub struct SeccompError {
+pub(crate) struct SeccompError {
     what: &'static str,
     cause: String,
 }
@@ -176,7 +176,7 @@ const SOCKET_FAMILIES: [libc::c_int; 4] = [
 const PERSONALITIES: [u64; 5] = [0, 0x0008, 0x20000, 0x20008, 0xffff_ffff];
 
 /// Every filter, built; installed in two steps (see [`Filters::install_in_init`]).
-pub struct Filters {
+pub(crate) struct Filters {
     /// Every refusal but setns(2).
     early: Vec<BpfProgram>,
     /// setns(2) alone.
@@ -185,7 +185,7 @@ pub struct Filters {
 
 /// The filter the workload's process still adds between fork and exec:
 /// what [`Filters::install_in_init`] leaves, and the only way to get it.
-pub struct LastFilter(BpfProgram);
+pub(crate) struct LastFilter(BpfProgram);
 
 /// Build every filter (done in the init, before the workload is forked).
 pub fn build() -> Result<Filters, SeccompError> {
@@ -339,7 +339,7 @@ fn x32_guard() -> BpfProgram {
 
 /// For docs and tests: every refused call's name and why.
 #[cfg(test)]
-pub fn refused_calls() -> Vec<(&'static str, &'static str)> {
+pub(crate) fn refused_calls() -> Vec<(&'static str, &'static str)> {
     let mut calls: Vec<(&str, &str)> = REFUSED
         .iter()
         .map(|(nr, why)| (syscall_name(*nr), *why))

@@ -177,7 +177,7 @@ impl PreparedInit {
     /// Remove `name` from the environment the workload inherits from
     /// sluice (a secret sluice reads from its own environment). Call it
     /// before [`PreparedInit::plan`].
-    pub fn unset_env(&mut self, name: impl Into<String>) -> Result<(), ConfineError> {
+    pub(crate) fn unset_env(&mut self, name: impl Into<String>) -> Result<(), ConfineError> {
         if self.planned.is_some() {
             return Err(ConfineError::Setup(
                 "the workload's init was told what to run already".into(),
@@ -361,7 +361,7 @@ impl Workload {
 
     /// Send SIGKILL (to the init: its namespace goes with it), unless it
     /// has been reaped already.
-    pub fn start_kill(&mut self) -> std::io::Result<()> {
+    pub(crate) fn start_kill(&mut self) -> std::io::Result<()> {
         if self.status.is_some() {
             return Ok(());
         }

@@ -14,7 +14,7 @@ use nix::unistd::Pid;
 
 /// sluice's process group and the terminal (on stdin, stdout or stderr)
 /// whose foreground group it was when the workload started.
-pub struct Foreground {
+pub(crate) struct Foreground {
     group: Pid,
     which: Stdio,
 }
@@ -38,7 +38,7 @@ impl Stdio {
 
 impl Foreground {
     /// The terminal sluice is in the foreground of now, if any.
-    pub fn now() -> Option<Foreground> {
+    pub(crate) fn now() -> Option<Foreground> {
         let group = nix::unistd::getpgrp();
         [Stdio::In, Stdio::Out, Stdio::Err]
             .into_iter()
@@ -54,7 +54,7 @@ impl Foreground {
     /// Make sluice's group the terminal's foreground again, if the workload
     /// left another there. SIGTTOU is held meanwhile: a background group
     /// that sets the foreground would otherwise be stopped by it.
-    pub fn take_back(&self) {
+    pub(crate) fn take_back(&self) {
         self.which.with(|fd| {
             if nix::unistd::tcgetpgrp(fd).is_ok_and(|g| g == self.group) {
                 return;

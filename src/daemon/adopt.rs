@@ -21,17 +21,17 @@ use super::api::AttachRequest;
 /// One attached sandbox, as remembered on disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SandboxRecord {
-    pub request: AttachRequest,
+pub(crate) struct SandboxRecord {
+    pub(crate) request: AttachRequest,
     /// The container process's start time (clock ticks since boot, field 22
     /// of /proc/PID/stat): with the pid, it names one process for good.
-    pub start_ticks: u64,
-    pub netns_inode: u64,
+    pub(crate) start_ticks: u64,
+    pub(crate) netns_inode: u64,
 }
 
 /// Why a record cannot be adopted again.
 #[derive(Debug, thiserror::Error)]
-pub enum StaleRecord {
+pub(crate) enum StaleRecord {
     #[error("it has no container process to find its namespace by")]
     NoPid,
     #[error("its process {0} is gone")]
@@ -61,7 +61,7 @@ impl Records {
 
     /// Remember `request` (attached with a pid) so a restarted daemon can
     /// adopt its namespace again. Written whole, then renamed into place.
-    pub fn save(&self, request: &AttachRequest, netns_inode: u64) -> std::io::Result<()> {
+    pub(crate) fn save(&self, request: &AttachRequest, netns_inode: u64) -> std::io::Result<()> {
         let pid = request.pid.ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "no container pid")
         })?;
@@ -88,7 +88,7 @@ impl Records {
     }
 
     /// Every record on disk; unreadable ones are reported and removed.
-    pub fn load_all(&self) -> Vec<SandboxRecord> {
+    pub(crate) fn load_all(&self) -> Vec<SandboxRecord> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
@@ -117,7 +117,7 @@ impl Records {
 }
 
 /// Open the namespace `record` names, if its container still runs in it.
-pub fn reopen(record: &SandboxRecord) -> Result<OwnedFd, StaleRecord> {
+pub(crate) fn reopen(record: &SandboxRecord) -> Result<OwnedFd, StaleRecord> {
     let pid = record.request.pid.ok_or(StaleRecord::NoPid)?;
     let pidfd = pidfd_open(pid).map_err(|_| StaleRecord::ProcessGone(pid))?;
     if start_ticks(pid).ok() != Some(record.start_ticks) {

@@ -28,29 +28,29 @@ use serde::{Deserialize, Serialize};
 use crate::sandbox_id::SandboxId;
 
 /// Where the daemon listens unless told otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/sluice/daemon.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "/run/sluice/daemon.sock";
 /// Environment variable naming the socket (hook and `sluice status`).
-pub const SOCKET_ENV: &str = "SLUICE_DAEMON_SOCKET";
+pub(crate) const SOCKET_ENV: &str = "SLUICE_DAEMON_SOCKET";
 
 /// First byte of a connection whose sendmsg carries a descriptor.
-pub const WITH_FD: u8 = b'F';
+pub(crate) const WITH_FD: u8 = b'F';
 /// First byte of a connection without one.
-pub const WITHOUT_FD: u8 = b'N';
+pub(crate) const WITHOUT_FD: u8 = b'N';
 
 /// The collection of attached sandboxes.
-pub const SANDBOXES: &str = "/v1/sandboxes";
+pub(crate) const SANDBOXES: &str = "/v1/sandboxes";
 
 /// The head of the daemon's audit log (`crate::audit::AuditHead`): its
 /// file, checkpoint key id, newest line and newest checkpoint (seq, hash).
-pub const AUDIT: &str = "/v1/audit";
+pub(crate) const AUDIT: &str = "/v1/audit";
 
 /// The query of a DELETE that removes a VM's fence too.
-pub const FENCE_REMOVE: &str = "fence=remove";
+pub(crate) const FENCE_REMOVE: &str = "fence=remove";
 
 /// What a `DELETE /v1/sandboxes/{id}` does with a VM's fence (the two
 /// tables `sluice-TAP` in the VMM's namespace).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Fence {
+pub(crate) enum Fence {
     /// Leave it (a plain DELETE, or `?fence=keep`): the guest reaches
     /// nothing until the tap goes or the fence is removed.
     #[default]
@@ -64,7 +64,7 @@ impl Fence {
     /// The fence a DELETE's query asks for. Anything but `fence=keep` or
     /// `fence=remove` is refused rather than ignored: a typo must not
     /// silently keep (or remove) a fence.
-    pub fn from_query(query: Option<&str>) -> Result<Fence, String> {
+    pub(crate) fn from_query(query: Option<&str>) -> Result<Fence, String> {
         match query {
             None | Some("") | Some("fence=keep") => Ok(Fence::Keep),
             Some(FENCE_REMOVE) => Ok(Fence::Remove),
@@ -75,7 +75,7 @@ impl Fence {
     }
 
     /// The query that asks for this fence (empty for [`Fence::Keep`]).
-    pub fn query(self) -> &'static str {
+    pub(crate) fn query(self) -> &'static str {
         match self {
             Fence::Keep => "",
             Fence::Remove => FENCE_REMOVE,
@@ -120,22 +120,22 @@ pub struct VmAttach {
     pub tap: String,
     pub guest_mac: String,
     /// CIDR.
-    pub guest_ip: String,
+    pub(crate) guest_ip: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<String>,
     /// CIDR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guest_ip6: Option<String>,
+    pub(crate) guest_ip6: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway6: Option<String>,
 }
 
 /// A VM's tap and guest address, as `sluice status` shows them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VmInfo {
-    pub tap: String,
+pub(crate) struct VmInfo {
+    pub(crate) tap: String,
     /// The guest's IPv4 address with its prefix.
-    pub guest: String,
+    pub(crate) guest: String,
 }
 
 impl TryFrom<&crate::attach::oci::hook::ContainerAttach> for AttachRequest {
@@ -171,40 +171,40 @@ pub struct SandboxInfo {
     pub pid: Option<i32>,
     /// When it was attached (Unix seconds).
     pub attached: u64,
-    pub connections: Connections,
+    pub(crate) connections: Connections,
     /// The nft drop counters, summed (None when they could not be read).
     #[serde(default)]
     pub dropped_packets: Option<u64>,
     /// A microVM's tap and guest (path `vm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vm: Option<VmInfo>,
+    pub(crate) vm: Option<VmInfo>,
     /// In the answer to an attach whose policy terminates TLS: the system
     /// roots plus the sandbox's CA (PEM), for the hook to put over the
     /// container's /etc/ssl/certs/ca-certificates.crt. Not in listings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_bundle: Option<String>,
+    pub(crate) ca_bundle: Option<String>,
 }
 
 /// Connection counts of one sandbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Connections {
-    pub allowed: u64,
-    pub denied: u64,
-    pub would_deny: u64,
-    pub active: i64,
+pub(crate) struct Connections {
+    pub(crate) allowed: u64,
+    pub(crate) denied: u64,
+    pub(crate) would_deny: u64,
+    pub(crate) active: i64,
 }
 
 /// The body of every error response.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ErrorBody {
-    pub error: String,
+pub(crate) struct ErrorBody {
+    pub(crate) error: String,
 }
 
 /// A refused request: the HTTP status and one line saying why.
 #[derive(Debug)]
-pub struct ApiError {
-    pub status: hyper::StatusCode,
-    pub message: String,
+pub(crate) struct ApiError {
+    pub(crate) status: hyper::StatusCode,
+    pub(crate) message: String,
 }
 
 impl ApiError {

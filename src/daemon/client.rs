@@ -39,7 +39,7 @@ pub enum ClientError {
 }
 
 /// The socket to use: the given one, else $SLUICE_DAEMON_SOCKET, else the default.
-pub fn socket_path(given: Option<&Path>) -> PathBuf {
+pub(crate) fn socket_path(given: Option<&Path>) -> PathBuf {
     given
         .map(Path::to_path_buf)
         .or_else(|| {
@@ -83,7 +83,7 @@ impl Client {
     /// Stop serving VM `id` and remove its tap's fence (`sluice vm detach
     /// --daemon`); `Ok(None)` if none was attached. A sandbox that is not a
     /// VM is refused (and stays attached).
-    pub fn detach_removing_fence(
+    pub(crate) fn detach_removing_fence(
         &self,
         id: &SandboxId,
     ) -> Result<Option<SandboxInfo>, ClientError> {
@@ -103,13 +103,13 @@ impl Client {
     }
 
     /// Every attached sandbox.
-    pub fn list(&self) -> Result<Vec<SandboxInfo>, ClientError> {
+    pub(crate) fn list(&self) -> Result<Vec<SandboxInfo>, ClientError> {
         let (status, body) = self.call(Method::GET, SANDBOXES.to_string(), Vec::new(), None)?;
         self.decode(status, &body, StatusCode::OK)
     }
 
     /// The head of the daemon's audit log.
-    pub fn audit_head(&self) -> Result<crate::audit::AuditHead, ClientError> {
+    pub(crate) fn audit_head(&self) -> Result<crate::audit::AuditHead, ClientError> {
         let (status, body) = self.call(Method::GET, AUDIT.to_string(), Vec::new(), None)?;
         self.decode(status, &body, StatusCode::OK)
     }

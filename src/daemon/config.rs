@@ -43,41 +43,41 @@ const TOP_KEYS: &[&str] = &[
 const DEFAULTS_KEYS: &[&str] = &["trust", "state_dir", "max_connections", "poll_interval"];
 
 /// The state directory unless the config names another.
-pub use crate::bundle::DEFAULT_STATE_DIR;
+pub(crate) use crate::bundle::DEFAULT_STATE_DIR;
 
 /// Largest config file read.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// A validated daemon configuration.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DaemonConfig {
-    pub socket: PathBuf,
-    pub metrics: Option<SocketAddr>,
-    pub audit: Option<PathBuf>,
-    pub audit_allows: bool,
-    pub audit_max_bytes: Option<u64>,
+pub(crate) struct DaemonConfig {
+    pub(crate) socket: PathBuf,
+    pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) audit: Option<PathBuf>,
+    pub(crate) audit_allows: bool,
+    pub(crate) audit_max_bytes: Option<u64>,
     /// Records between signed checkpoints (0: not by count).
-    pub audit_checkpoint_records: u64,
+    pub(crate) audit_checkpoint_records: u64,
     /// Longest a record waits for a signed checkpoint (zero: not by time).
-    pub audit_checkpoint_interval: Duration,
+    pub(crate) audit_checkpoint_interval: Duration,
     /// CA files trusted for origins besides the system roots, when sluice
     /// terminates TLS (`--upstream-ca` of the other commands).
-    pub upstream_ca: Vec<PathBuf>,
-    pub timings: Option<PathBuf>,
-    pub defaults: Defaults,
+    pub(crate) upstream_ca: Vec<PathBuf>,
+    pub(crate) timings: Option<PathBuf>,
+    pub(crate) defaults: Defaults,
 }
 
 /// What an attach request gets unless it says otherwise.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Defaults {
-    pub trust: Option<PathBuf>,
-    pub state_dir: PathBuf,
-    pub max_connections: usize,
-    pub poll_interval: Duration,
+pub(crate) struct Defaults {
+    pub(crate) trust: Option<PathBuf>,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) max_connections: usize,
+    pub(crate) poll_interval: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     #[error("cannot read the daemon config {}: {cause}; check the path given to --config", path.display())]
     Read {
         path: PathBuf,
@@ -101,7 +101,7 @@ pub enum ConfigError {
 }
 
 impl DaemonConfig {
-    pub fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
+    pub(crate) fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
         use std::io::Read;
         let read = |cause| ConfigError::Read {
             path: path.to_owned(),
@@ -126,7 +126,7 @@ impl DaemonConfig {
 
     /// Parse `text` (`path` is for messages). An empty document is the
     /// defaults.
-    pub fn parse(text: &str, path: &Path) -> Result<DaemonConfig, ConfigError> {
+    pub(crate) fn parse(text: &str, path: &Path) -> Result<DaemonConfig, ConfigError> {
         let root = yaml::parse(text).map_err(|p| ConfigError::Syntax {
             path: path.to_owned(),
             line: p.at.line,

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use super::api::{WITHOUT_FD, WITH_FD};
 
 /// Send the opening byte, with `fd` attached when given. Blocking socket.
-pub fn send_opening(socket: RawFd, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+pub(crate) fn send_opening(socket: RawFd, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
     let byte = [if fd.is_some() { WITH_FD } else { WITHOUT_FD }];
     let sent = crate::confine::scm::send(socket, &byte, fd)?;
     if sent != 1 {
@@ -17,7 +17,7 @@ pub fn send_opening(socket: RawFd, fd: Option<BorrowedFd<'_>>) -> std::io::Resul
 
 /// What the opening byte said.
 #[derive(Debug)]
-pub enum Opening {
+pub(crate) enum Opening {
     /// A valid opening byte, and the descriptor that came with it (if any).
     Open(Option<OwnedFd>),
     /// The peer closed before sending anything.
@@ -27,7 +27,7 @@ pub enum Opening {
 /// Read exactly the opening byte (never more: the HTTP request follows) and
 /// any descriptors sent with it. Extra descriptors are closed. Call when the
 /// socket is readable; returns `WouldBlock` otherwise.
-pub fn recv_opening(socket: impl AsFd) -> std::io::Result<Opening> {
+pub(crate) fn recv_opening(socket: impl AsFd) -> std::io::Result<Opening> {
     let mut byte = [0u8; 1];
     let msg = crate::confine::scm::recv(socket, &mut byte)?;
     if msg.bytes == 0 {

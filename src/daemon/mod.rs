@@ -22,7 +22,8 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
-pub use client::{socket_path, Client, ClientError};
+pub use client::Client;
+pub(crate) use client::{socket_path, ClientError};
 pub(crate) use config::DaemonConfig;
 pub(crate) use registry::Registry;
 pub(crate) use server::SocketError;

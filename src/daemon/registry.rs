@@ -84,7 +84,7 @@ impl Entry {
 
 /// What a release does with the sandbox's restart record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Afterwards {
+pub(crate) enum Afterwards {
     /// The container ended or was detached: a restarted daemon must not
     /// look for it.
     Forget,
@@ -119,7 +119,7 @@ impl Registry {
     }
 
     /// The newest line and checkpoint of the daemon's audit log.
-    pub fn audit_head(&self) -> crate::audit::AuditHead {
+    pub(crate) fn audit_head(&self) -> crate::audit::AuditHead {
         self.shared.audit.head()
     }
 
@@ -359,7 +359,7 @@ impl Registry {
 
     /// Adopt again every sandbox a previous daemon left recorded whose
     /// container still runs in the same namespace; forget the others.
-    pub async fn readopt(self: &Arc<Self>) {
+    pub(crate) async fn readopt(self: &Arc<Self>) {
         for record in self.records.load_all() {
             let id = record.request.id.clone();
             let fd = match adopt::reopen(&record) {
@@ -579,7 +579,7 @@ impl Registry {
     /// drained by the same `deadline`. The namespaces keep their tables:
     /// with the listeners gone, their connections are refused until the
     /// next daemon adopts them again.
-    pub async fn release_all(self: &Arc<Self>, deadline: Instant) {
+    pub(crate) async fn release_all(self: &Arc<Self>, deadline: Instant) {
         let ids: Vec<SandboxId> = self.lock().keys().cloned().collect();
         let mut releases = JoinSet::new();
         for id in ids {
@@ -600,7 +600,7 @@ impl Registry {
     }
 
     /// SIGHUP: re-read every sandbox's policy.
-    pub fn reload_all(&self) {
+    pub(crate) fn reload_all(&self) {
         for slot in self.lock().values() {
             if let Slot::Ready(entry) = slot {
                 entry.reloading.reload_now();

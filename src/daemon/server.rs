@@ -26,7 +26,7 @@ use crate::drain::Watch;
 const MAX_BODY: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
-pub enum SocketError {
+pub(crate) enum SocketError {
     #[error("cannot create {}: {cause}", path.display())]
     Dir {
         path: PathBuf,

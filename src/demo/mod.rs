@@ -17,7 +17,7 @@ use crate::testbed::OuterNetns;
 
 /// The policy the demo enforces, embedded so the demo works from any
 /// directory.
-pub const DEMO_POLICY: &str = include_str!("../../policies/demo.yaml");
+pub(crate) const DEMO_POLICY: &str = include_str!("../../policies/demo.yaml");
 
 const ORIGIN: &str = "198.18.0.1";
 /// sluice's metrics endpoint, in the demo's outer namespace.

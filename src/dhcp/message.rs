@@ -11,7 +11,7 @@ use super::GuestLease;
 
 /// Longest packet looked at; longer ones are ignored unread. A DHCP message
 /// must fit an Ethernet frame here (no fragments on a tap).
-pub const MAX_PACKET: usize = 1500;
+pub(crate) const MAX_PACKET: usize = 1500;
 /// Fixed BOOTP header (236 bytes) plus the DHCP magic cookie.
 const MIN_PACKET: usize = 240;
 const MAGIC: [u8; 4] = [99, 130, 83, 99];
@@ -22,7 +22,7 @@ const MAX_ECHOED_CLIENT_ID: usize = 64;
 
 /// What the reply is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyKind {
+pub(crate) enum ReplyKind {
     Offer,
     Ack,
     Nak,
@@ -31,7 +31,7 @@ pub enum ReplyKind {
 /// A reply to send, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
-    pub kind: ReplyKind,
+    pub(crate) kind: ReplyKind,
     pub bytes: Vec<u8>,
     /// 255.255.255.255:68 while the guest has no address (and for a NAK);
     /// the guest's address when it renews.
@@ -40,7 +40,7 @@ pub struct Reply {
 
 /// Why a packet got no reply. Bounded: usable as a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ignored {
+pub(crate) enum Ignored {
     /// Longer than [`MAX_PACKET`].
     TooLong,
     /// Not a DHCP message (short, no magic cookie, options that do not parse).
@@ -62,7 +62,7 @@ pub enum Ignored {
 }
 
 impl Ignored {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Ignored::TooLong => "too-long",
             Ignored::Malformed => "malformed",
@@ -79,7 +79,7 @@ impl Ignored {
 
 /// Answer `packet` (a UDP payload that arrived on the guest's tap) for
 /// `lease`, or say why not.
-pub fn respond(lease: &GuestLease, packet: &[u8]) -> Result<Reply, Ignored> {
+pub(crate) fn respond(lease: &GuestLease, packet: &[u8]) -> Result<Reply, Ignored> {
     if packet.len() > MAX_PACKET {
         return Err(Ignored::TooLong);
     }

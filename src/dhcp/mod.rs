@@ -32,11 +32,15 @@ use ipnet::Ipv4Net;
 
 use crate::mac::{MacAddr, MacError};
 
-pub use message::{respond, Ignored, Reply, ReplyKind, MAX_PACKET};
-pub use server::{bind_on_device, serve, CLIENT_PORT, SERVER_PORT};
+pub use message::Reply;
+pub(crate) use message::{respond, MAX_PACKET};
+#[cfg(test)]
+pub(crate) use message::{Ignored, ReplyKind};
+pub use server::{bind_on_device, serve};
+pub(crate) use server::{CLIENT_PORT, SERVER_PORT};
 
 /// Shortest lease offered: a guest renews at half of it.
-pub const MIN_LEASE_SECS: u32 = 60;
+pub(crate) const MIN_LEASE_SECS: u32 = 60;
 
 /// The one lease this responder hands out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,7 +128,7 @@ impl GuestLease {
         self.gateway
     }
 
-    pub fn lease_secs(&self) -> u32 {
+    pub(crate) fn lease_secs(&self) -> u32 {
         self.lease_secs
     }
 }

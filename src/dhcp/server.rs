@@ -12,9 +12,9 @@ use tokio::net::UdpSocket;
 use super::{respond, DhcpError, GuestLease, MAX_PACKET};
 
 /// Where a DHCP server listens.
-pub const SERVER_PORT: u16 = 67;
+pub(crate) const SERVER_PORT: u16 = 67;
 /// Where a DHCP client listens.
-pub const CLIENT_PORT: u16 = 68;
+pub(crate) const CLIENT_PORT: u16 = 68;
 /// Pause after a socket error, so a persistent one cannot spin.
 const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 

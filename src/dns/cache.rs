@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use crate::policy::ResolvedNames;
 
 /// Names kept before the least recently remembered is evicted.
-pub const MAX_NAMES: usize = 65_536;
+pub(crate) const MAX_NAMES: usize = 65_536;
 /// Addresses kept per name (the soonest to expire goes first).
-pub const MAX_ADDRS_PER_NAME: usize = 32;
+pub(crate) const MAX_ADDRS_PER_NAME: usize = 32;
 /// Floor on how long an answer counts, so that a connection made shortly
 /// after a low-TTL answer still matches.
-pub const MIN_TTL: Duration = Duration::from_secs(60);
+pub(crate) const MIN_TTL: Duration = Duration::from_secs(60);
 /// Ceiling, so that no absurd TTL pins a stale binding.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Thread-safe resolution memory shared by the DNS responder (writer) and
 /// the proxy (reader, once per connection). Names are compared
@@ -85,7 +85,7 @@ impl DnsCache {
     /// True if `name` has an unexpired address of `ip`'s family (an
     /// IPv4-mapped address counts as IPv4): the cache has an answer for it,
     /// whether or not `ip` is in it.
-    pub fn knows(&self, name: &str, ip: IpAddr) -> bool {
+    pub(crate) fn knows(&self, name: &str, ip: IpAddr) -> bool {
         let v4 = ip.to_canonical().is_ipv4();
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();

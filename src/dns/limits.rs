@@ -19,7 +19,7 @@ use super::message::Limit;
 use crate::policy::DnsLimits;
 
 /// The window distinct names are counted over.
-pub const NAME_WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const NAME_WINDOW: Duration = Duration::from_secs(60);
 
 /// What one sandbox has forwarded lately.
 #[derive(Default)]
@@ -42,7 +42,7 @@ impl Budget {
     /// Spend one query for `name` (as the policy sees it) at `now` under
     /// `limits`, or say which budget is spent. A refused query spends
     /// nothing.
-    pub fn spend(&self, name: &str, now: Instant, limits: &DnsLimits) -> Result<(), Limit> {
+    pub(crate) fn spend(&self, name: &str, now: Instant, limits: &DnsLimits) -> Result<(), Limit> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let state = &mut *state;
 

@@ -17,13 +17,13 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use crate::policy::{DnsConfig, Policy};
 
 /// TTL of answers from `dns.hosts`.
-pub const HOSTS_TTL: u32 = 60;
+pub(crate) const HOSTS_TTL: u32 = 60;
 /// EDNS payload size advertised in answers sluice builds itself.
 const EDNS_PAYLOAD: u16 = 1232;
 /// Largest UDP message sluice reads (queries) or sends (answers).
-pub const UDP_MAX: usize = 4096;
+pub(crate) const UDP_MAX: usize = 4096;
 /// UDP answer size without EDNS (RFC 1035).
-pub const UDP_CLASSIC: usize = 512;
+pub(crate) const UDP_CLASSIC: usize = 512;
 /// CNAME links followed in an upstream answer.
 pub const MAX_CHAIN: usize = 16;
 /// Fewest bytes a question takes on the wire (root name, type, class).

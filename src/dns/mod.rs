@@ -28,13 +28,17 @@ use crate::audit::{AuditEvent, AuditLog};
 use crate::bundle::PolicyHandle;
 use crate::policy::{Mode, Policy};
 
-pub use cache::{DnsCache, MAX_NAMES, MIN_TTL};
-pub use limits::{Budget, NAME_WINDOW};
+pub use cache::DnsCache;
+pub(crate) use limits::Budget;
 use message::Action;
-pub use message::HOSTS_TTL;
-pub use server::{serve_tcp, serve_udp, MAX_TCP_CONNECTIONS, MAX_UDP_IN_FLIGHT, TCP_IDLE_TIMEOUT};
-pub use upstream::UPSTREAM_TIMEOUT;
-pub use verify::{Lookups, VERIFY_TIMEOUT};
+pub(crate) use message::HOSTS_TTL;
+pub(crate) use server::serve_tcp;
+pub use server::serve_udp;
+#[cfg(test)]
+pub(crate) use upstream::UPSTREAM_TIMEOUT;
+pub(crate) use verify::Lookups;
+#[cfg(test)]
+pub(crate) use verify::VERIFY_TIMEOUT;
 
 /// Everything a query needs; one per sandbox, shared by its servers.
 pub struct DnsContext {

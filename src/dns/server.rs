@@ -18,11 +18,11 @@ use super::{answer, DnsContext};
 use crate::drain::Watch;
 
 /// UDP queries answered at once; more wait in the socket buffer.
-pub const MAX_UDP_IN_FLIGHT: usize = 256;
+pub(crate) const MAX_UDP_IN_FLIGHT: usize = 256;
 /// TCP connections served at once; more wait in the accept queue.
-pub const MAX_TCP_CONNECTIONS: usize = 64;
+pub(crate) const MAX_TCP_CONNECTIONS: usize = 64;
 /// A TCP connection silent this long (or this slow to send a query) is closed.
-pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest UDP query read.
 const UDP_READ: usize = 4096;
 /// Pause after a socket error, so a persistent one cannot spin.
@@ -78,7 +78,7 @@ pub async fn serve_udp(socket: UdpSocket, ctx: Arc<DnsContext>, drain: Watch) {
 /// Answer queries on connections accepted from `listener` (2-byte length
 /// framing, several queries per connection) until the drain starts, then
 /// finish the queries in flight; idle connections close.
-pub async fn serve_tcp(listener: TcpListener, ctx: Arc<DnsContext>, drain: Watch) {
+pub(crate) async fn serve_tcp(listener: TcpListener, ctx: Arc<DnsContext>, drain: Watch) {
     let permits = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
     let mut tasks = JoinSet::new();
     let draining = drain.draining();

@@ -16,23 +16,23 @@ use tokio::time::{timeout_at, Instant};
 use super::message::{upstream_answer, upstream_query};
 
 /// How long one upstream gets (UDP and any TCP retry together).
-pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// Upstreams tried per query at most.
-pub const MAX_ATTEMPTS: usize = 3;
+pub(crate) const MAX_ATTEMPTS: usize = 3;
 /// Largest UDP answer read from an upstream.
 const UDP_READ: usize = 4096;
 
 /// A validated upstream answer: the raw bytes (id already set back to the
 /// client's) and their parse.
-pub struct Forwarded {
-    pub bytes: Vec<u8>,
-    pub message: Message,
+pub(crate) struct Forwarded {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) message: Message,
 }
 
 /// Ask each upstream in turn the question of `parsed` until one gives a
 /// usable answer. SERVFAIL and REFUSED move on to the next upstream; the
 /// last such answer is returned if none does better.
-pub async fn forward(parsed: &Message, upstreams: &[SocketAddr]) -> Option<Forwarded> {
+pub(crate) async fn forward(parsed: &Message, upstreams: &[SocketAddr]) -> Option<Forwarded> {
     let mut fallback = None;
     for &upstream in upstreams.iter().take(MAX_ATTEMPTS) {
         let deadline = Instant::now() + UPSTREAM_TIMEOUT;

@@ -25,7 +25,7 @@ use super::{remember_answer, upstream, DnsContext};
 
 /// The longest a connection waits for sluice's own lookup of its hostname,
 /// all upstreams together.
-pub const VERIFY_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const VERIFY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// EDNS payload size sluice's own lookups advertise.
 const EDNS_PAYLOAD: u16 = 1232;

@@ -28,16 +28,17 @@ mod readback;
 #[forbid(unsafe_code)]
 mod ruleset;
 
+pub(crate) use nft::start_apply_and_verify;
 pub use nft::{
-    apply, apply_and_verify, drop_counts, dropped_packets, remove, start_apply_and_verify, verify,
-    verify_with_libnftables, Applying, TABLE_VIA,
+    apply, apply_and_verify, drop_counts, dropped_packets, remove, verify, verify_with_libnftables,
 };
 
-pub use fence::{DropReason, TapFence, TapIpv6, INGRESS, PREROUTING_FILTER};
-pub use ruleset::{
-    ruleset, DROP_COUNTER, FORWARD_FILTER, INPUT_FILTER, OUTPUT_FILTER, OUTPUT_NAT, PREROUTING_NAT,
-    TABLE,
-};
+pub(crate) use fence::TapIpv6;
+#[cfg(test)]
+pub(crate) use fence::INGRESS;
+pub use fence::{DropReason, TapFence};
+pub use ruleset::ruleset;
+pub(crate) use ruleset::TABLE;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -46,9 +47,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 pub struct SandboxSpec {
     /// Port of sluice's transparent TCP listener inside the namespace; all
     /// TCP (v4 and v6) except port 53 and loopback is redirected here.
-    pub proxy_port: u16,
+    pub(crate) proxy_port: u16,
     /// Port of sluice's DNS responder; UDP and TCP port 53 are redirected here.
-    pub dns_port: u16,
+    pub(crate) dns_port: u16,
     /// `None`: host mode (the output hooks of a dedicated sandbox
     /// namespace, table `inet sluice`). `Some(fence)`: a microVM's tap, fenced
     /// on the host side by the tables `netdev sluice-TAP` (layer 2) and
@@ -86,7 +87,7 @@ impl SandboxSpec {
 
     /// Whether the namespace is the sandbox's alone, so that any table
     /// sluice did not install there is a mismatch.
-    pub fn owns_namespace(&self) -> bool {
+    pub(crate) fn owns_namespace(&self) -> bool {
         self.tap.as_ref().is_none_or(|fence| fence.dedicated)
     }
 }

@@ -112,7 +112,7 @@ pub fn apply_and_verify(spec: &SandboxSpec) -> Result<(), EnforceError> {
 /// Only for a table that names no link but `lo` (which every namespace has
 /// from its start): a spec with a tap is refused, as its netdev chain
 /// needs the tap to exist.
-pub fn start_apply_and_verify(spec: &SandboxSpec) -> Result<Applying, EnforceError> {
+pub(crate) fn start_apply_and_verify(spec: &SandboxSpec) -> Result<Applying, EnforceError> {
     validate(spec)?;
     if spec.tap.is_some() {
         return Err(EnforceError::InvalidSpec(
@@ -129,11 +129,11 @@ pub fn start_apply_and_verify(spec: &SandboxSpec) -> Result<Applying, EnforceErr
 
 /// An [`apply_and_verify`] under way ([`start_apply_and_verify`]). Dropped
 /// without [`Applying::wait`], it still waits for it to end.
-pub struct Applying(Option<std::thread::JoinHandle<Result<(), EnforceError>>>);
+pub(crate) struct Applying(Option<std::thread::JoinHandle<Result<(), EnforceError>>>);
 
 impl Applying {
     /// Wait for the table to be applied and read back.
-    pub fn wait(mut self) -> Result<(), EnforceError> {
+    pub(crate) fn wait(mut self) -> Result<(), EnforceError> {
         match self.0.take().map(std::thread::JoinHandle::join) {
             Some(Ok(result)) => result,
             Some(Err(panic)) => std::panic::resume_unwind(panic),
@@ -300,7 +300,7 @@ pub fn drop_counts(spec: &SandboxSpec) -> Result<Vec<(DropReason, u64)>, Enforce
 /// encoded it: a way round, should a kernel dump the table in a way the
 /// netlink read-back does not know (it then refuses to run, failing
 /// closed). Anything else, or nothing, means netlink.
-pub const TABLE_VIA: &str = "SLUICE_TABLE_VIA";
+pub(crate) const TABLE_VIA: &str = "SLUICE_TABLE_VIA";
 
 /// Whether `spec`'s table is applied and read back over netlink
 /// ([`super::netlink`]): host mode, unless [`TABLE_VIA`] says libnftables.

@@ -20,8 +20,8 @@ use super::EnforceError;
 /// `family name`, and every other table, as `family name`.
 #[derive(Debug, Default)]
 pub(super) struct Listing {
-    pub tables: BTreeMap<String, Table>,
-    pub foreign: Vec<String>,
+    pub(crate) tables: BTreeMap<String, Table>,
+    pub(crate) foreign: Vec<String>,
 }
 
 /// The comparable content of one table: chains with their properties,
@@ -33,7 +33,7 @@ pub(super) struct Table {
     rules: Vec<(String, Value)>,
     counters: Vec<String>,
     /// `(chain, device)` of chains bound to a device, where the JSON says.
-    pub devices: Vec<(String, String)>,
+    pub(crate) devices: Vec<(String, String)>,
 }
 
 pub(super) fn objects(doc: &Value) -> Result<&Vec<Value>, EnforceError> {

@@ -13,20 +13,20 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use super::SandboxSpec;
 
 /// The table's family and name.
-pub const TABLE: &str = "sluice";
+pub(crate) const TABLE: &str = "sluice";
 /// Host mode: NAT chain on locally generated packets.
-pub const OUTPUT_NAT: &str = "output_nat";
+pub(crate) const OUTPUT_NAT: &str = "output_nat";
 /// Host mode: filter chain on locally generated packets (policy drop).
-pub const OUTPUT_FILTER: &str = "output_filter";
+pub(crate) const OUTPUT_FILTER: &str = "output_filter";
 /// Tap mode: NAT chain on packets arriving from the tap.
-pub const PREROUTING_NAT: &str = "prerouting_nat";
+pub(crate) const PREROUTING_NAT: &str = "prerouting_nat";
 /// Tap mode: filter chain on packets from the tap to this namespace.
-pub const INPUT_FILTER: &str = "input_filter";
+pub(crate) const INPUT_FILTER: &str = "input_filter";
 /// Tap mode: filter chain on packets from the tap to anywhere else.
-pub const FORWARD_FILTER: &str = "forward_filter";
+pub(crate) const FORWARD_FILTER: &str = "forward_filter";
 /// The named counter every drop rule of the table counts into: reading this
 /// one object is all a drop-count scrape needs.
-pub const DROP_COUNTER: &str = "dropped";
+pub(crate) const DROP_COUNTER: &str = "dropped";
 
 pub(super) const NAT_PRIORITY: i32 = -100;
 pub(super) const FILTER_PRIORITY: i32 = 0;

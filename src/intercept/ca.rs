@@ -22,15 +22,15 @@ use std::time::{Duration as StdDuration, Instant};
 use time::{Duration, OffsetDateTime};
 
 /// How long the CA is valid (from an hour before it was minted).
-pub const CA_VALIDITY: Duration = Duration::days(30);
+pub(crate) const CA_VALIDITY: Duration = Duration::days(30);
 /// How long a leaf is valid (from an hour before it was minted).
-pub const LEAF_VALIDITY: Duration = Duration::days(7);
+pub(crate) const LEAF_VALIDITY: Duration = Duration::days(7);
 /// How far back a certificate's validity starts, for clocks a little behind.
 const BACKDATE: Duration = Duration::hours(1);
 /// A cached leaf older than this is minted again, well before it expires.
 const LEAF_REFRESH: StdDuration = StdDuration::from_secs(6 * 24 * 3600);
 /// At most this many names have a cached leaf; past it the oldest goes.
-pub const LEAF_CACHE: usize = 1024;
+pub(crate) const LEAF_CACHE: usize = 1024;
 
 /// Why a certificate could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +105,7 @@ impl SandboxCa {
 
     /// The CA certificate, DER.
     #[cfg(test)]
-    pub fn cert_der(&self) -> &CertificateDer<'static> {
+    pub(crate) fn cert_der(&self) -> &CertificateDer<'static> {
         &self.cert
     }
 
@@ -124,7 +124,7 @@ impl SandboxCa {
     }
 
     /// How many names have a cached leaf.
-    pub fn cached_leaves(&self) -> usize {
+    pub(crate) fn cached_leaves(&self) -> usize {
         self.cache().by_name.len()
     }
 
@@ -246,7 +246,7 @@ impl ResolvesServerCert for Resolver {
 /// sandbox CA, as one PEM text: what `sluice run` writes for the workload.
 /// The system bundle is copied as it is; when it cannot be read the bundle
 /// holds the CA alone (and a warning says so).
-pub fn bundle_pem(ca: &SandboxCa, system_bundle: &Path) -> String {
+pub(crate) fn bundle_pem(ca: &SandboxCa, system_bundle: &Path) -> String {
     let mut bundle = match std::fs::read_to_string(system_bundle) {
         Ok(text) => text,
         Err(error) => {

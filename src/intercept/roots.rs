@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 /// Where Debian and its derivatives keep the system's trusted roots (PEM).
-pub const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+pub(crate) const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Why an extra CA file cannot be trusted.
 #[derive(Debug, thiserror::Error)]
-pub enum RootsError {
+pub(crate) enum RootsError {
     #[error(
         "cannot read the upstream CA file {path}: {reason}; check the path and its permissions"
     )]
@@ -35,7 +35,7 @@ pub enum RootsError {
 /// `extra` PEM file (an error names the file if it is unreadable, is not
 /// PEM, holds no certificate or one rustls cannot use); ALPN `http/1.1`;
 /// the ring provider.
-pub fn upstream_client_config(
+pub(crate) fn upstream_client_config(
     system_bundle: &Path,
     extra: &[PathBuf],
 ) -> Result<Arc<rustls::ClientConfig>, RootsError> {
@@ -75,14 +75,17 @@ pub fn upstream_client_config(
 /// parsed only when a sandbox first terminates TLS, so a policy that never
 /// does costs `sluice run` nothing for it.
 #[derive(Clone)]
-pub struct UpstreamTrust {
+pub(crate) struct UpstreamTrust {
     system: PathBuf,
     extra: Vec<PathBuf>,
     config: Arc<OnceLock<Arc<rustls::ClientConfig>>>,
 }
 
 impl UpstreamTrust {
-    pub fn new(system_bundle: &Path, extra: &[PathBuf]) -> Result<UpstreamTrust, RootsError> {
+    pub(crate) fn new(
+        system_bundle: &Path,
+        extra: &[PathBuf],
+    ) -> Result<UpstreamTrust, RootsError> {
         for path in extra {
             extra_certificates(path)?;
         }
@@ -94,7 +97,7 @@ impl UpstreamTrust {
     }
 
     /// The configuration ([`upstream_client_config`]), made once.
-    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, RootsError> {
+    pub(crate) fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, RootsError> {
         if let Some(config) = self.config.get() {
             return Ok(config.clone());
         }

@@ -28,24 +28,24 @@ use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 /// Reads one sandbox's dropped-packet count; `None` when it cannot be read
 /// right now (the series is then left out until it can). Called on the
 /// refresher thread, never on a scrape's.
-pub type DropSource = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+pub(crate) type DropSource = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 /// Reads one sandbox's dropped-packet counts per reason (label values from a
 /// bounded set); `None` when they cannot be read right now.
-pub type DropCounts = Box<dyn Fn() -> Option<Vec<(&'static str, u64)>> + Send + Sync>;
+pub(crate) type DropCounts = Box<dyn Fn() -> Option<Vec<(&'static str, u64)>> + Send + Sync>;
 
 /// One read of a sandbox's counts: `(reason, packets)`.
 type Counts = Vec<(&'static str, u64)>;
 
 /// The reason a [`DropSource`]'s single count is exported under: what a
 /// host sandbox's one drop rule drops, the namespace's own output.
-pub const SINGLE_REASON: &str = "output";
+pub(crate) const SINGLE_REASON: &str = "output";
 
 /// How often the counters are read while someone scrapes.
-pub const REFRESH: Duration = Duration::from_secs(1);
+pub(crate) const REFRESH: Duration = Duration::from_secs(1);
 /// No scrape for this long: the refresher rests until the next one (and
 /// reads only sandboxes registered meanwhile, once).
-pub const IDLE: Duration = Duration::from_secs(60);
+pub(crate) const IDLE: Duration = Duration::from_secs(60);
 /// The longest a scrape waits for the first read of a sandbox's counters
 /// (one never read is otherwise left out of that scrape).
 pub const FIRST_READ_WAIT: Duration = Duration::from_secs(2);

@@ -26,20 +26,19 @@ use prometheus::{
 use crate::outcome::{Cause, Outcome, UpstreamFailure, Verdict};
 use crate::workload::WorkloadPath;
 
-pub use drops::{
-    DropCounts, DropSource, FIRST_READ_WAIT as DROPS_FIRST_READ_WAIT, REFRESH as DROPS_REFRESH,
-    SINGLE_REASON,
-};
-pub use server::{bind, render, serve_listener, serve_on_thread, ServeError};
+pub use drops::FIRST_READ_WAIT as DROPS_FIRST_READ_WAIT;
+pub(crate) use drops::{DropCounts, DropSource, SINGLE_REASON};
+pub use server::{bind, render, serve_listener};
+pub(crate) use server::{serve_on_thread, ServeError};
 
 /// Histogram buckets for a loopback proxy: 10 µs up to a minute.
-pub const LATENCY_BUCKETS: &[f64] = &[
+pub(crate) const LATENCY_BUCKETS: &[f64] = &[
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
 /// The `rule` label of a decision that no rule made (default deny).
-pub const NO_RULE: &str = "none";
+pub(crate) const NO_RULE: &str = "none";
 
 /// Outcome of a bundle (re)load, the `result` label of
 /// `sluice_bundle_reloads_total`.
@@ -261,13 +260,13 @@ impl Metrics {
 
     /// Count one DNS query kept from the upstreams by `dns.limits`
     /// (`limit`: query-type, name-length, queries or names).
-    pub fn dns_limited(&self, limit: &str) {
+    pub(crate) fn dns_limited(&self, limit: &str) {
         self.dns_limited.with_label_values(&[limit]).inc();
     }
 
     /// Count one hostname lookup sluice made itself (`result`: confirmed,
     /// mismatch, no-answer or limited).
-    pub fn hostname_lookup(&self, result: &str) {
+    pub(crate) fn hostname_lookup(&self, result: &str) {
         self.hostname_lookups.with_label_values(&[result]).inc();
     }
 
@@ -287,7 +286,7 @@ impl Metrics {
     }
 
     /// Forget a bundle's revision series (when its sandbox goes away).
-    pub fn clear_bundle_revision(&self, bundle: &str) {
+    pub(crate) fn clear_bundle_revision(&self, bundle: &str) {
         let _ = self.bundle_revision.remove_label_values(&[bundle]);
     }
 
@@ -374,7 +373,7 @@ fn build_info() -> Result<IntGaugeVec, prometheus::Error> {
 /// One sandbox's own connection counts (for `sluice status`; not exported
 /// as Prometheus series, since sandbox ids are unbounded over time).
 #[derive(Debug, Default)]
-pub struct SandboxTally {
+pub(crate) struct SandboxTally {
     allowed: std::sync::atomic::AtomicU64,
     denied: std::sync::atomic::AtomicU64,
     would_deny: std::sync::atomic::AtomicU64,
@@ -383,15 +382,15 @@ pub struct SandboxTally {
 
 /// A snapshot of a [`SandboxTally`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TallySnapshot {
-    pub allowed: u64,
-    pub denied: u64,
-    pub would_deny: u64,
-    pub active: i64,
+pub(crate) struct TallySnapshot {
+    pub(crate) allowed: u64,
+    pub(crate) denied: u64,
+    pub(crate) would_deny: u64,
+    pub(crate) active: i64,
 }
 
 impl SandboxTally {
-    pub fn snapshot(&self) -> TallySnapshot {
+    pub(crate) fn snapshot(&self) -> TallySnapshot {
         use std::sync::atomic::Ordering::Relaxed;
         TallySnapshot {
             allowed: self.allowed.load(Relaxed),
@@ -432,7 +431,7 @@ pub struct PathMetrics {
 impl PathMetrics {
     /// The same handles, also counting every connection into `tally` (one
     /// sandbox's own numbers, as `sluice status` shows them).
-    pub fn with_tally(mut self, tally: Arc<SandboxTally>) -> PathMetrics {
+    pub(crate) fn with_tally(mut self, tally: Arc<SandboxTally>) -> PathMetrics {
         self.tally = Some(tally);
         self
     }

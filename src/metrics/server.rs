@@ -104,7 +104,7 @@ pub async fn serve_listener(
 /// `sluice-metrics` with a runtime of its own. The returned future ends
 /// when that thread does, after the drain; the thread itself never
 /// outlives the drain's trigger.
-pub fn serve_on_thread(
+pub(crate) fn serve_on_thread(
     listener: std::net::TcpListener,
     registry: Registry,
     drain: Watch,

@@ -29,42 +29,43 @@ use smoltcp::wire::{
     RawHardwareAddress,
 };
 
-pub use server::{bind_on_device, serve, RouterSocket, UNSOLICITED_INTERVAL};
+pub(crate) use server::RouterSocket;
+pub use server::{bind_on_device, serve};
 
 use crate::mac::MacAddr;
 
 /// sluice's link-local address on every tap it fences: the source of its
 /// router advertisements and the guest's default router. Link-local
 /// addresses are scoped to their link, so every tap can carry the same one.
-pub const GATEWAY_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+pub(crate) const GATEWAY_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 /// How long the guest keeps sluice as its default router after an
 /// advertisement (three times [`UNSOLICITED_INTERVAL`], RFC 4861's default).
-pub const ROUTER_LIFETIME_SECS: u64 = 1800;
+pub(crate) const ROUTER_LIFETIME_SECS: u64 = 1800;
 /// How long the advertised prefix stays valid, and preferred, after an
 /// advertisement.
-pub const PREFIX_VALID_SECS: u64 = 7200;
-pub const PREFIX_PREFERRED_SECS: u64 = 3600;
+pub(crate) const PREFIX_VALID_SECS: u64 = 7200;
+pub(crate) const PREFIX_PREFERRED_SECS: u64 = 3600;
 /// The hop limit the guest is told to use.
 const CURRENT_HOP_LIMIT: u8 = 64;
 /// Longest message looked at: a solicitation is 8 bytes and its options.
-pub const MAX_MESSAGE: usize = 1280;
+pub(crate) const MAX_MESSAGE: usize = 1280;
 
 /// What one guest is told by its router.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GuestRouter {
+pub(crate) struct GuestRouter {
     /// The guest's address and prefix (the prefix is advertised).
-    pub guest: Ipv6Net,
+    pub(crate) guest: Ipv6Net,
     /// The guest's MAC.
-    pub guest_mac: MacAddr,
+    pub(crate) guest_mac: MacAddr,
     /// The tap's own MAC (the advertisement's source link-layer option),
     /// when known: the guest then needs no neighbour solicitation for its
     /// router.
-    pub tap_mac: Option<MacAddr>,
+    pub(crate) tap_mac: Option<MacAddr>,
 }
 
 /// Why a message got no advertisement. Bounded: usable as a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ignored {
+pub(crate) enum Ignored {
     /// Longer than [`MAX_MESSAGE`].
     TooLong,
     /// Not a well-formed ICMPv6 neighbour discovery message.
@@ -78,7 +79,7 @@ pub enum Ignored {
 }
 
 impl Ignored {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Ignored::TooLong => "too-long",
             Ignored::Malformed => "malformed",
@@ -90,13 +91,13 @@ impl Ignored {
 
 impl GuestRouter {
     /// Whether the guest's prefix can be autoconfigured (SLAAC needs a /64).
-    pub fn autoconfigurable(&self) -> bool {
+    pub(crate) fn autoconfigurable(&self) -> bool {
         self.guest.prefix_len() == 64
     }
 
     /// Every IPv6 address the guest may use on its tap: its fixed one, its
     /// SLAAC one (with a /64) and its link-local one.
-    pub fn guest_addresses(&self) -> Vec<Ipv6Addr> {
+    pub(crate) fn guest_addresses(&self) -> Vec<Ipv6Addr> {
         let mut out = vec![self.guest.addr(), self.guest_mac.link_local()];
         out.extend(slaac_address(self.guest, self.guest_mac));
         out.sort();
@@ -107,7 +108,7 @@ impl GuestRouter {
     /// The router advertisement sent to the guest (an ICMPv6 message, its
     /// checksum left to the kernel): sluice as default router, the guest's
     /// prefix on-link, and autonomous when it is a /64.
-    pub fn advertisement(&self) -> Vec<u8> {
+    pub(crate) fn advertisement(&self) -> Vec<u8> {
         let mut flags = NdiscPrefixInfoFlags::ON_LINK;
         if self.autoconfigurable() {
             flags |= NdiscPrefixInfoFlags::ADDRCONF;
@@ -164,7 +165,7 @@ pub fn respond(router: &GuestRouter, source: Ipv6Addr, message: &[u8]) -> Result
 /// The address a guest with `mac` forms in `prefix` (a /64) by SLAAC with
 /// the kernel's default interface identifier (the modified EUI-64 of its
 /// MAC, RFC 4291 appendix A); `None` for a prefix that is not a /64.
-pub fn slaac_address(prefix: Ipv6Net, mac: MacAddr) -> Option<Ipv6Addr> {
+pub(crate) fn slaac_address(prefix: Ipv6Net, mac: MacAddr) -> Option<Ipv6Addr> {
     if prefix.prefix_len() != 64 {
         return None;
     }

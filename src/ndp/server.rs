@@ -22,7 +22,7 @@ const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 const ND_HOP_LIMIT: u32 = 255;
 /// How often an unsolicited advertisement renews the guest's router and
 /// prefix (RFC 4861's default MaxRtrAdvInterval).
-pub const UNSOLICITED_INTERVAL: Duration = Duration::from_secs(600);
+pub(crate) const UNSOLICITED_INTERVAL: Duration = Duration::from_secs(600);
 /// At most one advertisement per this interval: further solicitations in
 /// it are ignored (the guest solicits again), so a flood of them costs one
 /// reply per second (RFC 4861 6.2.6 rate-limits multicast ones).
@@ -34,7 +34,7 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// a datagram socket to std and tokio alike (recvfrom and sendto with a
 /// `sockaddr_in6`, port 0), so it is held as a `UdpSocket`: no descriptor
 /// of its own to register with the reactor.
-pub struct RouterSocket {
+pub(crate) struct RouterSocket {
     socket: std::net::UdpSocket,
     index: u32,
 }
@@ -68,7 +68,7 @@ pub fn bind_on_device(device: &str) -> io::Result<RouterSocket> {
 
 impl RouterSocket {
     /// A copy for another task (the same socket).
-    pub fn try_clone(&self) -> io::Result<RouterSocket> {
+    pub(crate) fn try_clone(&self) -> io::Result<RouterSocket> {
         Ok(RouterSocket {
             socket: self.socket.try_clone()?,
             index: self.index,

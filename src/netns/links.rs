@@ -100,10 +100,10 @@ fn quiet_ipv6_defaults() {
 
 /// What [`Rtnl::link`] found out about a link.
 pub(super) struct LinkFacts {
-    pub index: u32,
+    pub(crate) index: u32,
     /// `IFLA_INFO_KIND`: `tun` for a tap (and a tun), `veth`, ...
-    pub kind: Option<String>,
-    pub mac: Option<Vec<u8>>,
+    pub(crate) kind: Option<String>,
+    pub(crate) mac: Option<Vec<u8>>,
 }
 
 /// A NETLINK_ROUTE socket in the calling thread's namespace.
@@ -427,7 +427,7 @@ const RTMGRP_LINK: u32 = 1;
 
 /// A NETLINK_ROUTE socket subscribed to the link changes of the namespace
 /// it was opened in (the calling thread's then), for one link's removal.
-pub struct LinkMonitor {
+pub(crate) struct LinkMonitor {
     socket: Socket,
     index: u32,
     buf: Vec<u8>,

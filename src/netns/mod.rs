@@ -42,30 +42,30 @@ use nix::sched::{setns, unshare, CloneFlags};
 /// benchmark range, so nothing it could reach exists outside this machine).
 pub const SANDBOX_V4: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 2);
 /// Prefix length of [`SANDBOX_V4`].
-pub const SANDBOX_V4_PREFIX: u8 = 30;
+pub(crate) const SANDBOX_V4_PREFIX: u8 = 30;
 /// The sandbox's IPv6 source address (documentation range), on `lo` with
 /// `nodad` (lo sends no MLD reports); the v6 default route via `sbx0` uses it
 /// as its source.
 pub const SANDBOX_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0x0db8, 0x5c, 0xffff, 0, 0, 0, 2);
 /// Name of the link that carries the addresses and default routes.
-pub const SANDBOX_LINK: &str = "sbx0";
+pub(crate) const SANDBOX_LINK: &str = "sbx0";
 /// What kind of link [`SANDBOX_LINK`] is (`IFLA_INFO_KIND`).
-pub const SANDBOX_LINK_KIND: &str = "bridge";
+pub(crate) const SANDBOX_LINK_KIND: &str = "bridge";
 
 pub use tap::TapOwner;
 
 /// An address with its prefix length, as it sits on a link.
-pub type LinkAddress = (IpAddr, u8);
+pub(crate) type LinkAddress = (IpAddr, u8);
 
 /// A namespace being made on a thread of its own
 /// ([`SandboxNetns::start_create_and_run`]), with what was run in it.
 /// Dropped without [`Creating::wait`], it still waits for the thread, and
 /// the namespace is freed with its descriptor.
-pub struct Creating<T>(Option<std::thread::JoinHandle<Result<(OwnedFd, T), NetnsError>>>);
+pub(crate) struct Creating<T>(Option<std::thread::JoinHandle<Result<(OwnedFd, T), NetnsError>>>);
 
 impl<T> Creating<T> {
     /// Wait for the namespace and what was run in it.
-    pub fn wait(mut self) -> Result<(SandboxNetns, T), NetnsError> {
+    pub(crate) fn wait(mut self) -> Result<(SandboxNetns, T), NetnsError> {
         let thread = self.0.take().ok_or(NetnsError::ThreadPanicked)?;
         let (fd, done) = thread.join().map_err(|_| NetnsError::ThreadPanicked)??;
         Ok((
@@ -159,7 +159,7 @@ impl SandboxNetns {
     /// same thread: one thread and one hand-off less than `create` followed
     /// by [`SandboxNetns::run_in`], on the path the caller of `sluice run`
     /// waits for.
-    pub fn create_and_run<T: Send + 'static>(
+    pub(crate) fn create_and_run<T: Send + 'static>(
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<(SandboxNetns, T), NetnsError> {
         SandboxNetns::start_create_and_run(|| (), |()| f())?.wait()
@@ -172,7 +172,7 @@ impl SandboxNetns {
     /// that overlaps with that: see `enforce::start_apply_and_verify`), what
     /// it returns handed to `f`. Whatever `entered` starts must not need the
     /// links (anything but `lo`).
-    pub fn start_create_and_run<E: Send + 'static, T: Send + 'static>(
+    pub(crate) fn start_create_and_run<E: Send + 'static, T: Send + 'static>(
         entered: impl FnOnce() -> E + Send + 'static,
         f: impl FnOnce(E) -> T + Send + 'static,
     ) -> Result<Creating<T>, NetnsError> {
@@ -215,7 +215,7 @@ impl SandboxNetns {
     /// Adopts a namespace descriptor handed over by another process (the OCI
     /// hook passes the container's namespace over a Unix socket), checking
     /// that it is a network namespace this process may enter.
-    pub fn from_owned_fd(fd: OwnedFd) -> Result<SandboxNetns, NetnsError> {
+    pub(crate) fn from_owned_fd(fd: OwnedFd) -> Result<SandboxNetns, NetnsError> {
         SandboxNetns::enterable(fd, Path::new("<received namespace descriptor>"))
     }
 
@@ -260,7 +260,7 @@ impl SandboxNetns {
 
     /// A second handle on the same namespace (a duplicated descriptor), for
     /// tasks that outlive the borrow, such as the drop-counter reader.
-    pub fn clone_handle(&self) -> Result<SandboxNetns, NetnsError> {
+    pub(crate) fn clone_handle(&self) -> Result<SandboxNetns, NetnsError> {
         let fd = self.fd.try_clone().map_err(|source| NetnsError::Open {
             path: "<sandbox namespace descriptor>".into(),
             source,
@@ -403,7 +403,7 @@ impl SandboxNetns {
     /// A watch for the removal of link `name` from this namespace (a tap
     /// deleted under an attach): [`LinkRemoval::wait`] returns once it is
     /// gone, at once if it already is.
-    pub fn watch_link_removal(&self, name: &str) -> Result<LinkRemoval, NetnsError> {
+    pub(crate) fn watch_link_removal(&self, name: &str) -> Result<LinkRemoval, NetnsError> {
         let name = name.to_string();
         let monitor = self.run_in(move || links::LinkMonitor::open(&name))??;
         Ok(LinkRemoval(monitor))
@@ -461,11 +461,11 @@ impl AsFd for SandboxNetns {
 }
 
 /// A link's removal to wait for ([`SandboxNetns::watch_link_removal`]).
-pub struct LinkRemoval(Option<links::LinkMonitor>);
+pub(crate) struct LinkRemoval(Option<links::LinkMonitor>);
 
 impl LinkRemoval {
     /// Blocks (call it from a thread of its own) until the link is gone.
-    pub fn wait(self) -> Result<(), NetnsError> {
+    pub(crate) fn wait(self) -> Result<(), NetnsError> {
         match self.0 {
             None => Ok(()),
             Some(mut monitor) => monitor.wait_removed(),
@@ -478,7 +478,7 @@ impl LinkRemoval {
 /// `addresses` at `guest_mac`, permanent), so that a reply to the guest
 /// never waits on neighbour discovery, and returns the tap's own MAC. Only
 /// that tap's neighbour table is touched; the entries go with the tap.
-pub fn tap_ipv6_here(
+pub(crate) fn tap_ipv6_here(
     tap: &str,
     guest_mac: crate::mac::MacAddr,
     addresses: &[Ipv6Addr],

@@ -18,17 +18,17 @@ use std::time::Duration;
 
 /// One `http` entry: admits every listed method with every listed path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpEntry {
+pub(crate) struct HttpEntry {
     /// Uppercased method tokens; `"*"` admits any method.
-    pub methods: Vec<String>,
-    pub paths: Vec<PathPattern>,
+    pub(crate) methods: Vec<String>,
+    pub(crate) paths: Vec<PathPattern>,
 }
 
 impl HttpEntry {
     /// True if `method` (as sent) is listed, or the entry lists `*`.
     /// Methods are compared without regard to ASCII case: the policy's are
     /// uppercased, and an origin reads `get` as `GET` or refuses it.
-    pub fn has_method(&self, method: &str) -> bool {
+    pub(crate) fn has_method(&self, method: &str) -> bool {
         self.methods
             .iter()
             .any(|m| m == "*" || m.eq_ignore_ascii_case(method))
@@ -37,7 +37,7 @@ impl HttpEntry {
 
 /// Why a request on a terminated connection was refused by its rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RequestReason {
+pub(crate) enum RequestReason {
     /// No `http` entry lists the request's method.
     Method,
     /// An entry lists the method, but none of its paths matches (or the
@@ -46,7 +46,7 @@ pub enum RequestReason {
 }
 
 impl RequestReason {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             RequestReason::Method => "http-method",
             RequestReason::Path => "http-path",
@@ -78,14 +78,14 @@ enum Segment {
 /// `/user` does not match `/user/`, `/simple/*/` matches
 /// `/simple/requests/`, and `**` matches it too.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathPattern {
+pub(crate) struct PathPattern {
     text: String,
     segments: Vec<Segment>,
 }
 
 impl PathPattern {
     /// Parses a pattern; the error says what is wrong and what to write.
-    pub fn parse(text: &str) -> Result<PathPattern, String> {
+    pub(crate) fn parse(text: &str) -> Result<PathPattern, String> {
         let Some(rest) = text.strip_prefix('/') else {
             return Err(format!(
                 "the path pattern `{text}` does not start with `/`; write it as the path of the request, like \"/repos/*/*\""
@@ -132,14 +132,14 @@ impl PathPattern {
 
     /// The pattern as written.
     #[cfg(test)]
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.text
     }
 
     /// True if the raw request path `path` (without the query) matches.
     /// A path sluice refuses to read ([`refused_path`]) matches nothing.
     #[cfg(test)]
-    pub fn matches(&self, path: &str) -> bool {
+    pub(crate) fn matches(&self, path: &str) -> bool {
         match segments(path) {
             Some(segs) => self.matches_segments(&segs),
             None => false,
@@ -195,7 +195,7 @@ impl fmt::Display for PathPattern {
 /// start with `/`, or it has a segment an origin might read as something
 /// else (see [`segments`]).
 #[cfg(test)]
-pub fn refused_path(path: &str) -> bool {
+pub(crate) fn refused_path(path: &str) -> bool {
     segments(path).is_none()
 }
 
@@ -275,10 +275,10 @@ fn clean(decoded: &[u8]) -> bool {
 /// One `inject` entry: set `header` (replacing whatever the workload sent)
 /// to the rendered `value`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Inject {
+pub(crate) struct Inject {
     /// The header name as written in the policy.
-    pub header: String,
-    pub value: Template,
+    pub(crate) header: String,
+    pub(crate) value: Template,
 }
 
 /// One piece of a template.
@@ -291,7 +291,7 @@ enum Piece {
 /// A header value with `{{name}}` references to secrets, such as
 /// `Bearer {{gh}}`. It holds names, never values.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template {
+pub(crate) struct Template {
     text: String,
     pieces: Vec<Piece>,
 }
@@ -301,7 +301,7 @@ impl Template {
     /// braces are allowed). At least one reference; no control character
     /// but tab in the literal text, which could end the header or smuggle
     /// another. Whether each name is declared is the validator's concern.
-    pub fn parse(text: &str) -> Result<Template, String> {
+    pub(crate) fn parse(text: &str) -> Result<Template, String> {
         if let Some(c) = text.chars().find(|c| c.is_control() && *c != '\t') {
             return Err(format!(
                 "the header value {text:?} contains the control character {c:?}, which would end the header or start another; remove it"
@@ -345,12 +345,12 @@ impl Template {
 
     /// The template as written.
     #[cfg(test)]
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.text
     }
 
     /// The secret names referenced, in order (a name used twice twice).
-    pub fn secrets(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn secrets(&self) -> impl Iterator<Item = &str> {
         self.pieces.iter().filter_map(|p| match p {
             Piece::Secret(name) => Some(name.as_str()),
             Piece::Text(_) => None,
@@ -361,7 +361,7 @@ impl Template {
     /// value. None if a referenced secret has no value, or a value holds a
     /// control character other than tab (CR or LF would end the header:
     /// a secret must never smuggle a header of its own).
-    pub fn render(&self, value_of: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    pub(crate) fn render(&self, value_of: &dyn Fn(&str) -> Option<String>) -> Option<String> {
         let mut out = String::new();
         for piece in &self.pieces {
             match piece {
@@ -387,7 +387,7 @@ impl fmt::Display for Template {
 
 /// True for a valid secret name: `[a-z0-9_-]{1,64}` (it becomes part of an
 /// environment variable's name and of a placeholder).
-pub fn is_secret_name(name: &str) -> bool {
+pub(crate) fn is_secret_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()
@@ -397,7 +397,7 @@ pub fn is_secret_name(name: &str) -> bool {
 /// Where a secret's value comes from. Read on the host side by the secret
 /// store, never by the workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SecretSource {
+pub(crate) enum SecretSource {
     /// The whole file (an absolute path), trailing newline trimmed.
     File(PathBuf),
     /// sluice's own environment variable.
@@ -409,10 +409,10 @@ pub enum SecretSource {
 
 /// One entry of `secrets`: a name rules refer to, and its source.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecretRef {
-    pub name: String,
-    pub source: SecretSource,
+pub(crate) struct SecretRef {
+    pub(crate) name: String,
+    pub(crate) source: SecretSource,
 }
 
 /// A command secret's `ttl` when the policy gives none.
-pub const DEFAULT_SECRET_TTL: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_SECRET_TTL: Duration = Duration::from_secs(600);

@@ -32,18 +32,16 @@ pub(crate) mod yaml;
 #[cfg(test)]
 mod tests;
 
-pub use error::{PolicyError, Violation};
+pub use error::PolicyError;
+pub(crate) use error::Violation;
 #[cfg(test)]
-pub use http::refused_path;
-pub use http::{
-    is_secret_name, HttpEntry, Inject, PathPattern, RequestReason, SecretRef, SecretSource,
-    Template, DEFAULT_SECRET_TTL,
-};
-pub use model::{
-    DnsConfig, DnsLimits, Limits, Mode, PortRange, Reason, Rule, Verdict, DEFAULT_QUERY_TYPES,
-    QUERY_TYPES,
-};
-pub use net::{canonical, embedded_v4, is_local_host, is_private, names_loopback};
+pub(crate) use http::refused_path;
+pub(crate) use http::{Inject, RequestReason, SecretRef, SecretSource};
+#[cfg(test)]
+pub(crate) use http::{PathPattern, Template, DEFAULT_SECRET_TTL};
+pub(crate) use model::{DnsConfig, DnsLimits, Limits, Rule};
+pub use model::{Mode, Reason, Verdict};
+pub(crate) use net::{canonical, embedded_v4, is_private};
 
 use matcher::Matcher;
 use std::collections::HashMap;
@@ -87,7 +85,7 @@ pub struct Decision<'p> {
 
 impl Decision<'_> {
     /// The rule's name, if a rule decided.
-    pub fn rule_name(&self) -> Option<&str> {
+    pub(crate) fn rule_name(&self) -> Option<&str> {
         self.rule.map(|r| &**r)
     }
 }
@@ -185,7 +183,7 @@ impl Policy {
     }
 
     /// `limits`: what one connection may hold.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }
 
@@ -196,12 +194,12 @@ impl Policy {
 
     /// The rule called `name` (names are unique), e.g. the one a
     /// [`Decision`] names.
-    pub fn rule_named(&self, name: &str) -> Option<&Rule> {
+    pub(crate) fn rule_named(&self, name: &str) -> Option<&Rule> {
         self.by_name.get(name).map(|&i| &self.rules[i])
     }
 
     /// The `secrets` entries in file order: names and sources, never values.
-    pub fn secrets(&self) -> &[SecretRef] {
+    pub(crate) fn secrets(&self) -> &[SecretRef] {
         &self.secrets
     }
 
@@ -286,7 +284,7 @@ impl Policy {
 
     /// True if some rule with `hosts` (allow or deny) covers `port`, so the
     /// hostname could change the verdict and is worth peeking for.
-    pub fn host_can_matter(&self, port: u16) -> bool {
+    pub(crate) fn host_can_matter(&self, port: u16) -> bool {
         self.matcher.host_can_matter(port)
     }
 
@@ -294,7 +292,7 @@ impl Policy {
     /// could still change the verdict: the address alone does not admit it
     /// (a hosts rule did), or a deny rule with `hosts` covers the port. Each
     /// request of such a plain-HTTP connection is decided on its own Host.
-    pub fn host_decides_each_request(&self, dst: SocketAddr) -> bool {
+    pub(crate) fn host_decides_each_request(&self, dst: SocketAddr) -> bool {
         let ip = net::canonical(dst.ip());
         self.matcher.host_can_deny(dst.port()) || self.matcher.allow_cidr(ip, dst.port()).is_none()
     }

@@ -136,9 +136,9 @@ pub struct Rule {
     pub hosts: Vec<String>,
     pub ports: Vec<PortRange>,
     /// What requests it admits; empty: every request.
-    pub http: Vec<HttpEntry>,
+    pub(crate) http: Vec<HttpEntry>,
     /// Headers set from secrets on the requests it admits.
-    pub inject: Vec<Inject>,
+    pub(crate) inject: Vec<Inject>,
 }
 
 impl Rule {
@@ -148,7 +148,7 @@ impl Rule {
     }
 
     /// Connections this rule admits are terminated and each request decided.
-    pub fn terminates(&self) -> bool {
+    pub(crate) fn terminates(&self) -> bool {
         !self.http.is_empty() || !self.inject.is_empty()
     }
 
@@ -157,7 +157,7 @@ impl Rule {
     /// rule); otherwise some entry must list the method (or `*`) and have a
     /// path pattern that matches. No entry with the method: `Method`;
     /// else `Path`, also for a path sluice refuses to match at all.
-    pub fn admits_request(&self, method: &str, path: &str) -> Result<(), RequestReason> {
+    pub(crate) fn admits_request(&self, method: &str, path: &str) -> Result<(), RequestReason> {
         if self.http.is_empty() {
             return Ok(());
         }
@@ -190,16 +190,16 @@ pub struct DnsConfig {
     /// are pinned: no upstream answer adds an address to them.
     pub hosts: HashMap<String, Vec<IpAddr>>,
     /// What may be forwarded to the upstreams, per sandbox.
-    pub limits: DnsLimits,
+    pub(crate) limits: DnsLimits,
 }
 
 /// `limits`: bounds on what one connection may hold of sluice.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// How long a request head on a connection whose every request is
     /// checked may take to arrive, from its first byte (the first
     /// request's: from accept). Past it: 408 and an audit record.
-    pub request_head: std::time::Duration,
+    pub(crate) request_head: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -214,21 +214,21 @@ impl Default for Limits {
 /// upstream resolvers (names answered from `dns.hosts` or refused never
 /// leave sluice and are not counted).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DnsLimits {
+pub(crate) struct DnsLimits {
     /// Query types forwarded (RFC 1035 type codes), ascending.
-    pub query_types: Vec<u16>,
+    pub(crate) query_types: Vec<u16>,
     /// Longest name forwarded, in characters without the trailing dot.
-    pub max_name_length: usize,
+    pub(crate) max_name_length: usize,
     /// Queries forwarded per minute (a bucket refilled evenly; a full
     /// minute's worth may come at once).
-    pub queries_per_minute: u32,
+    pub(crate) queries_per_minute: u32,
     /// Distinct names forwarded within any 60 seconds.
-    pub names_per_minute: u32,
+    pub(crate) names_per_minute: u32,
 }
 
 impl DnsLimits {
     /// True if queries of type `code` may be forwarded.
-    pub fn forwards_type(&self, code: u16) -> bool {
+    pub(crate) fn forwards_type(&self, code: u16) -> bool {
         self.query_types.binary_search(&code).is_ok()
     }
 }
@@ -248,7 +248,7 @@ impl Default for DnsLimits {
 }
 
 /// The default `dns.limits.query_types`, ascending by code.
-pub const DEFAULT_QUERY_TYPES: &[(&str, u16)] = &[
+pub(crate) const DEFAULT_QUERY_TYPES: &[(&str, u16)] = &[
     ("A", 1),
     ("CNAME", 5),
     ("AAAA", 28),
@@ -258,7 +258,7 @@ pub const DEFAULT_QUERY_TYPES: &[(&str, u16)] = &[
 
 /// Query types a policy may name, by mnemonic (any other is written
 /// `TYPEnnn`, RFC 3597).
-pub const QUERY_TYPES: &[(&str, u16)] = &[
+pub(crate) const QUERY_TYPES: &[(&str, u16)] = &[
     ("A", 1),
     ("NS", 2),
     ("CNAME", 5),

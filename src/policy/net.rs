@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) becomes IPv4; everything else is kept.
 #[inline]
-pub fn canonical(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         IpAddr::V4(_) => ip,
@@ -27,7 +27,7 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
 /// - IPv4-compatible `::a.b.c.d` (RFC 4291, deprecated), except `::` and
 ///   `::1`, which are IPv6's own.
 #[inline]
-pub fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
+pub(crate) fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
     let o = ip.octets();
     let v4 = |a: usize, b: usize, c: usize, d: usize| Ipv4Addr::new(o[a], o[b], o[c], o[d]);
     match ip.segments() {
@@ -50,7 +50,7 @@ pub fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
 /// addresses (0.0.0.0/8, `::`), which the kernel sends to the local host,
 /// and every IPv6 form that embeds one of those ([`embedded_v4`]). From the
 /// proxy's side that is sluice's own host, never the workload's.
-pub fn is_local_host(ip: IpAddr) -> bool {
+pub(crate) fn is_local_host(ip: IpAddr) -> bool {
     let v4_local = |v4: Ipv4Addr| matches!(v4.octets()[0], 0 | 127);
     match ip {
         IpAddr::V4(v4) => v4_local(v4),
@@ -65,7 +65,7 @@ pub fn is_local_host(ip: IpAddr) -> bool {
 
 /// True if `net` names loopback itself: a prefix inside 127.0.0.0/8, or
 /// `::1/128`. Only such a rule admits a loopback destination.
-pub fn names_loopback(net: &ipnet::IpNet) -> bool {
+pub(crate) fn names_loopback(net: &ipnet::IpNet) -> bool {
     match net {
         ipnet::IpNet::V4(n) => n.prefix_len() >= 8 && n.network().octets()[0] == 127,
         ipnet::IpNet::V6(n) => n.prefix_len() == 128 && n.network().is_loopback(),
@@ -78,7 +78,7 @@ pub fn names_loopback(net: &ipnet::IpNet) -> bool {
 /// IPv6 address whose IPv4 inside is one of those (IPv4-mapped, and every
 /// form [`embedded_v4`] reads).
 /// Not private: 198.18.0.0/15 and 2001:db8::/32 (test and benchmark origins).
-pub fn is_private(ip: IpAddr) -> bool {
+pub(crate) fn is_private(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_private_v4(v4),
         IpAddr::V6(v6) => is_private_v6(v6),

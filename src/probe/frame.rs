@@ -17,11 +17,11 @@ use crate::mac::MacAddr;
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_IPV6: u16 = 0x86dd;
-pub const ETH_P_8021Q: u16 = 0x8100;
+pub(crate) const ETH_P_8021Q: u16 = 0x8100;
 /// IEEE 802 local experimental ethertype: no kernel handles it.
 pub const ETH_P_EXPERIMENTAL: u16 = 0x88b5;
 /// An IP protocol number no stack implements (RFC 3692 experimentation).
-pub const EXPERIMENTAL_PROTOCOL: u8 = 253;
+pub(crate) const EXPERIMENTAL_PROTOCOL: u8 = 253;
 
 /// An Ethernet II frame.
 pub fn ethernet(dst: MacAddr, src: MacAddr, ethertype: u16, payload: &[u8]) -> Vec<u8> {
@@ -214,11 +214,11 @@ pub fn dhcpv6_advertise(mac: MacAddr, src: Ipv6Addr) -> Vec<u8> {
 }
 
 /// TCP flags.
-pub const TCP_FIN: u8 = 0x01;
-pub const TCP_SYN: u8 = 0x02;
-pub const TCP_RST: u8 = 0x04;
-pub const TCP_PSH: u8 = 0x08;
-pub const TCP_ACK: u8 = 0x10;
+pub(crate) const TCP_FIN: u8 = 0x01;
+pub(crate) const TCP_SYN: u8 = 0x02;
+pub(crate) const TCP_RST: u8 = 0x04;
+pub(crate) const TCP_PSH: u8 = 0x08;
+pub(crate) const TCP_ACK: u8 = 0x10;
 
 /// A TCP segment (no options, window 64240) from `sport` to `dport`,
 /// checksummed for `src` -> `dst`.
@@ -279,20 +279,20 @@ fn framed(
 
 /// A TCP segment seen in a frame: who sent it to whom, and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeenSegment {
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    pub sport: u16,
-    pub dport: u16,
-    pub seq: u32,
-    pub ack: u32,
-    pub flags: u8,
-    pub data: Vec<u8>,
+pub(crate) struct SeenSegment {
+    pub(crate) src: IpAddr,
+    pub(crate) dst: IpAddr,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) seq: u32,
+    pub(crate) ack: u32,
+    pub(crate) flags: u8,
+    pub(crate) data: Vec<u8>,
 }
 
 /// The TCP segment in an untagged Ethernet frame of IPv4 (no fragment) or
 /// IPv6 (no extension header), if it holds one.
-pub fn tcp_segment(frame: &[u8]) -> Option<SeenSegment> {
+pub(crate) fn tcp_segment(frame: &[u8]) -> Option<SeenSegment> {
     let ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
     let ip = frame.get(14..)?;
     let (src, dst, segment) = match ethertype {
@@ -389,7 +389,7 @@ fn packet_socket(dev: &str) -> std::io::Result<(std::os::fd::OwnedFd, nix::sys::
 /// guest's kernel drops as a martian, so it never resets the handshake.
 /// `Ok` says what came back; `Err` when no SYN-ACK came within `wait`.
 #[allow(clippy::too_many_arguments)]
-pub fn tcp_handshake(
+pub(crate) fn tcp_handshake(
     dev: &str,
     src_mac: MacAddr,
     dst_mac: MacAddr,
@@ -501,7 +501,7 @@ pub fn send(dev: &str, frame: &[u8]) -> std::io::Result<()> {
 }
 
 /// The MAC address of interface `dev` (from sysfs).
-pub fn mac_of(dev: &str) -> Result<MacAddr, String> {
+pub(crate) fn mac_of(dev: &str) -> Result<MacAddr, String> {
     let text = std::fs::read_to_string(format!("/sys/class/net/{dev}/address"))
         .map_err(|e| format!("FAIL no interface {dev}: {e}"))?;
     text.trim().parse().map_err(|e| format!("FAIL {dev}: {e}"))
@@ -509,7 +509,7 @@ pub fn mac_of(dev: &str) -> Result<MacAddr, String> {
 
 /// What `sluice probe frame` sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameKind {
+pub(crate) enum FrameKind {
     /// UDP to `dst`:`port` from `src` (either family).
     Udp,
     /// A raw IP packet of `protocol` from `src` to `dst`.
@@ -531,20 +531,20 @@ pub enum FrameKind {
 
 /// One `sluice probe frame`.
 #[derive(Debug, Clone)]
-pub struct FrameProbe {
-    pub dev: String,
-    pub kind: FrameKind,
-    pub src_mac: Option<MacAddr>,
-    pub dst_mac: Option<MacAddr>,
-    pub src: Option<IpAddr>,
-    pub dst: Option<IpAddr>,
-    pub port: u16,
-    pub protocol: u8,
-    pub vlan: Option<u16>,
+pub(crate) struct FrameProbe {
+    pub(crate) dev: String,
+    pub(crate) kind: FrameKind,
+    pub(crate) src_mac: Option<MacAddr>,
+    pub(crate) dst_mac: Option<MacAddr>,
+    pub(crate) src: Option<IpAddr>,
+    pub(crate) dst: Option<IpAddr>,
+    pub(crate) port: u16,
+    pub(crate) protocol: u8,
+    pub(crate) vlan: Option<u16>,
 }
 
 /// Builds and sends the frame; `Ok` says what went out.
-pub fn probe(p: &FrameProbe) -> super::Outcome {
+pub(crate) fn probe(p: &FrameProbe) -> super::Outcome {
     let own = mac_of(&p.dev)?;
     let src_mac = p.src_mac.unwrap_or(own);
     let dst_mac = p.dst_mac.unwrap_or(MacAddr::BROADCAST);

@@ -37,7 +37,7 @@ pub fn http(url: &str, print_body: bool) -> Outcome {
 }
 
 /// `count` fresh-connection GETs, `concurrency` at a time: latency summary.
-pub fn http_many(
+pub(crate) fn http_many(
     url: &str,
     count: usize,
     concurrency: usize,
@@ -74,7 +74,7 @@ pub fn http_many(
 /// The CA file a TLS client trusts when not told: `$SSL_CERT_FILE`, else
 /// the distribution's bundle (where sluice puts its sandbox CA for
 /// containers and host commands alike).
-pub fn default_ca_file() -> std::path::PathBuf {
+pub(crate) fn default_ca_file() -> std::path::PathBuf {
     std::env::var_os("SSL_CERT_FILE")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from)

@@ -13,21 +13,21 @@
 //! [`super::peek::inspect`]'s to read; this module only frames.
 
 /// Longest chunk-size line (size and extensions), like a small header.
-pub const MAX_CHUNK_LINE: usize = 1024;
+pub(crate) const MAX_CHUNK_LINE: usize = 1024;
 /// Largest trailer section after the last chunk.
-pub const MAX_TRAILERS: usize = 16 * 1024;
+pub(crate) const MAX_TRAILERS: usize = 16 * 1024;
 
 /// One request head, framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     /// Bytes of the head, its final empty line included.
     pub head_len: usize,
-    pub body: Body,
+    pub(crate) body: Body,
 }
 
 /// What follows a request head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Body {
+pub(crate) enum Body {
     None,
     /// Exactly this many bytes (never 0: that is `None`).
     Length(u64),
@@ -36,7 +36,7 @@ pub enum Body {
 }
 
 /// Why a request is not relayed (the words are shared with every record).
-pub use crate::outcome::Refusal;
+pub(crate) use crate::outcome::Refusal;
 
 /// Frame the request head at the start of `buf`, which
 /// [`super::peek::inspect`] found complete (`Peeked::Http`). Its end is the
@@ -141,7 +141,7 @@ impl Codings {
 /// Walks a chunked body as its bytes arrive, to find where it ends. It only
 /// counts; the bytes are forwarded unchanged.
 #[derive(Debug, Clone, Default)]
-pub struct Chunked {
+pub(crate) struct Chunked {
     state: State,
     /// Bytes of the current chunk-size line, or of the trailer section.
     line: usize,
@@ -182,16 +182,16 @@ enum State {
 
 /// How far [`Chunked::advance`] got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// Bytes of the input that belong to the body.
-    pub consumed: usize,
+    pub(crate) consumed: usize,
     /// The body ended within them (the rest is the next request).
-    pub done: bool,
+    pub(crate) done: bool,
 }
 
 impl Chunked {
     /// Read `bytes`, the next bytes of the body.
-    pub fn advance(&mut self, bytes: &[u8]) -> Result<Progress, Refusal> {
+    pub(crate) fn advance(&mut self, bytes: &[u8]) -> Result<Progress, Refusal> {
         let mut i = 0;
         while i < bytes.len() && self.state != State::Done {
             if let State::Data(left) = self.state {
@@ -215,7 +215,7 @@ impl Chunked {
 
     /// True once the last chunk and its trailers have been read.
     #[cfg(test)]
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.state == State::Done
     }
 

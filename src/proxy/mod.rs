@@ -38,21 +38,21 @@ use crate::policy::{self, ResolvedNames};
 use crate::timing::TimingLog;
 use crate::workload::WorkloadPath;
 
-pub use l7::Interception;
-pub use original_dst::original_dst;
+pub(crate) use l7::Interception;
+pub(crate) use original_dst::original_dst;
 
 /// Bounds that keep a flood of connections or a slow client at a bounded cost.
 #[derive(Debug, Clone)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Connections relayed at once; further accepts wait for a slot.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Bytes read from the client while looking for SNI / Host.
-    pub peek_bytes: usize,
+    pub(crate) peek_bytes: usize,
     /// How long to wait for the client's first bytes before deciding on the
     /// address alone (server-first protocols such as SSH or SMTP).
-    pub peek_timeout: Duration,
+    pub(crate) peek_timeout: Duration,
     /// Upstream connect timeout.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -70,7 +70,7 @@ impl Default for Limits {
 /// resolved to an address ([`ResolvedNames`]); the proxy also asks which
 /// name an address was resolved for, when a connection names none itself,
 /// and has a name it does not know verified.
-pub trait Resolver: ResolvedNames + Send + Sync {
+pub(crate) trait Resolver: ResolvedNames + Send + Sync {
     /// The name most recently resolved to `ip`, if that answer still holds.
     fn name_for(&self, ip: IpAddr) -> Option<String>;
 
@@ -85,7 +85,7 @@ pub trait Resolver: ResolvedNames + Send + Sync {
 }
 
 /// The answer of [`Resolver::verify`], to be awaited.
-pub type Verifying<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
+pub(crate) type Verifying<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 
 /// sluice's own addresses, never a destination whatever the policy says:
 /// its addresses inside the sandbox (any port) and its endpoints such as
@@ -95,13 +95,13 @@ pub type Verifying<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 /// Teredo and IPv4-compatible addresses, and an unspecified destination
 /// (which the kernel sends to the local host) as every endpoint's.
 #[derive(Debug, Clone, Default)]
-pub struct InternalAddrs {
-    pub ips: Vec<IpAddr>,
-    pub endpoints: Vec<SocketAddr>,
+pub(crate) struct InternalAddrs {
+    pub(crate) ips: Vec<IpAddr>,
+    pub(crate) endpoints: Vec<SocketAddr>,
 }
 
 impl InternalAddrs {
-    pub fn contains(&self, dst: SocketAddr) -> bool {
+    pub(crate) fn contains(&self, dst: SocketAddr) -> bool {
         let ip = policy::canonical(dst.ip());
         if self.holds(ip, dst.port()) {
             return true;
@@ -128,42 +128,42 @@ impl InternalAddrs {
 }
 
 /// Everything a connection task needs, shared by all of them.
-pub struct ProxyContext {
-    pub policy: PolicyHandle,
-    pub resolver: Arc<dyn Resolver>,
-    pub audit: AuditLog,
+pub(crate) struct ProxyContext {
+    pub(crate) policy: PolicyHandle,
+    pub(crate) resolver: Arc<dyn Resolver>,
+    pub(crate) audit: AuditLog,
     /// Also audit allowed connections (`--audit-allows`).
-    pub audit_allows: bool,
+    pub(crate) audit_allows: bool,
     /// The sandbox id audit records carry.
-    pub sandbox: String,
+    pub(crate) sandbox: String,
     /// How the sandbox's workload is attached.
-    pub path: WorkloadPath,
-    pub limits: Limits,
+    pub(crate) path: WorkloadPath,
+    pub(crate) limits: Limits,
     /// This path's metric handles (`None` when metrics are off).
-    pub metrics: Option<PathMetrics>,
+    pub(crate) metrics: Option<PathMetrics>,
     /// Per-connection timing records (disabled unless `--timings`).
-    pub timings: TimingLog,
+    pub(crate) timings: TimingLog,
     /// sluice's own addresses: refused as destinations whatever the policy
     /// allows.
-    pub internal: InternalAddrs,
+    pub(crate) internal: InternalAddrs,
     next_id: AtomicU64,
     /// Connections accepted so far (all listeners of this sandbox).
-    pub accepted: AtomicU64,
+    pub(crate) accepted: AtomicU64,
     slots: Arc<Semaphore>,
     limit_logged: AtomicBool,
     /// Told, after each accept, how many connections this sandbox has in
     /// flight (the new one included). The runtime serving the sandbox
     /// uses it to run further ahead of the workload under load; what it
     /// does is none of the proxy's business. `None`: nobody asks.
-    pub on_accept: Option<fn(usize)>,
+    pub(crate) on_accept: Option<fn(usize)>,
     /// What terminating TLS needs (the sandbox CA, the origin side's
     /// roots, the secrets); `None`: rules that decide each request are
     /// refused.
-    pub interception: Option<Arc<Interception>>,
+    pub(crate) interception: Option<Arc<Interception>>,
 }
 
 impl ProxyContext {
-    pub fn new(
+    pub(crate) fn new(
         policy: PolicyHandle,
         resolver: Arc<dyn Resolver>,
         audit: AuditLog,
@@ -196,7 +196,7 @@ impl ProxyContext {
 /// connections in flight finish until the drain's deadline, when those
 /// still open are closed. Returns how many connections this listener
 /// accepted.
-pub async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) -> u64 {
+pub(crate) async fn serve(listener: TcpListener, ctx: Arc<ProxyContext>, drain: Watch) -> u64 {
     // A listener bound to one address accepts only connections to that
     // address: it is every accepted socket's own, known without a
     // getsockname(2) per connection. A wildcard listener's is not.

@@ -8,7 +8,7 @@ use tokio::net::TcpStream;
 /// SO_ORIGINAL_DST (IPv4) or IP6T_SO_ORIGINAL_DST (IPv6), chosen by the
 /// family of the accepted socket (`local`, its own address). Errors when the connection was not
 /// redirected (no conntrack NAT entry), e.g. a direct connect to the listener.
-pub fn original_dst(stream: &TcpStream, local: SocketAddr) -> std::io::Result<SocketAddr> {
+pub(crate) fn original_dst(stream: &TcpStream, local: SocketAddr) -> std::io::Result<SocketAddr> {
     if local.is_ipv4() {
         let sa = getsockopt(stream, sockopt::OriginalDst)?;
         let ip = Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr));

@@ -18,7 +18,7 @@
 use std::str;
 
 /// Largest ClientHello body we accept (its handshake header's length).
-pub const MAX_CLIENT_HELLO: usize = 16 * 1024;
+pub(crate) const MAX_CLIENT_HELLO: usize = 16 * 1024;
 
 /// Largest TLS plaintext record payload (RFC 8446 section 5.1).
 const MAX_RECORD: usize = 1 << 14;
@@ -27,7 +27,7 @@ const MAX_RECORD: usize = 1 << 14;
 const MAX_HOSTNAME: usize = 253;
 
 /// The first byte of a TLS handshake record.
-pub const TLS_HANDSHAKE: u8 = 22;
+pub(crate) const TLS_HANDSHAKE: u8 = 22;
 const CLIENT_HELLO: u8 = 1;
 const EXT_SERVER_NAME: usize = 0;
 const NAME_TYPE_HOST: u8 = 0;

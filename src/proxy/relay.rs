@@ -41,11 +41,11 @@ const COPY_BUF: usize = 16 * 1024;
 
 /// What the relay observed.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Relayed {
-    pub bytes_up: u64,
-    pub bytes_down: u64,
+pub(crate) struct Relayed {
+    pub(crate) bytes_up: u64,
+    pub(crate) bytes_down: u64,
     /// When the first upstream byte was handed to the client.
-    pub first_byte_down: Option<Instant>,
+    pub(crate) first_byte_down: Option<Instant>,
 }
 
 /// Relay until both directions are closed (or one fails).
@@ -71,8 +71,8 @@ thread_local! {
 /// What one direction moved.
 #[derive(Debug, Default)]
 pub(super) struct Pumped {
-    pub bytes: u64,
-    pub first_write: Option<Instant>,
+    pub(crate) bytes: u64,
+    pub(crate) first_write: Option<Instant>,
 }
 
 impl Pumped {

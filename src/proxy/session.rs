@@ -42,7 +42,7 @@ use crate::outcome::{Cause, DenyReason, Outcome, Verdict};
 const KEPT_CAPACITY: usize = 4 * 1024;
 /// How long the origin gets, once a request was refused, to finish the
 /// responses to the requests before it.
-pub const FINISH_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const FINISH_GRACE: Duration = Duration::from_secs(5);
 
 /// True if an allowed connection whose first bytes are `first` (a complete
 /// HTTP request head if `http`) takes this path, once the policy says its
@@ -58,18 +58,18 @@ pub(super) fn applies(first: &[u8], http: bool) -> bool {
 
 /// One connection on this path.
 pub(super) struct Checked<'c> {
-    pub ctx: &'c ProxyContext,
-    pub peer: SocketAddr,
-    pub dst: SocketAddr,
+    pub(crate) ctx: &'c ProxyContext,
+    pub(crate) peer: SocketAddr,
+    pub(crate) dst: SocketAddr,
     /// The name the connection was decided on.
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
     /// The first request head in `first` was decided already (the peek saw
     /// all of it).
-    pub first_decided: bool,
+    pub(crate) first_decided: bool,
     /// How long a request head may take, from its first byte (the first
     /// request's: from `accepted`).
-    pub head_limit: Duration,
-    pub accepted: tokio::time::Instant,
+    pub(crate) head_limit: Duration,
+    pub(crate) accepted: tokio::time::Instant,
 }
 
 /// How the requests ended.
@@ -84,8 +84,8 @@ enum End {
 /// A request's outcome that became the connection's, with the name that
 /// request was decided on.
 pub(super) struct Ended {
-    pub outcome: Outcome,
-    pub host: Option<String>,
+    pub(crate) outcome: Outcome,
+    pub(crate) host: Option<String>,
 }
 
 /// Relay `client` and `upstream` (connected, nothing sent yet), `first`

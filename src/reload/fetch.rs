@@ -21,7 +21,7 @@ use rustls::pki_types::CertificateDer;
 use crate::bundle::{BundleError, MAX_ARCHIVE_BYTES};
 
 /// The system CA bundle used when `system_roots` is on.
-pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
+pub(crate) const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// How a remote bundle is fetched and polled.
 #[derive(Debug, Clone)]

@@ -23,8 +23,7 @@ use crate::audit::{AuditEvent, AuditLog};
 use crate::bundle::{Bundle, BundleError, PolicyHandle, RevisionState, TrustStore, VerifiedBundle};
 use crate::drain::Watch;
 
-pub use fetch::{FetchConfig, SYSTEM_ROOTS};
-pub use watch::DEBOUNCE;
+pub use fetch::FetchConfig;
 
 use fetch::{Fetched, Fetcher};
 use watch::BundleWatcher;

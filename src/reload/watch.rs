@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 /// Quiet time after the last event before a reload starts, so a burst of
 /// writes (three files of a directory bundle) becomes one reload.
-pub const DEBOUNCE: Duration = Duration::from_millis(200);
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// One bundle path's subscription to the shared watcher.
 pub(crate) struct BundleWatcher {

@@ -15,8 +15,10 @@ mod read;
 #[cfg(test)]
 mod tests;
 
-pub use crate::policy::{SecretRef, SecretSource};
-pub use read::{SourceError, COMMAND_DEADLINE, VALUE_LIMIT};
+pub(crate) use crate::policy::{SecretRef, SecretSource};
+pub(crate) use read::SourceError;
+#[cfg(test)]
+pub(crate) use read::VALUE_LIMIT;
 
 use std::fmt;
 #[cfg(test)]
@@ -26,11 +28,11 @@ use std::time::{Duration, Instant};
 
 /// After a command failed, how long [`SecretStore::value`] answers None
 /// before running it again (so a broken helper is not run per request).
-pub const RETRY_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Why the secrets could not be loaded.
 #[derive(Debug, thiserror::Error)]
-pub enum SecretError {
+pub(crate) enum SecretError {
     #[error("secret `{name}`: {source}")]
     Source {
         name: String,
@@ -53,7 +55,7 @@ pub enum SecretError {
 
 /// The secrets of one sandbox: their values and placeholders. Send + Sync;
 /// share it as an `Arc`.
-pub struct SecretStore {
+pub(crate) struct SecretStore {
     secrets: Vec<Secret>,
 }
 
@@ -95,7 +97,7 @@ impl SecretStore {
     /// fresh placeholder for each. A value must be non-empty text of at most
     /// [`VALUE_LIMIT`] bytes with no control character but tab (it goes into
     /// an HTTP header). The first error names its secret and what to do.
-    pub fn load(refs: &[SecretRef]) -> Result<SecretStore, SecretError> {
+    pub(crate) fn load(refs: &[SecretRef]) -> Result<SecretStore, SecretError> {
         let mut secrets: Vec<Secret> = Vec::with_capacity(refs.len());
         for secret in refs {
             let name = &secret.name;
@@ -153,7 +155,7 @@ impl SecretStore {
     /// this from `spawn_blocking`. When that run fails the failure is logged
     /// (never a value) and the answer is None, until a run succeeds; runs
     /// are at least [`RETRY_AFTER`] apart.
-    pub fn value(&self, name: &str) -> Option<String> {
+    pub(crate) fn value(&self, name: &str) -> Option<String> {
         let secret = self.secret(name)?;
         match &secret.value {
             Value::Fixed { value, .. } => Some(value.clone()),
@@ -186,13 +188,13 @@ impl SecretStore {
     /// The per-sandbox random placeholder for `name`:
     /// `sluice-placeholder-<name>-<32 hex digits>`.
     #[cfg(test)]
-    pub fn placeholder(&self, name: &str) -> Option<&str> {
+    pub(crate) fn placeholder(&self, name: &str) -> Option<&str> {
         self.secret(name).map(|s| s.placeholder.as_str())
     }
 
     /// (environment variable, placeholder) for every secret, in declaration
     /// order: `SLUICE_SECRET_<NAME>`, the name uppercased with `-` as `_`.
-    pub fn placeholder_env(&self) -> Vec<(String, String)> {
+    pub(crate) fn placeholder_env(&self) -> Vec<(String, String)> {
         self.secrets
             .iter()
             .map(|s| (s.env.clone(), s.placeholder.clone()))
@@ -201,7 +203,7 @@ impl SecretStore {
 
     /// Every (secret name, placeholder), in declaration order, for scanning
     /// requests.
-    pub fn placeholders(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn placeholders(&self) -> impl Iterator<Item = (&str, &str)> {
         self.secrets
             .iter()
             .map(|s| (s.name.as_str(), s.placeholder.as_str()))
@@ -209,7 +211,7 @@ impl SecretStore {
 
     /// The files the workload must not read: every `file:` source.
     #[cfg(test)]
-    pub fn files(&self) -> Vec<PathBuf> {
+    pub(crate) fn files(&self) -> Vec<PathBuf> {
         self.secrets
             .iter()
             .filter_map(|s| match &s.value {

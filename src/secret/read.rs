@@ -13,17 +13,17 @@ use std::time::{Duration, Instant};
 
 /// The largest value sluice reads: a secret is a token or a key, not a file
 /// to ship.
-pub const VALUE_LIMIT: usize = 64 * 1024;
+pub(crate) const VALUE_LIMIT: usize = 64 * 1024;
 
 /// How long a secret's command may run before it is killed.
-pub const COMMAND_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const COMMAND_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How much of a failing command's standard error its error quotes.
 const STDERR_QUOTE: usize = 200;
 
 /// Why a source gave no value.
 #[derive(Debug, thiserror::Error)]
-pub enum SourceError {
+pub(crate) enum SourceError {
     #[error(
         "cannot read {path}: {source}; check the path in the policy and that sluice can read it"
     )]

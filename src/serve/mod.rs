@@ -17,9 +17,9 @@ use std::net::SocketAddr;
 use crate::policy::Policy;
 
 pub(crate) use reloading::{bundle_of, Reloading};
-pub use reloading::{ActiveSource, PolicySource};
+pub(crate) use reloading::{ActiveSource, PolicySource};
 pub(crate) use sandbox::{ServedSandbox, Shared, DRAIN_GRACE};
-pub use services::{CheckpointSettings, ServiceOptions, Services, DRAIN_DEADLINE};
+pub(crate) use services::{CheckpointSettings, ServiceOptions, Services, DRAIN_DEADLINE};
 
 /// Whether `policy` has a rule whose connections sluice terminates (an
 /// `http` or `inject` block): only then does a workload need the sandbox CA.
@@ -29,7 +29,7 @@ pub(crate) fn terminates_tls(policy: &Policy) -> bool {
 
 /// The nameservers of the host's resolv.conf, for policies that name no
 /// `dns.upstream`.
-pub fn host_nameservers() -> Vec<SocketAddr> {
+pub(crate) fn host_nameservers() -> Vec<SocketAddr> {
     let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
     text.lines()
         .filter_map(|line| line.trim().strip_prefix("nameserver"))

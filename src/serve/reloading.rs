@@ -15,7 +15,7 @@ use crate::policy::Policy;
 use crate::reload::{ReloadConfig, ReloadOutcome, Reloader};
 
 /// Where the policy in force comes from.
-pub enum PolicySource {
+pub(crate) enum PolicySource {
     /// A plain policy file (already validated); SIGHUP re-reads it.
     File { path: PathBuf, policy: Box<Policy> },
     /// A signed bundle, verified before the workload starts and reloaded
@@ -24,8 +24,8 @@ pub enum PolicySource {
 }
 
 /// The policy in force and how it is kept current.
-pub struct ActiveSource {
-    pub handle: PolicyHandle,
+pub(crate) struct ActiveSource {
+    pub(crate) handle: PolicyHandle,
     reload: Reload,
     /// Where SIGHUP's request goes.
     trigger: Option<crate::reload::ReloadTrigger>,
@@ -39,7 +39,7 @@ enum Reload {
 impl ActiveSource {
     /// Load the first policy (for a bundle: verify it, check rollback). The
     /// workload must not start unless this succeeds.
-    pub async fn load(source: PolicySource, shared: &Shared) -> Result<ActiveSource> {
+    pub(crate) async fn load(source: PolicySource, shared: &Shared) -> Result<ActiveSource> {
         match source {
             PolicySource::File { path, policy } => {
                 let label = policy.name().to_string();

@@ -25,12 +25,12 @@ use tokio::runtime::Handle;
 /// `SLUICE_WORKERS` is not a worker count (bad input, exit 2).
 #[derive(Debug, thiserror::Error)]
 #[error("SLUICE_WORKERS={0:?} is not a worker count: give a number from 1 to 64, or unset it")]
-pub struct BadWorkers(String);
+pub(crate) struct BadWorkers(String);
 
 /// `SLUICE_NICE` is not a number of nice steps (bad input, exit 2).
 #[derive(Debug, thiserror::Error)]
 #[error("SLUICE_NICE={0:?} is not a number of nice steps: give 0 to 19 (0 serves at the workload's own priority), or unset it")]
-pub struct BadNice(String);
+pub(crate) struct BadNice(String);
 
 /// How many nice steps a sandbox's serving threads run ahead of its
 /// workload unless `SLUICE_NICE` says otherwise. Measured on these 2-vCPU
@@ -156,11 +156,11 @@ fn start_side_workers(n: usize, plan: Plan) -> Result<Vec<Handle>> {
 /// How many workers serve a process's sandboxes and how far ahead of the
 /// workload they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Worker threads, each with its own proxy listener per address.
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// Nice steps the serving threads run ahead of the workload (0: none).
-    pub nice_ahead: i32,
+    pub(crate) nice_ahead: i32,
 }
 
 impl Plan {
@@ -171,7 +171,7 @@ impl Plan {
     /// forked before; in `sluice oci`, after podman is started. A thread
     /// that may not raise its priority (no CAP_SYS_NICE) serves at the
     /// workload's.
-    pub fn serve_ahead_of_workload(&self) {
+    pub(crate) fn serve_ahead_of_workload(&self) {
         if self.nice_ahead > 0 {
             let _ = run_ahead_by(self.nice_ahead);
         }
@@ -183,7 +183,7 @@ impl Plan {
 /// by a thread of its own for the rest of the process. A task spawned on one
 /// stays on that thread, and so do the sockets it opens.
 #[derive(Debug, Clone)]
-pub struct Workers {
+pub(crate) struct Workers {
     plan: Plan,
     side: Vec<Handle>,
 }
@@ -204,24 +204,24 @@ impl Default for Workers {
 impl Workers {
     /// The side workers, in order (worker 1 is the first); empty for one
     /// worker, and for the daemon's multi-threaded runtime.
-    pub fn side(&self) -> &[Handle] {
+    pub(crate) fn side(&self) -> &[Handle] {
         &self.side
     }
 
     /// Proxy listeners to bind per address: one per worker.
-    pub fn listeners_per_address(&self) -> usize {
+    pub(crate) fn listeners_per_address(&self) -> usize {
         self.plan.workers
     }
 
     /// What a sandbox's proxy calls after each accept (its `on_accept`),
     /// or `None` where serving threads do not run ahead of the workload
     /// (the daemon, or `SLUICE_NICE=0`).
-    pub fn lead_by_load(&self) -> Option<fn(usize)> {
+    pub(crate) fn lead_by_load(&self) -> Option<fn(usize)> {
         (self.plan.nice_ahead > 0).then_some(follow_load as fn(usize))
     }
 
     /// See [`Plan::serve_ahead_of_workload`].
-    pub fn serve_ahead_of_workload(&self) {
+    pub(crate) fn serve_ahead_of_workload(&self) {
         self.plan.serve_ahead_of_workload();
     }
 }
@@ -230,7 +230,7 @@ impl Workers {
 /// task ever hops between threads, and on these 2-vCPU machines the
 /// workload and its peers need the other core. With `SLUICE_WORKERS=n` it
 /// is served thread-per-core by n threads.
-pub fn one_sandbox() -> Result<(tokio::runtime::Runtime, Workers)> {
+pub(crate) fn one_sandbox() -> Result<(tokio::runtime::Runtime, Workers)> {
     plan_one_sandbox()?.start()
 }
 
@@ -238,7 +238,7 @@ pub fn one_sandbox() -> Result<(tokio::runtime::Runtime, Workers)> {
 /// call it before binding the sandbox's listeners (one per worker, see
 /// [`OneSandbox::listeners_per_address`]), which may happen before the
 /// runtime starts.
-pub fn plan_one_sandbox() -> Result<OneSandbox> {
+pub(crate) fn plan_one_sandbox() -> Result<OneSandbox> {
     let workers = workers(1)?;
     let nice_ahead = nice_ahead(std::env::var("SLUICE_NICE").ok().as_deref())?;
     Ok(OneSandbox {
@@ -250,18 +250,18 @@ pub fn plan_one_sandbox() -> Result<OneSandbox> {
 }
 
 /// A runtime for one sandbox, planned ([`plan_one_sandbox`]), not started.
-pub struct OneSandbox {
+pub(crate) struct OneSandbox {
     plan: Plan,
 }
 
 impl OneSandbox {
     /// Proxy listeners to bind per address: one per worker.
-    pub fn listeners_per_address(&self) -> usize {
+    pub(crate) fn listeners_per_address(&self) -> usize {
         self.plan.workers
     }
 
     /// Start the side workers and the main thread's runtime.
-    pub fn start(self) -> Result<(tokio::runtime::Runtime, Workers)> {
+    pub(crate) fn start(self) -> Result<(tokio::runtime::Runtime, Workers)> {
         let side = if self.plan.workers > 1 {
             start_side_workers(self.plan.workers - 1, self.plan)?
         } else {
@@ -277,7 +277,7 @@ impl OneSandbox {
 
 /// The daemon serves many sandboxes and gets a worker per core, on tokio's
 /// multi-threaded runtime, with no lead over its workloads.
-pub fn many_sandboxes() -> Result<(tokio::runtime::Runtime, Workers)> {
+pub(crate) fn many_sandboxes() -> Result<(tokio::runtime::Runtime, Workers)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = workers(cores)?;
     let plan = Plan {

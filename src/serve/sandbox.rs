@@ -20,24 +20,24 @@ use crate::sandbox_id::SandboxId;
 use crate::timing::TimingLog;
 
 /// How long connections get to finish once a sandbox is stopping.
-pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// What every sandbox of one sluice process shares.
 #[derive(Clone)]
-pub struct Shared {
-    pub audit: AuditLog,
-    pub audit_allows: bool,
-    pub metrics: Option<Arc<Metrics>>,
-    pub timings: TimingLog,
-    pub limits: Limits,
+pub(crate) struct Shared {
+    pub(crate) audit: AuditLog,
+    pub(crate) audit_allows: bool,
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    pub(crate) timings: TimingLog,
+    pub(crate) limits: Limits,
     /// sluice's own endpoints, never a destination.
-    pub internal: Vec<SocketAddr>,
+    pub(crate) internal: Vec<SocketAddr>,
     /// Upstream resolvers for policies without `dns.upstream`.
-    pub default_upstream: Vec<SocketAddr>,
+    pub(crate) default_upstream: Vec<SocketAddr>,
     /// The origin side's TLS trust (system roots plus `--upstream-ca`).
-    pub upstream_tls: crate::intercept::roots::UpstreamTrust,
+    pub(crate) upstream_tls: crate::intercept::roots::UpstreamTrust,
     /// The workers that serve the process's sandboxes.
-    pub workers: super::runtime::Workers,
+    pub(crate) workers: super::runtime::Workers,
 }
 
 impl Shared {
@@ -46,7 +46,7 @@ impl Shared {
     /// sandbox whose policy never terminates pays for no CA, and a rule a
     /// later reload adds is refused (`no-interception`), as its clients
     /// were never given a CA to trust.
-    pub fn interception(
+    pub(crate) fn interception(
         &self,
         id: &SandboxId,
         policy: &crate::policy::Policy,
@@ -59,7 +59,7 @@ impl Shared {
 
     /// [`Shared::interception`] whatever the policy (`sluice vm attach
     /// --ca-file` hands the CA out before any rule needs it).
-    pub fn mint_interception(
+    pub(crate) fn mint_interception(
         &self,
         id: &SandboxId,
         policy: &crate::policy::Policy,
@@ -239,14 +239,14 @@ fn register_drop_counts(metrics: &Metrics, sandbox: &Sandbox, id: &SandboxId) ->
 }
 
 /// A sandbox being served. Stop it with [`ServedSandbox::stop`].
-pub struct ServedSandbox {
-    pub sandbox: Sandbox,
+pub(crate) struct ServedSandbox {
+    pub(crate) sandbox: Sandbox,
     /// The `sandbox` field of audit and timing records (the container id,
     /// or `host-<pid>`); the path is the sandbox's attachment's.
-    pub id: SandboxId,
-    pub policy: PolicyHandle,
+    pub(crate) id: SandboxId,
+    pub(crate) policy: PolicyHandle,
     /// This sandbox's own connection counts (`sluice status`).
-    pub tally: Arc<SandboxTally>,
+    pub(crate) tally: Arc<SandboxTally>,
     /// Its proxy listeners and DNS servers.
     drain: Drain,
     metrics: Option<Arc<Metrics>>,
@@ -259,7 +259,7 @@ impl ServedSandbox {
     /// secrets given ([`Shared::interception`], made before the workload
     /// starts so that it can be given the CA; `None`: rules that terminate
     /// TLS are refused).
-    pub fn start_with(
+    pub(crate) fn start_with(
         sandbox: Sandbox,
         id: SandboxId,
         policy: PolicyHandle,
@@ -297,14 +297,14 @@ impl ServedSandbox {
     }
 
     /// How the sandbox's workload is attached.
-    pub fn path(&self) -> crate::workload::WorkloadPath {
+    pub(crate) fn path(&self) -> crate::workload::WorkloadPath {
         self.sandbox.attachment.path
     }
 
     /// sluice's own CPU time (not any workload's) per connection accepted
     /// since this sandbox started: the number DESIGN.md's speed target is
     /// stated in. In a process serving several sandboxes it covers them all.
-    pub fn log_cpu_per_connection(&self) {
+    pub(crate) fn log_cpu_per_connection(&self) {
         let connections = self.connections_accepted();
         let cpu_us = own_cpu_us().saturating_sub(self.cpu_at_start);
         tracing::info!(
@@ -317,20 +317,20 @@ impl ServedSandbox {
     }
 
     /// Connections accepted from this sandbox so far.
-    pub fn connections_accepted(&self) -> u64 {
+    pub(crate) fn connections_accepted(&self) -> u64 {
         self.proxy
             .accepted
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The nft drop counters of this sandbox, summed, if they can be read.
-    pub fn dropped_packets(&self) -> Option<u64> {
+    pub(crate) fn dropped_packets(&self) -> Option<u64> {
         self.drop_counts()
             .map(|counts| counts.iter().map(|(_, n)| n).sum())
     }
 
     /// The nft drop counters of this sandbox per reason, if they can be read.
-    pub fn drop_counts(&self) -> Option<Vec<(crate::enforce::DropReason, u64)>> {
+    pub(crate) fn drop_counts(&self) -> Option<Vec<(crate::enforce::DropReason, u64)>> {
         let spec = self.sandbox.attachment.spec.clone();
         self.sandbox
             .netns
@@ -343,7 +343,7 @@ impl ServedSandbox {
     /// flight get until `deadline` (usually [`DRAIN_GRACE`] from now), and
     /// those still open then are closed. Every reference to the namespace
     /// goes with `self`.
-    pub async fn stop(self, deadline: Instant) {
+    pub(crate) async fn stop(self, deadline: Instant) {
         if let Some(metrics) = self.metrics.as_ref() {
             metrics.unregister_drop_source(self.id.as_str());
         }

@@ -22,48 +22,48 @@ use crate::timing::{TimingLog, TimingWriter};
 /// The hard deadline of a shutdown, counted from its start: connections get
 /// [`DRAIN_GRACE`] of it, the audit and timing writers the rest to write
 /// what the connections left them.
-pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The process-wide services: audit and timing writers, the metrics
 /// registry and endpoint. Started before any sandbox, finished after all.
-pub struct Services {
-    pub shared: Shared,
+pub(crate) struct Services {
+    pub(crate) shared: Shared,
     /// The metrics endpoint and the writers.
     drain: Drain,
 }
 
 /// What the process-wide services are asked to do.
-pub struct ServiceOptions {
-    pub audit: Option<PathBuf>,
-    pub audit_max_bytes: Option<u64>,
+pub(crate) struct ServiceOptions {
+    pub(crate) audit: Option<PathBuf>,
+    pub(crate) audit_max_bytes: Option<u64>,
     /// Where the audit log's checkpoint key is, and when checkpoints are
     /// signed (only with `audit`).
-    pub checkpoints: CheckpointSettings,
-    pub audit_allows: bool,
-    pub timings: Option<PathBuf>,
-    pub metrics: Option<SocketAddr>,
-    pub limits: Limits,
-    pub default_upstream: Vec<SocketAddr>,
+    pub(crate) checkpoints: CheckpointSettings,
+    pub(crate) audit_allows: bool,
+    pub(crate) timings: Option<PathBuf>,
+    pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) limits: Limits,
+    pub(crate) default_upstream: Vec<SocketAddr>,
     /// CA files trusted for origins besides the system roots
     /// (`--upstream-ca`), when sluice terminates TLS.
-    pub upstream_ca: Vec<PathBuf>,
+    pub(crate) upstream_ca: Vec<PathBuf>,
     /// The workers that serve (the runtime plan, as the runtime started).
-    pub workers: super::runtime::Workers,
+    pub(crate) workers: super::runtime::Workers,
 }
 
 /// Signed checkpoints of the audit log.
 #[derive(Debug, Clone)]
-pub struct CheckpointSettings {
+pub(crate) struct CheckpointSettings {
     /// The state directory that holds (or will hold) `audit.key`.
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Records between checkpoints (0: not by count).
-    pub every_records: u64,
+    pub(crate) every_records: u64,
     /// Longest a record waits for one (zero: not by time).
-    pub interval: Duration,
+    pub(crate) interval: Duration,
 }
 
 impl Services {
-    pub fn start(opts: ServiceOptions) -> Result<Services> {
+    pub(crate) fn start(opts: ServiceOptions) -> Result<Services> {
         // The origin side's roots: an unreadable --upstream-ca is an error
         // now, not a failed request later.
         let upstream_tls = crate::intercept::roots::UpstreamTrust::new(
@@ -114,7 +114,7 @@ impl Services {
     /// Flush and stop, by `deadline`: the metrics endpoint stops accepting,
     /// and the writers finish once every producer is gone (drop every
     /// sandbox first), or say at the deadline what they could not write.
-    pub async fn finish(self, deadline: Instant) {
+    pub(crate) async fn finish(self, deadline: Instant) {
         drop(self.shared);
         let drained = self.drain.drain(deadline).await;
         tracing::debug!(?drained, "services stopped");

@@ -21,9 +21,9 @@ pub const READY: &str = "SLUICE-GUEST-READY";
 /// ... or instead, when its network could not be configured.
 pub const FAILED: &str = "SLUICE-GUEST-FAILED";
 /// The name of the control port (the guest's `sluice.ctl=` default).
-pub const CONTROL_PORT: &str = "sluice.ctl";
+pub(crate) const CONTROL_PORT: &str = "sluice.ctl";
 /// Most of a command's output kept.
-pub const MAX_OUTPUT: usize = 16 << 20;
+pub(crate) const MAX_OUTPUT: usize = 16 << 20;
 
 /// Why talking to the guest failed.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +54,7 @@ pub struct Kit {
 impl Kit {
     /// The kit containers/vm/build-guest.sh left in `dir` (`vmlinuz`,
     /// `initrd.gz`), or why there is none.
-    pub fn in_dir(dir: &Path) -> Result<Kit, String> {
+    pub(crate) fn in_dir(dir: &Path) -> Result<Kit, String> {
         let kit = Kit {
             kernel: dir.join("vmlinuz"),
             initrd: dir.join("initrd.gz"),
@@ -94,7 +94,7 @@ impl GuestNet {
         }
     }
 
-    pub fn kernel_args(&self) -> Vec<String> {
+    pub(crate) fn kernel_args(&self) -> Vec<String> {
         match self {
             GuestNet::Static {
                 ip,
@@ -116,7 +116,7 @@ impl GuestNet {
 /// The kernel's `tsc_early_khz`: microvm has no HPET or PM timer, and
 /// without it the guest's TSC calibration can lose a race on a loaded host
 /// and hang for good.
-pub fn tsc_khz() -> u64 {
+pub(crate) fn tsc_khz() -> u64 {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|info| {
@@ -312,7 +312,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// `text` as one sh word (single-quoted).
-pub fn sh_quote(text: &str) -> String {
+pub(crate) fn sh_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
 }
 

@@ -45,32 +45,32 @@ pub fn connect(target: &str) -> Result<TcpStream, String> {
 
 /// One GET on a fresh connection, with its phases measured by the client.
 #[derive(Debug, Clone)]
-pub struct Fetched {
-    pub status: u16,
-    pub body: Vec<u8>,
+pub(crate) struct Fetched {
+    pub(crate) status: u16,
+    pub(crate) body: Vec<u8>,
     /// The address connected to.
-    pub dst: SocketAddr,
+    pub(crate) dst: SocketAddr,
     /// When the request started (Unix µs).
-    pub start_us: u64,
-    pub connect_us: u64,
-    pub first_byte_us: u64,
+    pub(crate) start_us: u64,
+    pub(crate) connect_us: u64,
+    pub(crate) first_byte_us: u64,
     /// When the body's last byte (by Content-Length) arrived; the close
     /// that ends the response follows.
-    pub last_byte_us: u64,
+    pub(crate) last_byte_us: u64,
     /// When the server closed the connection (the response's end).
-    pub total_us: u64,
-    pub bytes_up: u64,
+    pub(crate) total_us: u64,
+    pub(crate) bytes_up: u64,
 }
 
 impl Fetched {
-    pub fn is_success(&self) -> bool {
+    pub(crate) fn is_success(&self) -> bool {
         (200..300).contains(&self.status)
     }
 }
 
 /// GET `url` (http:// only) on a fresh connection and read the response to
 /// its end. The error is one line starting with FAIL.
-pub fn fetch(url: &str) -> Result<Fetched, String> {
+pub(crate) fn fetch(url: &str) -> Result<Fetched, String> {
     fetch_with(url, None)
 }
 
@@ -78,9 +78,9 @@ pub fn fetch(url: &str) -> Result<Fetched, String> {
 /// it trusts) and the name it asks for and verifies (SNI), whatever the
 /// URL's authority (an address, so that no name needs resolving).
 #[derive(Clone)]
-pub struct TlsTarget {
-    pub config: Arc<rustls::ClientConfig>,
-    pub name: String,
+pub(crate) struct TlsTarget {
+    pub(crate) config: Arc<rustls::ClientConfig>,
+    pub(crate) name: String,
 }
 
 /// A fresh connection, in the clear or in TLS.
@@ -116,7 +116,7 @@ impl Write for Conn {
 /// [`fetch`], or with `tls` an https:// URL: the handshake (with `tls`'s
 /// name as SNI and Host) is part of the request's time, as for any
 /// client. The error is one line starting with FAIL.
-pub fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String> {
+pub(crate) fn fetch_with(url: &str, tls: Option<&TlsTarget>) -> Result<Fetched, String> {
     let (target, host, path) = split_url(url, tls)?;
     let start_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -285,16 +285,16 @@ fn content_length(head: &[u8]) -> Option<usize> {
 /// What a batch of requests gave: the successful ones, and how many failed
 /// (could not connect, or answered other than 2xx).
 #[derive(Debug, Default)]
-pub struct Batch {
-    pub fetched: Vec<Fetched>,
-    pub failures: usize,
+pub(crate) struct Batch {
+    pub(crate) fetched: Vec<Fetched>,
+    pub(crate) failures: usize,
     /// What the first failure was (its FAIL line, or the status it got).
-    pub first_failure: Option<String>,
+    pub(crate) first_failure: Option<String>,
 }
 
 impl Batch {
     /// Total request times in milliseconds, sorted.
-    pub fn totals_ms(&self) -> Vec<f64> {
+    pub(crate) fn totals_ms(&self) -> Vec<f64> {
         let mut times: Vec<f64> = self
             .fetched
             .iter()
@@ -306,7 +306,7 @@ impl Batch {
 
     /// The timing records of the successful requests, oldest first, with
     /// `label` as their `path`.
-    pub fn records(&self, label: &str) -> Vec<TimingRecord> {
+    pub(crate) fn records(&self, label: &str) -> Vec<TimingRecord> {
         let mut records: Vec<TimingRecord> = self
             .fetched
             .iter()
@@ -335,12 +335,12 @@ impl Batch {
 
 /// `count` GETs of `url`, each on a fresh connection, `concurrency` in
 /// flight at once (one thread each).
-pub fn fetch_many(url: &str, count: usize, concurrency: usize) -> Result<Batch, String> {
+pub(crate) fn fetch_many(url: &str, count: usize, concurrency: usize) -> Result<Batch, String> {
     fetch_many_with(url, count, concurrency, None)
 }
 
 /// [`fetch_many`] with [`fetch_with`]'s `tls`.
-pub fn fetch_many_with(
+pub(crate) fn fetch_many_with(
     url: &str,
     count: usize,
     concurrency: usize,
@@ -392,7 +392,7 @@ pub fn fetch_many_with(
 }
 
 /// Write `records` to `path`: CSV when it ends in .csv, else JSONL.
-pub fn write_timings(path: &Path, records: &[TimingRecord]) -> std::io::Result<()> {
+pub(crate) fn write_timings(path: &Path, records: &[TimingRecord]) -> std::io::Result<()> {
     let mut text = String::new();
     let csv = path.extension().is_some_and(|e| e == "csv");
     if csv {

@@ -11,7 +11,7 @@ pub mod guest;
 pub mod load;
 pub mod origin;
 pub mod tls;
-pub mod topology;
+pub(crate) mod topology;
 
 pub use origin::pattern;
 pub use topology::OuterNetns;

@@ -20,7 +20,7 @@ pub fn pattern(len: usize) -> Vec<u8> {
 }
 
 /// Serve HTTP on `listener` until it fails, a thread per connection.
-pub fn serve_http_forever(listener: TcpListener) {
+pub(crate) fn serve_http_forever(listener: TcpListener) {
     serve_http_counting(listener, &AtomicU64::new(0));
 }
 
@@ -115,7 +115,7 @@ const MAX_BODY: usize = 64 << 20;
 
 /// Compute the bulk body now, so that the first bulk request does not pay
 /// for it.
-pub fn prepare_bulk() {
+pub(crate) fn prepare_bulk() {
     patterned();
 }
 

@@ -22,7 +22,7 @@ pub struct TestPki {
     /// The server certificate and its key, in PEM (haproxy's `crt` file is
     /// the two concatenated).
     pub cert_pem: String,
-    pub key_pem: String,
+    pub(crate) key_pem: String,
     cert: CertificateDer<'static>,
     key_der: Vec<u8>,
 }
@@ -72,12 +72,12 @@ impl TestPki {
 /// response ends with the TLS close_notify before the TCP close, so a
 /// client reads a clean end.
 #[cfg(test)]
-pub fn serve_https_forever(listener: TcpListener, config: Arc<rustls::ServerConfig>) {
+pub(crate) fn serve_https_forever(listener: TcpListener, config: Arc<rustls::ServerConfig>) {
     serve_https_seeing(listener, config, Arc::new(|_: &str| {}));
 }
 
 /// `serve_https_forever`, giving `seen` every request head.
-pub fn serve_https_seeing(
+pub(crate) fn serve_https_seeing(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     seen: Arc<dyn Fn(&str) + Send + Sync>,

@@ -25,23 +25,21 @@ use std::path::{Path, PathBuf};
 
 use super::{read_file, TimingError, TimingRecord};
 
-pub use super::stats::{
-    median, quantile_sorted, two_clusters, Cluster, PairedDiff, BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED, CLUSTER_MIN_FRACTION, CLUSTER_MIN_GAP, CLUSTER_MIN_RATIO,
-};
+pub use super::stats::{median, two_clusters};
+pub(crate) use super::stats::{quantile_sorted, Cluster, PairedDiff, BOOTSTRAP_SEED};
 
 /// A timing phase, measured from accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     Connect,
     FirstByte,
     Total,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 3] = [Phase::Connect, Phase::FirstByte, Phase::Total];
+    pub(crate) const ALL: [Phase; 3] = [Phase::Connect, Phase::FirstByte, Phase::Total];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Phase::Connect => "connect",
             Phase::FirstByte => "first_byte",
@@ -49,7 +47,7 @@ impl Phase {
         }
     }
 
-    pub fn of(self, r: &TimingRecord) -> Option<u64> {
+    pub(crate) fn of(self, r: &TimingRecord) -> Option<u64> {
         match self {
             Phase::Connect => r.connect_us,
             Phase::FirstByte => r.first_byte_us,
@@ -142,10 +140,10 @@ pub fn load_input(path: &Path, batch_size: usize) -> Result<Input, TimingError> 
 /// One input's numbers for one phase.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PhaseStats {
-    pub phase: Phase,
+    pub(crate) phase: Phase,
     pub n: usize,
     pub median_us: Option<f64>,
-    pub p95_us: Option<f64>,
+    pub(crate) p95_us: Option<f64>,
     /// Lower and upper cluster, when the distribution has two.
     pub clusters: Option<[Cluster; 2]>,
 }
@@ -163,7 +161,7 @@ pub struct InputStats {
 /// B against A for one phase.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PhaseComparison {
-    pub phase: Phase,
+    pub(crate) phase: Phase,
     /// median(B) / median(A) over all records.
     pub ratio: Option<f64>,
     pub diff: Option<PairedDiff>,

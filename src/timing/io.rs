@@ -21,7 +21,7 @@ const CHANNEL_CAPACITY: usize = 4096;
 
 /// How long a row may wait in memory before it is written, and how many
 /// bytes of rows are written at once at most.
-pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+pub(crate) const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 const FLUSH_AT: usize = 60 * 1024;
 
 /// The CSV header (DESIGN.md's field order).
@@ -62,11 +62,11 @@ pub struct TimingLog {
 
 impl TimingLog {
     /// A log that discards records (no `--timings`).
-    pub fn disabled() -> TimingLog {
+    pub(crate) fn disabled() -> TimingLog {
         TimingLog { tx: None }
     }
 
-    pub fn is_enabled(&self) -> bool {
+    pub(crate) fn is_enabled(&self) -> bool {
         self.tx.is_some()
     }
 
@@ -123,7 +123,7 @@ fn format_for(path: &Path) -> Format {
 
 /// Check, before anything depends on it, that a timings file can be
 /// created at `path` (the writer truncates it when it starts).
-pub fn check_writable(path: &Path) -> Result<(), TimingError> {
+pub(crate) fn check_writable(path: &Path) -> Result<(), TimingError> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -161,7 +161,7 @@ impl TimingWriter {
 
     /// [`run`](Self::run) as a task of a drain: at the drain's deadline the
     /// writer stops and says how many records it could not write.
-    pub async fn run_until(mut self, drain: Watch) -> Result<u64, TimingError> {
+    pub(crate) async fn run_until(mut self, drain: Watch) -> Result<u64, TimingError> {
         let path = self.path.clone();
         let write_err = |source| TimingError::Write {
             path: path.clone(),
@@ -248,7 +248,7 @@ impl TimingWriter {
 }
 
 /// Append one record as a CSV row.
-pub fn push_csv(buf: &mut String, r: &TimingRecord) {
+pub(crate) fn push_csv(buf: &mut String, r: &TimingRecord) {
     use std::fmt::Write;
     let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
     let _ = writeln!(

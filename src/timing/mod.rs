@@ -12,18 +12,18 @@
 pub mod compare;
 mod io;
 mod plot;
-pub mod stats;
+pub(crate) mod stats;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-pub use compare::{compare, load_input, Comparison, Input, Phase};
-pub use io::{
-    check_writable, push_csv, read_file, TimingError, TimingLog, TimingWriter, CSV_HEADER,
-};
-pub use plot::{ecdf_panel, ecdf_points, plot_svg, PlotError, PALETTE};
+pub use compare::{compare, load_input, Input};
+pub(crate) use io::{check_writable, push_csv, TimingError, TimingLog};
+pub use io::{read_file, TimingWriter, CSV_HEADER};
+pub use plot::plot_svg;
+pub(crate) use plot::{ecdf_panel, ecdf_points, PlotError, PALETTE};
 
 /// One connection, from accept to close. Phases that did not happen (a
 /// denied connection never connects; a direct client makes no decision) are
@@ -112,7 +112,7 @@ impl ConnectionClock {
 
     /// The first upstream byte was relayed to the client at `at` (first
     /// call wins); for relays that note the instant themselves.
-    pub fn first_byte_at(&mut self, at: Instant) -> Duration {
+    pub(crate) fn first_byte_at(&mut self, at: Instant) -> Duration {
         let d = at.saturating_duration_since(self.accepted);
         self.first_byte_us.get_or_insert(d.as_micros() as u64);
         d

@@ -19,7 +19,7 @@ pub struct PlotError {
 }
 
 /// The colours series are drawn in, in order.
-pub const PALETTE: [RGBColor; 8] = [
+pub(crate) const PALETTE: [RGBColor; 8] = [
     BLUE,
     RED,
     RGBColor(0, 150, 0),
@@ -60,7 +60,7 @@ pub fn plot_svg(a: &Input, b: &Input, path: &Path) -> Result<(), PlotError> {
 
 /// Step points of the empirical CDF of `values` (x = the value, at least
 /// 1 for the log axis; y = fraction <= x).
-pub fn ecdf_points(mut values: Vec<f64>) -> Vec<(f64, f64)> {
+pub(crate) fn ecdf_points(mut values: Vec<f64>) -> Vec<(f64, f64)> {
     for v in values.iter_mut() {
         *v = v.max(1.0);
     }
@@ -77,7 +77,7 @@ pub fn ecdf_points(mut values: Vec<f64>) -> Vec<(f64, f64)> {
 /// One panel of ECDFs on a log x axis, a legend naming each series (drawn
 /// in [`PALETTE`] order). Empty series are left out; a panel with none
 /// says so in its title.
-pub fn ecdf_panel<DB: DrawingBackend>(
+pub(crate) fn ecdf_panel<DB: DrawingBackend>(
     panel: &DrawingArea<DB, Shift>,
     title: &str,
     x_desc: &str,

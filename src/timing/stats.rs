@@ -19,15 +19,15 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-pub const BOOTSTRAP_RESAMPLES: usize = 5000;
+pub(crate) const BOOTSTRAP_RESAMPLES: usize = 5000;
 /// The seed `sluice compare` always uses (`sluice bench` takes `--seed`).
-pub const BOOTSTRAP_SEED: u64 = 0x0051_1CE0_5EED;
-pub const CLUSTER_MIN_FRACTION: f64 = 0.10;
-pub const CLUSTER_MIN_GAP: f64 = 2.0;
-pub const CLUSTER_MIN_RATIO: f64 = 3.0;
+pub(crate) const BOOTSTRAP_SEED: u64 = 0x0051_1CE0_5EED;
+pub(crate) const CLUSTER_MIN_FRACTION: f64 = 0.10;
+pub(crate) const CLUSTER_MIN_GAP: f64 = 2.0;
+pub(crate) const CLUSTER_MIN_RATIO: f64 = 3.0;
 
 /// Quantile `q` of sorted values, interpolating between order statistics.
-pub fn quantile_sorted(v: &[f64], q: f64) -> Option<f64> {
+pub(crate) fn quantile_sorted(v: &[f64], q: f64) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -38,7 +38,7 @@ pub fn quantile_sorted(v: &[f64], q: f64) -> Option<f64> {
 }
 
 /// Quantile `q` of unsorted values.
-pub fn quantile(v: &[f64], q: f64) -> Option<f64> {
+pub(crate) fn quantile(v: &[f64], q: f64) -> Option<f64> {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     quantile_sorted(&s, q)
@@ -104,14 +104,14 @@ pub struct PairedDiff {
 
 impl PairedDiff {
     /// Whether the interval leaves zero out (a difference, not noise).
-    pub fn excludes_zero(&self) -> bool {
+    pub(crate) fn excludes_zero(&self) -> bool {
         self.ci_low_us > 0.0 || self.ci_high_us < 0.0
     }
 }
 
 /// The median of `diffs` and its 95% percentile bootstrap interval, drawn
 /// with ChaCha8 seeded with `seed`; None for fewer than two pairs.
-pub fn paired_median_ci(diffs: &[f64], seed: u64) -> Option<PairedDiff> {
+pub(crate) fn paired_median_ci(diffs: &[f64], seed: u64) -> Option<PairedDiff> {
     if diffs.len() < 2 {
         return None;
     }

@@ -34,18 +34,23 @@ const PRIVATE_PARENT: &str = "/run/sluice";
 /// Why the CA could not be put into the container.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot put sluice's CA bundle at {target} in the container (rootfs {}): {step}: {cause}; the container is not started (a read-only rootfs without {target} cannot take it: run it without --read-only, or give the image that file)", rootfs.display())]
-pub struct CaMountError {
-    pub rootfs: PathBuf,
-    pub target: String,
-    pub step: &'static str,
-    pub cause: std::io::Error,
+pub(crate) struct CaMountError {
+    pub(crate) rootfs: PathBuf,
+    pub(crate) target: String,
+    pub(crate) step: &'static str,
+    pub(crate) cause: std::io::Error,
 }
 
 /// Bind `pem` read-only over `target` (an absolute path in the container,
 /// e.g. `/etc/ssl/certs/ca-certificates.crt`) inside the container whose
 /// process is `pid` and whose rootfs on the host is `rootfs`, creating the
 /// file (and its directories) in the rootfs if the image lacks it.
-pub fn bind_over(pid: i32, rootfs: &Path, target: &str, pem: &str) -> Result<(), CaMountError> {
+pub(crate) fn bind_over(
+    pid: i32,
+    rootfs: &Path,
+    target: &str,
+    pem: &str,
+) -> Result<(), CaMountError> {
     let fail = |step: &'static str| {
         move |cause: std::io::Error| CaMountError {
             rootfs: rootfs.to_path_buf(),

@@ -26,25 +26,25 @@ const MAX_STATE_BYTES: u64 = 1 << 20;
 
 /// The OCI state a runtime passes a hook on stdin (runtime-spec "State").
 #[derive(Debug, Clone, Deserialize)]
-pub struct OciState {
-    pub id: String,
+pub(crate) struct OciState {
+    pub(crate) id: String,
     #[serde(default)]
-    pub status: String,
+    pub(crate) status: String,
     #[serde(default)]
-    pub pid: Option<i32>,
+    pub(crate) pid: Option<i32>,
     #[serde(default)]
-    pub bundle: Option<PathBuf>,
+    pub(crate) bundle: Option<PathBuf>,
     #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
 }
 
 impl OciState {
-    pub fn parse(bytes: &[u8]) -> Result<OciState, OciError> {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<OciState, OciError> {
         serde_json::from_slice(bytes).map_err(|e| OciError::State(e.to_string()))
     }
 
     /// Read (at most 1 MiB) and parse the state from `input` (the hook's stdin).
-    pub fn read(input: impl Read) -> Result<OciState, OciError> {
+    pub(crate) fn read(input: impl Read) -> Result<OciState, OciError> {
         let mut bytes = Vec::new();
         input
             .take(MAX_STATE_BYTES)
@@ -54,19 +54,19 @@ impl OciState {
     }
 
     /// The hook runs at poststop too (as a hint to release early).
-    pub fn is_stopped(&self) -> bool {
+    pub(crate) fn is_stopped(&self) -> bool {
         self.status == "stopped"
     }
 
     /// The daemon socket the container's annotation names, if any.
-    pub fn socket(&self) -> Option<&Path> {
+    pub(crate) fn socket(&self) -> Option<&Path> {
         self.annotations.get(ANNOTATION_SOCKET).map(Path::new)
     }
 }
 
 /// What the hook asks the daemon for, from the container's annotations.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HookPlan {
+pub(crate) enum HookPlan {
     /// Attach the container's namespace under this policy.
     Attach {
         policy: Option<PathBuf>,
@@ -81,7 +81,9 @@ impl HookPlan {
     /// The wrapper's mark wins: that container is already enforced by the
     /// `sluice oci` that started it (a second enforcement would collide
     /// with its listeners).
-    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<HookPlan, OciError> {
+    pub(crate) fn from_annotations(
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<HookPlan, OciError> {
         let get = |k: &str| annotations.get(k).filter(|v| !v.trim().is_empty());
         if let Some(inode) = get(ANNOTATION_NETNS) {
             return Ok(HookPlan::CheckWrapped {
@@ -104,7 +106,7 @@ impl HookPlan {
 
 /// What is left for the hook to do once the state is checked.
 #[derive(Debug)]
-pub enum HookStep {
+pub(crate) enum HookStep {
     /// poststop: a hint that the daemon may release `id` now (it notices
     /// the container's end by itself anyway).
     Release { id: String },
@@ -118,25 +120,25 @@ pub enum HookStep {
 /// A starting container to attach: who it is, its policy, and its network
 /// namespace, opened here so the daemon acts on this very namespace.
 #[derive(Debug)]
-pub struct ContainerAttach {
-    pub id: String,
-    pub pid: i32,
-    pub policy: Option<PathBuf>,
-    pub bundle: Option<String>,
-    pub trust: Option<PathBuf>,
+pub(crate) struct ContainerAttach {
+    pub(crate) id: String,
+    pub(crate) pid: i32,
+    pub(crate) policy: Option<PathBuf>,
+    pub(crate) bundle: Option<String>,
+    pub(crate) trust: Option<PathBuf>,
     /// The sources of its bind mounts, for the daemon to check against its
     /// own secrets and the policy's.
-    pub binds: Vec<PathBuf>,
+    pub(crate) binds: Vec<PathBuf>,
     /// Its root filesystem on the host, where the sandbox CA is put when the
     /// daemon hands one back.
-    pub rootfs: Option<PathBuf>,
-    pub netns: File,
+    pub(crate) rootfs: Option<PathBuf>,
+    pub(crate) netns: File,
 }
 
 /// Check the container described by `state` and say what to ask the
 /// daemon. A container that could leave its namespace, or whose bind mounts
 /// reach one of `secrets`, is refused, whatever started it.
-pub fn plan(state: &OciState, secrets: &[Guarded]) -> Result<HookStep, OciError> {
+pub(crate) fn plan(state: &OciState, secrets: &[Guarded]) -> Result<HookStep, OciError> {
     if state.is_stopped() {
         return Ok(HookStep::Release {
             id: state.id.clone(),
@@ -184,12 +186,12 @@ pub fn plan(state: &OciState, secrets: &[Guarded]) -> Result<HookStep, OciError>
 }
 
 /// `/proc/PID/ns/net` of the container's process.
-pub fn container_netns_path(pid: i32) -> PathBuf {
+pub(crate) fn container_netns_path(pid: i32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/ns/net"))
 }
 
 /// The wrapper's check: the container starts in namespace `expected`.
-pub fn check_wrapped(pid: i32, expected: &str) -> Result<(), OciError> {
+pub(crate) fn check_wrapped(pid: i32, expected: &str) -> Result<(), OciError> {
     let path = container_netns_path(pid);
     let actual = std::fs::read_link(&path)
         .map_err(|source| OciError::Netns {

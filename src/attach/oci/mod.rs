@@ -23,7 +23,7 @@
 //! hook refuse a start in any namespace but the one sluice enforced.
 
 #[forbid(unsafe_code)]
-pub mod ca_mount;
+pub(crate) mod ca_mount;
 #[forbid(unsafe_code)]
 pub mod hook;
 
@@ -37,19 +37,19 @@ use super::Attachment;
 use crate::workload::WorkloadPath;
 
 /// Annotation the hook reads: a plain policy file.
-pub const ANNOTATION_POLICY: &str = "io.sluice.policy";
+pub(crate) const ANNOTATION_POLICY: &str = "io.sluice.policy";
 /// Annotation the hook reads: a signed bundle (directory, .tar.gz or URL).
-pub const ANNOTATION_BUNDLE: &str = "io.sluice.bundle";
+pub(crate) const ANNOTATION_BUNDLE: &str = "io.sluice.bundle";
 /// Annotation the hook reads: the trust file for `io.sluice.bundle`.
-pub const ANNOTATION_TRUST: &str = "io.sluice.trust";
+pub(crate) const ANNOTATION_TRUST: &str = "io.sluice.trust";
 /// Annotation the hook reads: the daemon's control socket.
-pub const ANNOTATION_SOCKET: &str = "io.sluice.socket";
+pub(crate) const ANNOTATION_SOCKET: &str = "io.sluice.socket";
 /// Annotation the wrapper adds: the inode of the namespace it enforces.
-pub const ANNOTATION_NETNS: &str = "io.sluice.netns";
+pub(crate) const ANNOTATION_NETNS: &str = "io.sluice.netns";
 
 /// Errors of the podman wrapper and the hook's input.
 #[derive(Debug, thiserror::Error)]
-pub enum OciError {
+pub(crate) enum OciError {
     #[error("sluice oci wraps `podman run ...` (got `{0}`): write `sluice oci [OPTIONS] -- podman run [PODMAN OPTIONS] IMAGE [COMMAND]`")]
     NotPodmanRun(String),
     #[error("`{option}` would {why}; sluice oci puts the container in its own sandbox namespace (--network ns:...), so leave `{option}` out")]
@@ -90,7 +90,7 @@ impl OciError {
     /// Whether the user's input is at fault (a command line, a container's
     /// configuration or annotations: exit status 2), rather than the
     /// environment (podman missing, a namespace gone).
-    pub fn is_bad_input(&self) -> bool {
+    pub(crate) fn is_bad_input(&self) -> bool {
         !matches!(
             self,
             OciError::Spawn { .. }
@@ -104,7 +104,7 @@ impl OciError {
 /// A container's attachment: its network namespace is its own (the
 /// wrapper's fresh one, or one the daemon checked has no link out), path
 /// `oci`.
-pub fn attachment() -> Attachment {
+pub(crate) fn attachment() -> Attachment {
     Attachment::dedicated_namespace(WorkloadPath::Oci)
 }
 
@@ -126,7 +126,7 @@ fn refused(long: &str) -> Option<&'static str> {
 /// (config.json in the bundle directory the runtime names in its state).
 /// See `oci_check` for what is refused.
 #[cfg(test)]
-pub fn check_confinement(config: &serde_json::Value) -> Result<(), OciError> {
+pub(crate) fn check_confinement(config: &serde_json::Value) -> Result<(), OciError> {
     super::oci_check::check(config, &[]).map_err(OciError::from)
 }
 
@@ -134,7 +134,7 @@ pub fn check_confinement(config: &serde_json::Value) -> Result<(), OciError> {
 /// and check it as `check_confinement` does (the hook's check, for the
 /// daemon's containers and the wrapper's alike); no bind may reach
 /// `secrets`. Returns the container's bind mounts and its rootfs.
-pub fn check_bundle_confinement(
+pub(crate) fn check_bundle_confinement(
     bundle: &Path,
     secrets: &[super::oci_check::Guarded],
 ) -> Result<super::oci_check::CheckedBundle, OciError> {
@@ -177,20 +177,20 @@ const GLOBAL_FLAGS: &[&str] = &["help", "noout", "syslog", "version"];
 
 /// A checked `podman [GLOBAL] run [OPTIONS] IMAGE [COMMAND]` command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodmanRun {
+pub(crate) struct PodmanRun {
     argv: Vec<OsString>,
     /// Index in `argv` right after `run`, where sluice's options go.
     insert_at: usize,
     /// `-d` / `--detach`: podman returns once the container started.
-    pub detach: bool,
+    pub(crate) detach: bool,
     /// The user's own `--cidfile`, if any.
-    pub cidfile: Option<PathBuf>,
+    pub(crate) cidfile: Option<PathBuf>,
 }
 
 impl PodmanRun {
     /// Check `argv` (`podman ... run ...`): refuse options that would take the
     /// container out of sluice's namespace.
-    pub fn parse(argv: &[OsString]) -> Result<PodmanRun, OciError> {
+    pub(crate) fn parse(argv: &[OsString]) -> Result<PodmanRun, OciError> {
         let shown = || {
             argv.iter()
                 .map(|a| a.to_string_lossy())
@@ -305,7 +305,7 @@ impl PodmanRun {
     /// `--cidfile CIDFILE` unless the user gave one, and `extra` (more
     /// `run` options: the CA bundle's volume, environment), all among
     /// `run`'s options, before the user's own and the image.
-    pub fn command_line(
+    pub(crate) fn command_line(
         &self,
         netns: &Path,
         inode: u64,
@@ -329,14 +329,14 @@ impl PodmanRun {
     }
 
     /// Where podman will write the container id.
-    pub fn cidfile_or<'a>(&'a self, ours: &'a Path) -> &'a Path {
+    pub(crate) fn cidfile_or<'a>(&'a self, ours: &'a Path) -> &'a Path {
         self.cidfile.as_deref().unwrap_or(ours)
     }
 
     /// The podman program (for `podman wait` / `podman stop`), with the
     /// user's global options (e.g. --root) so that those talk to the same
     /// storage.
-    pub fn podman(&self) -> Vec<OsString> {
+    pub(crate) fn podman(&self) -> Vec<OsString> {
         let run_word = self.insert_at - 1;
         let mut base: Vec<OsString> = self.argv[..run_word].to_vec();
         if base.last().is_some_and(|a| a == "container") {
@@ -352,7 +352,7 @@ impl PodmanRun {
 /// workload, it is SIGTERMed if the thread that started it (the runtime's
 /// main thread) dies; the container itself then keeps a namespace whose only
 /// way out, sluice's listener, is gone.
-pub fn spawn_podman(argv: &[OsString], unset: &[String]) -> Result<Child, OciError> {
+pub(crate) fn spawn_podman(argv: &[OsString], unset: &[String]) -> Result<Child, OciError> {
     use crate::confine::child::{self, ChildSetup, Parent};
     let program = argv[0].to_string_lossy().into_owned();
     let mut cmd = std::process::Command::new(&argv[0]);
@@ -378,7 +378,7 @@ pub fn spawn_podman(argv: &[OsString], unset: &[String]) -> Result<Child, OciErr
 }
 
 /// The container id in `cidfile`, once podman has written it whole.
-pub fn read_cidfile(cidfile: &Path) -> Option<crate::sandbox_id::SandboxId> {
+pub(crate) fn read_cidfile(cidfile: &Path) -> Option<crate::sandbox_id::SandboxId> {
     let text = std::fs::read_to_string(cidfile).ok()?;
     let id = text.trim();
     if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -390,7 +390,7 @@ pub fn read_cidfile(cidfile: &Path) -> Option<crate::sandbox_id::SandboxId> {
 
 /// `podman wait ID`: started once a detached container runs; its stdout is
 /// the container's exit status.
-pub fn spawn_wait(podman: &[OsString], id: &str) -> Result<Child, OciError> {
+pub(crate) fn spawn_wait(podman: &[OsString], id: &str) -> Result<Child, OciError> {
     let mut cmd = Command::new(&podman[0]);
     cmd.args(&podman[1..])
         .args(["wait", "--interval", "100ms", id])
@@ -408,7 +408,7 @@ pub fn spawn_wait(podman: &[OsString], id: &str) -> Result<Child, OciError> {
 }
 
 /// What `podman wait`'s output says about the container's exit status.
-pub fn wait_result(stdout: &[u8], stderr: &[u8]) -> Result<i32, String> {
+pub(crate) fn wait_result(stdout: &[u8], stderr: &[u8]) -> Result<i32, String> {
     let text = String::from_utf8_lossy(stdout);
     match text.lines().last().map(str::trim).map(str::parse::<i32>) {
         Some(Ok(code)) => Ok(code),
@@ -418,7 +418,11 @@ pub fn wait_result(stdout: &[u8], stderr: &[u8]) -> Result<i32, String> {
 
 /// `podman stop --time GRACE ID`, asynchronously: the container's end shows
 /// up in `podman wait`.
-pub fn spawn_stop(podman: &[OsString], id: &str, grace: Duration) -> Result<Child, OciError> {
+pub(crate) fn spawn_stop(
+    podman: &[OsString],
+    id: &str,
+    grace: Duration,
+) -> Result<Child, OciError> {
     let mut cmd = Command::new(&podman[0]);
     cmd.args(&podman[1..])
         .arg("stop")

@@ -38,9 +38,9 @@ use super::ruleset::{add, matches, payload};
 use crate::mac::MacAddr;
 
 /// Tap mode: the layer-2 chain on the tap's ingress hook.
-pub const INGRESS: &str = "ingress";
+pub(crate) const INGRESS: &str = "ingress";
 /// Tap mode: filter chain on prerouting, after the redirects.
-pub const PREROUTING_FILTER: &str = "prerouting_filter";
+pub(crate) const PREROUTING_FILTER: &str = "prerouting_filter";
 
 /// The rules of one chain, in order.
 type Rules = Vec<Vec<Statement<'static>>>;
@@ -72,7 +72,7 @@ pub struct TapIpv6 {
     /// The address the guest forms by SLAAC from sluice's router
     /// advertisement (its /64 and the modified EUI-64 of its MAC), when its
     /// prefix is a /64: a source the fence admits as the guest's too.
-    pub slaac: Option<Ipv6Addr>,
+    pub(crate) slaac: Option<Ipv6Addr>,
 }
 
 /// Why the fence dropped a packet: the `reason` label of
@@ -143,7 +143,7 @@ impl DropReason {
     }
 
     /// The reason a fence counter counts (`dropped-REASON`).
-    pub fn of_counter(name: &str) -> Option<DropReason> {
+    pub(crate) fn of_counter(name: &str) -> Option<DropReason> {
         let reason = name.strip_prefix("dropped-")?;
         DropReason::ALL.into_iter().find(|r| r.as_str() == reason)
     }
@@ -176,7 +176,7 @@ impl TapFence {
     }
 
     /// The reasons this fence counts (`Output` only in the VMM's own namespace).
-    pub fn reasons(&self) -> Vec<DropReason> {
+    pub(crate) fn reasons(&self) -> Vec<DropReason> {
         DropReason::ALL
             .into_iter()
             .filter(|r| self.dedicated || *r != DropReason::Output)

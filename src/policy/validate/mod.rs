@@ -18,12 +18,12 @@ use std::net::IpAddr;
 /// Everything a valid file says.
 #[derive(Debug)]
 pub(crate) struct Validated {
-    pub name: String,
-    pub mode: Mode,
-    pub rules: Vec<Rule>,
-    pub dns: DnsConfig,
-    pub limits: Limits,
-    pub secrets: Vec<SecretRef>,
+    pub(crate) name: String,
+    pub(crate) mode: Mode,
+    pub(crate) rules: Vec<Rule>,
+    pub(crate) dns: DnsConfig,
+    pub(crate) limits: Limits,
+    pub(crate) secrets: Vec<SecretRef>,
 }
 
 const TOP_KEYS: &[&str] = &[

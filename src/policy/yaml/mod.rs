@@ -32,8 +32,8 @@ pub(crate) const MAX_DEPTH: usize = 128;
 /// A 1-based line and column (columns count characters, as editors do).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct Pos {
-    pub line: usize,
-    pub column: usize,
+    pub(crate) line: usize,
+    pub(crate) column: usize,
 }
 
 impl Pos {
@@ -57,9 +57,9 @@ impl fmt::Display for Pos {
 /// One thing wrong with a file, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Problem {
-    pub at: Pos,
+    pub(crate) at: Pos,
     /// What is wrong and what to do about it.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl Problem {
@@ -75,8 +75,8 @@ impl Problem {
 /// empty one at its `{`), a list at its first `-` or its `[`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Node {
-    pub pos: Pos,
-    pub value: Value,
+    pub(crate) pos: Pos,
+    pub(crate) value: Value,
 }
 
 /// A node's value. Mappings keep their entries in file order, repeated keys

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 /// The known keys of one mapping, each with its value.
 pub(crate) struct Fields<'n> {
     /// Where the mapping is.
-    pub at: Pos,
+    pub(crate) at: Pos,
     found: HashMap<&'static str, &'n Node>,
 }
 

@@ -52,26 +52,26 @@ type ProxyBody = BoxBody<Bytes, BoxError>;
 
 /// What a sandbox needs to terminate TLS: its CA, the origin side's TLS
 /// client configuration, and the credentials its rules inject.
-pub struct Interception {
-    pub ca: Arc<SandboxCa>,
-    pub upstream_tls: Arc<rustls::ClientConfig>,
-    pub secrets: Arc<SecretStore>,
+pub(crate) struct Interception {
+    pub(crate) ca: Arc<SandboxCa>,
+    pub(crate) upstream_tls: Arc<rustls::ClientConfig>,
+    pub(crate) secrets: Arc<SecretStore>,
 }
 
 /// One connection to serve request by request.
 pub(super) struct Terminated<'a> {
-    pub ctx: &'a ProxyContext,
-    pub peer: SocketAddr,
-    pub dst: SocketAddr,
+    pub(crate) ctx: &'a ProxyContext,
+    pub(crate) peer: SocketAddr,
+    pub(crate) dst: SocketAddr,
     /// The name the connection was decided on (its SNI, Host or resolved
     /// name): the only name its requests may address.
-    pub host: String,
+    pub(crate) host: String,
     /// The rule that admitted the connection.
-    pub rule: Arc<str>,
+    pub(crate) rule: Arc<str>,
     /// The client's first bytes, already read by the peek.
-    pub first: Vec<u8>,
+    pub(crate) first: Vec<u8>,
     /// They are a plain HTTP request head (else a TLS ClientHello).
-    pub plain: bool,
+    pub(crate) plain: bool,
 }
 
 /// How a terminated connection went, for its record.
@@ -83,7 +83,7 @@ pub(super) struct Served {
     pub connected: bool,
     pub bytes_up: u64,
     pub bytes_down: u64,
-    pub first_byte_down: Option<std::time::Instant>,
+    pub(crate) first_byte_down: Option<std::time::Instant>,
 }
 
 /// Serve `client` request by request until either side ends.
