@@ -39,7 +39,7 @@
 #[forbid(unsafe_code)]
 pub(crate) mod app;
 #[forbid(unsafe_code)]
-pub mod attach;
+pub(crate) mod attach;
 #[forbid(unsafe_code)]
 pub mod audit;
 #[deny(unsafe_code)]
@@ -53,7 +53,7 @@ pub mod confine;
 #[forbid(unsafe_code)]
 pub mod daemon;
 #[forbid(unsafe_code)]
-pub mod demo;
+pub(crate) mod demo;
 #[forbid(unsafe_code)]
 pub mod dhcp;
 #[forbid(unsafe_code)]
@@ -89,7 +89,7 @@ pub mod report;
 #[forbid(unsafe_code)]
 pub mod sandbox_id;
 #[forbid(unsafe_code)]
-pub mod secret;
+pub(crate) mod secret;
 #[forbid(unsafe_code)]
 pub mod serve;
 #[forbid(unsafe_code)]

@@ -191,7 +191,7 @@ pub(crate) enum Leftovers {
 
 /// Run the workload under enforcement; returns its exit status (128 + N when
 /// a signal N ended it).
-pub async fn run(opts: RunOptions) -> Result<i32> {
+pub(crate) async fn run(opts: RunOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let session = Session::start(opts.services, opts.policy).await?;
     let id = crate::sandbox_id::SandboxId::numbered("host", std::process::id());

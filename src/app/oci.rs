@@ -47,7 +47,7 @@ const CIDFILE_POLL: Duration = Duration::from_millis(5);
 
 /// Run the container under enforcement; returns its exit status (podman's
 /// own status when podman fails before the container runs).
-pub async fn run(opts: OciOptions) -> Result<i32> {
+pub(crate) async fn run(opts: OciOptions) -> Result<i32> {
     // No bind mount of the container may reach a checkpoint key.
     let mut secrets = Guarded::keys(crate::audit::checkpoint::key_paths(
         &opts.services.checkpoints.state_dir,

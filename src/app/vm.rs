@@ -40,7 +40,7 @@ pub(crate) struct VmOptions {
 }
 
 /// Run the VMM behind a fenced tap; returns its exit status.
-pub async fn run(opts: VmOptions) -> Result<i32> {
+pub(crate) async fn run(opts: VmOptions) -> Result<i32> {
     let run_as = opts.user.as_deref().map(host::resolve_user).transpose()?;
     let owner = run_as.map_or(TapOwner { uid: 0, gid: 0 }, |RunAs { uid, gid }| TapOwner {
         uid,
@@ -174,7 +174,7 @@ pub(crate) struct AttachOptions {
 /// Fence and serve a tap someone else made until SIGINT or SIGTERM; the
 /// fence stays after (see the module's note). Returns 0; 1 (after saying
 /// so on stderr) when the tap was removed, its fence removed with it.
-pub async fn attach(opts: AttachOptions) -> Result<i32> {
+pub(crate) async fn attach(opts: AttachOptions) -> Result<i32> {
     let session = Session::start(opts.services, opts.policy).await?;
     // With --ca-file the CA is made whatever the policy: the VM manager
     // was promised a file to build the guest with.

@@ -11,10 +11,10 @@
 //! socket) inside it. Nothing here serves connections (`serve` does) or
 //! decides policy.
 
-pub mod host;
-pub mod oci;
+pub(crate) mod host;
+pub(crate) mod oci;
 pub(crate) mod oci_check;
-pub mod vm;
+pub(crate) mod vm;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -25,8 +25,8 @@ use crate::workload::WorkloadPath;
 /// Ports of sluice's listeners inside every sandbox namespace. The namespace
 /// is fresh, so fixed ports cannot collide, and fixed ports keep the ruleset
 /// the same for every sandbox.
-pub const PROXY_PORT: u16 = 15001;
-pub const DNS_PORT: u16 = 15053;
+pub(crate) const PROXY_PORT: u16 = 15001;
+pub(crate) const DNS_PORT: u16 = 15053;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AttachError {

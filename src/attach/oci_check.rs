@@ -50,7 +50,7 @@ pub(crate) struct Refusal {
 
 /// Check the final OCI runtime config of a container; `secrets` are files
 /// no bind mount may reach (those that do not exist are not checked).
-pub fn check(config: &Value, secrets: &[Guarded]) -> Result<(), Refusal> {
+pub(crate) fn check(config: &Value, secrets: &[Guarded]) -> Result<(), Refusal> {
     let mut reasons = Vec::new();
     let caps = &config["process"]["capabilities"];
     let has = |cap: &str| {

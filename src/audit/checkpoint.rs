@@ -63,7 +63,7 @@ pub(crate) fn public_path(state_dir: &Path) -> PathBuf {
 /// A checkpoint key's id: `audit-` and the first 16 hex digits of the
 /// SHA-256 of its raw public key, so that a verifier given the wrong key
 /// can say so rather than only "bad signature".
-pub fn key_id(public: &[u8]) -> String {
+pub(crate) fn key_id(public: &[u8]) -> String {
     let digest = hex::encode(Sha256::digest(public));
     format!("audit-{}", &digest[..16])
 }
@@ -71,7 +71,7 @@ pub fn key_id(public: &[u8]) -> String {
 /// The bytes a checkpoint's signature is over, each part ended by `\n`:
 /// `sluice audit checkpoint v1`, the key id, the checkpoint's `ts`, its
 /// `seq` (decimal) and its `prev` (the hash of line `seq - 1`).
-pub fn message(key: &str, ts: &str, seq: u64, prev: &str) -> Vec<u8> {
+pub(crate) fn message(key: &str, ts: &str, seq: u64, prev: &str) -> Vec<u8> {
     format!("{DOMAIN}\n{key}\n{ts}\n{seq}\n{prev}\n").into_bytes()
 }
 

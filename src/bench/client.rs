@@ -21,7 +21,7 @@ use crate::testbed::load::{self, connect};
 /// What the bench asks the client to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
-pub enum Command {
+pub(crate) enum Command {
     /// `count` GETs of `url`, each on a fresh connection, `threads` in
     /// flight at once; each body must be `expect_len` bytes with SHA-256
     /// `expect_sha256` (hex).
@@ -71,11 +71,11 @@ pub(crate) struct Sample {
 
 /// What one command gave.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The requests that succeeded (2xx), in completion order per thread.
     pub(crate) samples: Vec<Sample>,
     /// Requests that failed (no connection, an error, not 2xx).
-    pub failed: usize,
+    pub(crate) failed: usize,
     /// The first failure's line.
     pub(crate) first_failure: Option<String>,
     /// Successful requests whose body had the wrong length or digest, and
@@ -104,7 +104,7 @@ pub(crate) const FORBIDDEN_BANNER: &[u8] = b"forbidden service reached\n";
 pub(crate) const GREETING: &[u8] = b"hello from origin\n";
 
 /// Run the client on stdin and stdout until `quit` or end of input.
-pub fn main() -> i32 {
+pub(crate) fn main() -> i32 {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if say(&mut out, &Ready { ready: true }).is_err() {
@@ -136,7 +136,7 @@ fn say(out: &mut impl Write, what: &impl Serialize) -> std::io::Result<()> {
 }
 
 /// Run one command (not `quit`).
-pub fn execute(command: &Command) -> Reply {
+pub(crate) fn execute(command: &Command) -> Reply {
     match command {
         Command::Fetch {
             url,

@@ -26,7 +26,7 @@ struct Watch {
 static WATCH: OnceLock<Watch> = OnceLock::new();
 
 /// Start watching (once per process; later calls do nothing).
-pub fn install() -> std::io::Result<()> {
+pub(crate) fn install() -> std::io::Result<()> {
     if WATCH.get().is_some() {
         return Ok(());
     }

@@ -14,21 +14,21 @@
 //! let a failed batch contribute latency, or carry on past a content check
 //! that failed: that ends the run with an error.
 
-pub mod client;
-pub mod condition;
+pub(crate) mod client;
+pub(crate) mod condition;
 mod interrupt;
 pub(crate) mod peers;
 pub(crate) mod plot;
-pub mod progress;
+pub(crate) mod progress;
 pub mod report;
-pub mod scale;
+pub(crate) mod scale;
 pub(crate) mod scale_run;
-pub mod session;
+pub(crate) mod session;
 pub(crate) mod stats;
 #[allow(unsafe_code)]
-pub mod uring;
-pub mod vm;
-pub mod workload;
+pub(crate) mod uring;
+pub(crate) mod vm;
+pub(crate) mod workload;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -48,7 +48,7 @@ use client::Reply;
 use progress::Progress;
 
 /// The origin every condition's client fetches from.
-pub const ORIGIN: &str = "198.18.0.1:8080";
+pub(crate) const ORIGIN: &str = "198.18.0.1:8080";
 /// A live service the policy forbids (the deny check's target).
 pub(crate) const FORBIDDEN: &str = "198.18.0.2:9090";
 /// The origin over TLS (the `tls` and `l7` workloads), with a certificate
@@ -78,7 +78,7 @@ dns:
 /// The policy sluice enforces in the bench: the origin over HTTP, over
 /// TLS by SNI, and over TLS with every request decided and a credential
 /// (read from `secret_file`) injected; nothing else.
-pub fn policy(secret_file: &Path) -> String {
+pub(crate) fn policy(secret_file: &Path) -> String {
     format!(
         "version: 1
 name: bench
@@ -627,7 +627,7 @@ fn audited_denies(path: &Path) -> Option<usize> {
 }
 
 /// Where `tool` is on PATH.
-pub fn which(tool: &str) -> Option<PathBuf> {
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|p| p.join(tool))

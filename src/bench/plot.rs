@@ -89,7 +89,7 @@ const ECDF_POINTS: usize = 1500;
 
 /// Each condition's paired difference to native (ms) with its 95% CI, a
 /// panel per metric, zero marked.
-pub fn paired(summary: &Summary, path: &Path) -> Result<(), PlotError> {
+pub(crate) fn paired(summary: &Summary, path: &Path) -> Result<(), PlotError> {
     let err = error(path);
     let root = SVGBackend::new(path, (1600, 760)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;

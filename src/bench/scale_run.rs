@@ -62,7 +62,7 @@ pub(crate) struct RunPlan {
 
 /// How the held connections are admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// By a cidrs rule: the plain relay.
     Plain,
     /// By a hosts rule: a checked session, each request decided on its Host.
@@ -70,9 +70,9 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 2] = [Mode::Plain, Mode::Checked];
+    pub(crate) const ALL: [Mode; 2] = [Mode::Plain, Mode::Checked];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Plain => "plain",
             Mode::Checked => "checked",
@@ -176,7 +176,7 @@ impl Drop for Scratch {
     }
 }
 
-pub fn run(plan: &RunPlan) -> Result<String> {
+pub(crate) fn run(plan: &RunPlan) -> Result<String> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
     let most = most_connections(hard);

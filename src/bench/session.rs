@@ -33,7 +33,7 @@ use crate::testbed::OuterNetns;
 /// start on a loaded machine takes seconds).
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long one command may take (each request has its own 5 s bounds).
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a session may take to exit after `quit`, and after SIGTERM.
 pub(crate) const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -352,7 +352,7 @@ pub(crate) enum Proxy {
 
 /// Wait for `child` at most `timeout`; its status and when it exited.
 /// On a timeout the child is SIGKILLed (and reaped by the waiting thread).
-pub fn wait_bounded(mut child: Child, timeout: Duration) -> Option<(ExitStatus, Instant)> {
+pub(crate) fn wait_bounded(mut child: Child, timeout: Duration) -> Option<(ExitStatus, Instant)> {
     let pid = child.id();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {

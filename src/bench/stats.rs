@@ -246,7 +246,7 @@ pub(crate) struct Target {
 
 /// DESIGN.md's targets for sluice's `condition` (host, oci), judged side by
 /// side with native and the peers of the same run.
-pub fn targets(summary: &Summary, condition: ConditionKind) -> Vec<Target> {
+pub(crate) fn targets(summary: &Summary, condition: ConditionKind) -> Vec<Target> {
     let Some(me) = summary.of(condition) else {
         return Vec::new();
     };

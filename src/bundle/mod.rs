@@ -39,7 +39,7 @@ pub(crate) use manifest::MAX_MANIFEST_BYTES;
 pub(crate) use manifest::{parse_time, BundleName};
 pub use state::RevisionState;
 pub(crate) use state::DEFAULT_STATE_DIR;
-pub use verify::{sign, Bundle, VerifiedBundle, MANIFEST, POLICY, SIGNATURE};
+pub use verify::{sign, Bundle, VerifiedBundle, MANIFEST, SIGNATURE};
 
 /// Writes a bundle signed with the key at `key_path` from policy text held in
 /// memory (tests, benches and example generation); `sign` is the file form.

@@ -19,7 +19,7 @@ use crate::policy::Policy;
 
 pub const MANIFEST: &str = "manifest.yaml";
 pub const SIGNATURE: &str = "manifest.sig";
-pub const POLICY: &str = "policy.yaml";
+pub(crate) const POLICY: &str = "policy.yaml";
 
 /// Entry point for loading bundles.
 pub struct Bundle;

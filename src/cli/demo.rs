@@ -1,5 +1,5 @@
 //! `sluice demo`: sluice at work on a throwaway topology.
 
-pub fn execute() -> anyhow::Result<i32> {
+pub(crate) fn execute() -> anyhow::Result<i32> {
     crate::demo::run()
 }

@@ -4,21 +4,21 @@
 //! ([`exit_status`]). Nothing below this module imports it: the library's
 //! modules take plain options, never clap types.
 
-pub mod args;
-pub mod audit;
-pub mod bench;
-pub mod bundle;
-pub mod check;
-pub mod compare;
-pub mod daemon;
-pub mod demo;
-pub mod exit;
-pub mod oci;
+pub(crate) mod args;
+pub(crate) mod audit;
+pub(crate) mod bench;
+pub(crate) mod bundle;
+pub(crate) mod check;
+pub(crate) mod compare;
+pub(crate) mod daemon;
+pub(crate) mod demo;
+pub(crate) mod exit;
+pub(crate) mod oci;
 pub(crate) mod oci_hook;
-pub mod probe;
-pub mod run;
-pub mod status;
-pub mod vm;
+pub(crate) mod probe;
+pub(crate) mod run;
+pub(crate) mod status;
+pub(crate) mod vm;
 
 use std::ffi::OsString;
 

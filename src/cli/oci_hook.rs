@@ -41,7 +41,7 @@ pub(crate) struct OciHookArgs {
     pub(crate) policy_secret: Vec<PathBuf>,
 }
 
-pub fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
+pub(crate) fn execute(args: OciHookArgs) -> anyhow::Result<i32> {
     let state = OciState::read(std::io::stdin().lock())?;
     let socket = crate::daemon::socket_path(state.socket().or(args.socket.as_deref()));
     let client = crate::daemon::Client::new(socket);

@@ -20,7 +20,7 @@ static STARTED_WITH: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Raise the soft RLIMIT_NOFILE to the hard limit; returns the soft limit
 /// now in force.
-pub fn raise() -> u64 {
+pub(crate) fn raise() -> u64 {
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return 1024;
     };

@@ -40,7 +40,7 @@ use super::mounts::{self, FilePlan};
 use super::{scm, seccomp, RunAs};
 
 /// The init's name (its comm: `ps`, `/proc/1/comm` in the sandbox).
-pub const NAME: &str = "sluice-init";
+pub(crate) const NAME: &str = "sluice-init";
 
 /// Signals the init takes through its signalfd. sluice blocks them before
 /// it forks the init (and unblocks them in itself right after), so none

@@ -19,20 +19,20 @@
 //! attach path can use it. It must never start a workload it could not
 //! confine: every failure is an error, and nothing runs.
 
-pub mod caps;
+pub(crate) mod caps;
 #[allow(unsafe_code)]
 pub(crate) mod child;
 #[forbid(unsafe_code)]
-pub mod fds;
+pub(crate) mod fds;
 #[forbid(unsafe_code)]
-pub mod init;
+pub(crate) mod init;
 pub(crate) mod mounts;
 #[forbid(unsafe_code)]
 pub(crate) mod scm;
 pub(crate) mod seccomp;
 #[forbid(unsafe_code)]
 mod spawn;
-pub mod terminal;
+pub(crate) mod terminal;
 
 use std::path::{Path, PathBuf};
 

@@ -94,7 +94,7 @@ const MASKED_PROC: [&str; 9] = [
 /// Enter a fresh mount namespace and set it up for the workload. Must run
 /// in a single-threaded process (the init) that is already in the
 /// workload's PID namespace, whose /proc it mounts.
-pub fn confine(plan: &FilePlan) -> Result<(), MountError> {
+pub(crate) fn confine(plan: &FilePlan) -> Result<(), MountError> {
     let cwd = std::env::current_dir().map_err(|e| MountError {
         what: "read the working directory",
         path: PathBuf::from("."),

@@ -11,7 +11,11 @@ use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFl
 
 /// Send `bytes` as one message, with `fd` attached when given (blocking
 /// socket; no SIGPIPE). Returns how many bytes were sent.
-pub fn send(socket: RawFd, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> std::io::Result<usize> {
+pub(crate) fn send(
+    socket: RawFd,
+    bytes: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> std::io::Result<usize> {
     let raw = fd.map(|fd| [fd.as_raw_fd()]);
     let iov = [IoSlice::new(bytes)];
     let cmsg: Vec<ControlMessage<'_>> = raw
@@ -42,7 +46,7 @@ pub(crate) struct Received {
 }
 
 /// Read one message (at most `buf.len()` bytes) and up to 4 descriptors.
-pub fn recv(socket: impl AsFd, buf: &mut [u8]) -> std::io::Result<Received> {
+pub(crate) fn recv(socket: impl AsFd, buf: &mut [u8]) -> std::io::Result<Received> {
     let mut iov = [IoSliceMut::new(buf)];
     // rustix hands received descriptors over as OwnedFd: nothing here has to
     // vouch for raw descriptor numbers.

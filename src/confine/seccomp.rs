@@ -188,7 +188,7 @@ pub(crate) struct Filters {
 pub(crate) struct LastFilter(BpfProgram);
 
 /// Build every filter (done in the init, before the workload is forked).
-pub fn build() -> Result<Filters, SeccompError> {
+pub(crate) fn build() -> Result<Filters, SeccompError> {
     let refused = refuse(refused_rules()?, libc::EPERM)?;
     // glibc falls back to clone(2), whose flags the filter above can see,
     // only when clone3 fails with ENOSYS: clone3's flags sit in memory

@@ -44,12 +44,12 @@ pub(crate) enum StaleRecord {
 
 /// The records of one daemon's sandboxes.
 #[derive(Debug, Clone)]
-pub struct Records {
+pub(crate) struct Records {
     dir: PathBuf,
 }
 
 impl Records {
-    pub fn new(state_dir: &Path) -> Records {
+    pub(crate) fn new(state_dir: &Path) -> Records {
         Records {
             dir: state_dir.join("sandboxes"),
         }
@@ -77,7 +77,7 @@ impl Records {
     }
 
     /// Forget `id` (its container ended, or it was detached on request).
-    pub fn remove(&self, id: &str) {
+    pub(crate) fn remove(&self, id: &str) {
         match std::fs::remove_file(self.path(id)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

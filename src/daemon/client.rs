@@ -21,7 +21,7 @@ use super::api::{
 use super::fdpass::send_opening;
 
 /// How long one request may take, attach included.
-pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

@@ -93,7 +93,7 @@ pub(crate) enum Afterwards {
 }
 
 /// Every sandbox the daemon serves, by id.
-pub struct Registry {
+pub(crate) struct Registry {
     shared: Shared,
     defaults: Defaults,
     records: Records,
@@ -105,7 +105,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(shared: Shared, defaults: Defaults) -> Arc<Registry> {
+    pub(crate) fn new(shared: Shared, defaults: Defaults) -> Arc<Registry> {
         Arc::new(Registry {
             shared,
             records: Records::new(&defaults.state_dir),
@@ -130,7 +130,7 @@ impl Registry {
     /// Attach the namespace `fd` as sandbox `req.id`: load its policy, give
     /// the namespace its plumbing, enforce it, serve it, and watch for its
     /// end. Returns once the sandbox is enforced and served.
-    pub async fn attach(
+    pub(crate) async fn attach(
         self: &Arc<Self>,
         req: AttachRequest,
         fd: OwnedFd,
@@ -386,7 +386,7 @@ impl Registry {
     /// Stop serving `id` and drop every reference to its namespace. With
     /// `generation`, only that incarnation (a watcher must not release a
     /// newer attach of the same id). A VM's fence stays.
-    pub async fn release(
+    pub(crate) async fn release(
         &self,
         id: &SandboxId,
         generation: Option<u64>,
@@ -408,7 +408,11 @@ impl Registry {
     /// removed as `sluice vm detach` removes them). Refused, with nothing
     /// released, when `id` is not attached (404) or the fence of a sandbox
     /// that is not a VM is asked to go (400).
-    pub async fn detach(&self, id: &SandboxId, fence: Fence) -> Result<SandboxInfo, ApiError> {
+    pub(crate) async fn detach(
+        &self,
+        id: &SandboxId,
+        fence: Fence,
+    ) -> Result<SandboxInfo, ApiError> {
         let entry = self.take(id, |entry| match (&entry.vm, fence) {
             (None, Fence::Remove) => Err(ApiError::bad(format!(
                 "sandbox {id} is not a VM (path {}): it has no tap fence to remove; a DELETE without ?{FENCE_REMOVE} releases it",
@@ -609,7 +613,7 @@ impl Registry {
     }
 
     /// Every attached sandbox, with its counters.
-    pub async fn list(&self) -> Vec<SandboxInfo> {
+    pub(crate) async fn list(&self) -> Vec<SandboxInfo> {
         type Listed = (SandboxInfo, Arc<SandboxNetns>, crate::enforce::SandboxSpec);
         let snapshot: Vec<Listed> = self
             .lock()
@@ -641,7 +645,7 @@ impl Registry {
     }
 
     /// How many sandboxes are attached (or being attached).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
 

@@ -23,7 +23,7 @@ const ORIGIN: &str = "198.18.0.1";
 /// sluice's metrics endpoint, in the demo's outer namespace.
 const METRICS: &str = "127.0.0.1:9464";
 
-pub fn run() -> Result<i32> {
+pub(crate) fn run() -> Result<i32> {
     crate::confine::require_root("sluice demo")?;
     require_tools()?;
     let exe = std::env::current_exe().context("cannot find the sluice binary")?;

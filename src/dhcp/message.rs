@@ -30,12 +30,12 @@ pub(crate) enum ReplyKind {
 
 /// A reply to send, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub(crate) kind: ReplyKind,
-    pub bytes: Vec<u8>,
+    pub(crate) bytes: Vec<u8>,
     /// 255.255.255.255:68 while the guest has no address (and for a NAK);
     /// the guest's address when it renews.
-    pub to: SocketAddrV4,
+    pub(crate) to: SocketAddrV4,
 }
 
 /// Why a packet got no reply. Bounded: usable as a metric label.

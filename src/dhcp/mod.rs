@@ -32,7 +32,8 @@ use ipnet::Ipv4Net;
 
 use crate::mac::{MacAddr, MacError};
 
-pub use message::Reply;
+#[cfg(test)]
+pub(crate) use message::Reply;
 pub(crate) use message::{respond, MAX_PACKET};
 #[cfg(test)]
 pub(crate) use message::{Ignored, ReplyKind};

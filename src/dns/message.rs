@@ -37,7 +37,7 @@ const MIN_RECORD: usize = 11;
 /// the header's question count before reading any question, so without
 /// this a 12-byte message claiming 65535 questions costs megabytes of
 /// allocation (found by tests/fuzz_properties.rs).
-pub fn parse(bytes: &[u8]) -> Option<Message> {
+pub(crate) fn parse(bytes: &[u8]) -> Option<Message> {
     let header = bytes.get(..12)?;
     let count = |i: usize| usize::from(u16::from_be_bytes([header[i], header[i + 1]]));
     let records = count(6) + count(8) + count(10);

@@ -88,7 +88,7 @@ impl DnsContext {
 /// for UDP here; `serve_udp` truncates it to what the client accepts.
 /// The decision is [`message::plan`]'s and the per-minute budgets'; this
 /// adds metrics, audit, the cache and the upstream exchange.
-pub async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Option<Vec<u8>> {
+pub(crate) async fn answer(query: &[u8], ctx: &DnsContext, client: SocketAddr) -> Option<Vec<u8>> {
     let policy = ctx.policy.current();
     let enforce = policy.mode() == Mode::Enforce;
     let mut plan = message::plan(query, &policy, &ctx.default_upstream);

@@ -37,7 +37,6 @@ pub(crate) use fence::TapIpv6;
 #[cfg(test)]
 pub(crate) use fence::INGRESS;
 pub use fence::{DropReason, TapFence};
-pub use ruleset::ruleset;
 pub(crate) use ruleset::TABLE;
 
 use std::net::{Ipv4Addr, Ipv6Addr};

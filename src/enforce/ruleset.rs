@@ -51,7 +51,7 @@ pub(super) const FILTER_PRIORITY: i32 = 0;
 ///
 /// Tap mode (`spec.tap == Some(fence)`): the fence's two tables, see
 /// [`super::fence`].
-pub fn ruleset(spec: &SandboxSpec) -> Nftables<'static> {
+pub(crate) fn ruleset(spec: &SandboxSpec) -> Nftables<'static> {
     batch(spec, true)
 }
 

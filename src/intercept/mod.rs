@@ -5,4 +5,4 @@
 //! nothing here touches a socket (the proxy does the handshakes).
 
 pub mod ca;
-pub mod roots;
+pub(crate) mod roots;

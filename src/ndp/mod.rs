@@ -139,7 +139,11 @@ impl GuestRouter {
 
 /// Answer `message` (an ICMPv6 message from `source` that arrived on the
 /// guest's tap) with the advertisement, or say why not.
-pub fn respond(router: &GuestRouter, source: Ipv6Addr, message: &[u8]) -> Result<Vec<u8>, Ignored> {
+pub(crate) fn respond(
+    router: &GuestRouter,
+    source: Ipv6Addr,
+    message: &[u8],
+) -> Result<Vec<u8>, Ignored> {
     if message.len() > MAX_MESSAGE {
         return Err(Ignored::TooLong);
     }

@@ -149,7 +149,7 @@ pub fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, hop_limit: u8, payload: &[u8
 
 /// An ICMPv6 message (`kind`, code 0, `body` after the checksum) in an IPv6
 /// packet with hop limit 255, as neighbour discovery requires.
-pub fn icmpv6(src: Ipv6Addr, dst: Ipv6Addr, kind: u8, body: &[u8]) -> Vec<u8> {
+pub(crate) fn icmpv6(src: Ipv6Addr, dst: Ipv6Addr, kind: u8, body: &[u8]) -> Vec<u8> {
     let mut m = vec![kind, 0, 0, 0];
     m.extend_from_slice(body);
     let pseudo = pseudo_header(src.into(), dst.into(), 58, m.len() as u32).unwrap_or_default();
@@ -223,7 +223,7 @@ pub(crate) const TCP_ACK: u8 = 0x10;
 /// A TCP segment (no options, window 64240) from `sport` to `dport`,
 /// checksummed for `src` -> `dst`.
 #[allow(clippy::too_many_arguments)]
-pub fn tcp(
+pub(crate) fn tcp(
     src: IpAddr,
     dst: IpAddr,
     sport: u16,
@@ -462,7 +462,7 @@ pub(crate) fn tcp_handshake(
 }
 
 /// Sends `frame` as it is on interface `dev` through a packet socket.
-pub fn send(dev: &str, frame: &[u8]) -> std::io::Result<()> {
+pub(crate) fn send(dev: &str, frame: &[u8]) -> std::io::Result<()> {
     use nix::sys::socket::{
         sendto, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType,
     };

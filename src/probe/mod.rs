@@ -15,9 +15,9 @@ use crate::testbed::load::{self, connect, TIMEOUT};
 
 /// A probe's one line: `Ok` on success, `Err` (starting with FAIL or naming
 /// what went wrong) otherwise.
-pub type Outcome = Result<String, String>;
+pub(crate) type Outcome = Result<String, String>;
 
-pub fn http(url: &str, print_body: bool) -> Outcome {
+pub(crate) fn http(url: &str, print_body: bool) -> Outcome {
     let fetched = load::fetch(url)?;
     let (status, body) = (fetched.status, fetched.body.as_slice());
     if print_body {
@@ -81,7 +81,7 @@ pub(crate) fn default_ca_file() -> std::path::PathBuf {
         .unwrap_or_else(|| crate::intercept::roots::SYSTEM_BUNDLE.into())
 }
 
-pub fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
+pub(crate) fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
     let name = sni.map(str::to_string).unwrap_or_else(|| {
         target
@@ -133,7 +133,7 @@ pub fn tls(target: &str, sni: Option<&str>, ca: &std::path::Path) -> Outcome {
     }
 }
 
-pub fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
+pub(crate) fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
     let mut stream = connect(target)?;
     if !send.is_empty() {
         stream
@@ -161,7 +161,7 @@ pub fn serve(addr: SocketAddr) -> Outcome {
     Ok(format!("stopped serving {addr}"))
 }
 
-pub fn udp(target: SocketAddr) -> Outcome {
+pub(crate) fn udp(target: SocketAddr) -> Outcome {
     let bind: SocketAddr = if target.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
     } else {
@@ -174,7 +174,7 @@ pub fn udp(target: SocketAddr) -> Outcome {
     }
 }
 
-pub fn icmp(target: IpAddr) -> Outcome {
+pub(crate) fn icmp(target: IpAddr) -> Outcome {
     use nix::sys::socket::{
         sendto, socket, AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6,
     };
@@ -222,7 +222,7 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-pub fn dns(name: &str, v6: bool, use_tcp: bool) -> Outcome {
+pub(crate) fn dns(name: &str, v6: bool, use_tcp: bool) -> Outcome {
     use hickory_proto::op::{Message, MessageType, OpCode, Query};
     use hickory_proto::rr::{Name, RecordType};
     let server = system_nameserver();

@@ -49,7 +49,7 @@ pub(crate) struct Relayed {
 }
 
 /// Relay until both directions are closed (or one fails).
-pub async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
+pub(crate) async fn relay(client: &TcpStream, upstream: &TcpStream) -> Relayed {
     let finished = AtomicBool::new(false);
     // The client has most likely spoken already; the origin has not.
     let up = pump(client, upstream, &finished, Read::Now);

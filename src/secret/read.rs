@@ -56,7 +56,7 @@ pub(crate) enum SourceError {
 }
 
 /// The value `source` holds now.
-pub fn read(source: &SecretSource) -> Result<String, SourceError> {
+pub(crate) fn read(source: &SecretSource) -> Result<String, SourceError> {
     match source {
         SecretSource::File(path) => read_file(path),
         SecretSource::Env(var) => read_env(var),

@@ -8,7 +8,7 @@
 //! imports neither `app` nor `daemon`.
 
 mod reloading;
-pub mod runtime;
+pub(crate) mod runtime;
 mod sandbox;
 mod services;
 

@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 use crate::timing::TimingRecord;
 
 /// Connect, read and write timeout of every request.
-pub const TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connect to `target` (`host:port`), trying each address it resolves to.
 /// The error is one line starting with FAIL.
-pub fn connect(target: &str) -> Result<TcpStream, String> {
+pub(crate) fn connect(target: &str) -> Result<TcpStream, String> {
     let addrs: Vec<SocketAddr> = target
         .to_socket_addrs()
         .map_err(|e| format!("FAIL resolve {target}: {e}"))?

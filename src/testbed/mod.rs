@@ -8,8 +8,8 @@
 //! anything beyond this machine.
 
 pub mod guest;
-pub mod load;
-pub mod origin;
+pub(crate) mod load;
+pub(crate) mod origin;
 pub mod tls;
 pub(crate) mod topology;
 

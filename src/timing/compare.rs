@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 
 use super::{read_file, TimingError, TimingRecord};
 
-pub use super::stats::{median, two_clusters};
+pub(crate) use super::stats::median;
+pub use super::stats::two_clusters;
 pub(crate) use super::stats::{quantile_sorted, Cluster, PairedDiff, BOOTSTRAP_SEED};
 
 /// A timing phase, measured from accept.

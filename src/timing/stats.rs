@@ -45,7 +45,7 @@ pub(crate) fn quantile(v: &[f64], q: f64) -> Option<f64> {
 }
 
 /// Median of unsorted values.
-pub fn median(v: &[f64]) -> Option<f64> {
+pub(crate) fn median(v: &[f64]) -> Option<f64> {
     quantile(v, 0.5)
 }
 

@@ -25,7 +25,7 @@
 #[forbid(unsafe_code)]
 pub(crate) mod ca_mount;
 #[forbid(unsafe_code)]
-pub mod hook;
+pub(crate) mod hook;
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -440,7 +440,7 @@ pub(crate) fn spawn_stop(
 }
 
 /// For messages: an argv as one line.
-pub fn shown(argv: &[impl AsRef<OsStr>]) -> String {
+pub(crate) fn shown(argv: &[impl AsRef<OsStr>]) -> String {
     argv.iter()
         .map(|a| a.as_ref().to_string_lossy().into_owned())
         .collect::<Vec<_>>()
