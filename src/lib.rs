@@ -91,7 +91,7 @@ pub mod sandbox_id;
 #[forbid(unsafe_code)]
 pub(crate) mod secret;
 #[forbid(unsafe_code)]
-pub mod serve;
+pub(crate) mod serve;
 #[forbid(unsafe_code)]
 pub mod testbed;
 #[forbid(unsafe_code)]

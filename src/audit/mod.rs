@@ -15,7 +15,7 @@ pub mod checkpoint;
 mod head;
 mod record;
 pub(crate) mod rotate;
-pub mod tail;
+pub(crate) mod tail;
 pub mod verify;
 mod writer;
 

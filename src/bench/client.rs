@@ -47,9 +47,9 @@ pub(crate) enum Command {
 /// (`sluice run` does, with the sandbox CA in it, for a policy that
 /// terminates TLS).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TlsFetch {
-    pub name: String,
-    pub ca_pem: String,
+pub(crate) struct TlsFetch {
+    pub(crate) name: String,
+    pub(crate) ca_pem: String,
 }
 
 /// The line a client prints first, once it runs.

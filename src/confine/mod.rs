@@ -37,7 +37,8 @@ pub(crate) mod terminal;
 use std::path::{Path, PathBuf};
 
 pub(crate) use mounts::FilePlan;
-pub use spawn::{start, PreparedInit, Workload};
+pub(crate) use spawn::Workload;
+pub use spawn::{start, PreparedInit};
 
 /// Who the workload runs as (`--user`); root when absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

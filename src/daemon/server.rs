@@ -44,7 +44,7 @@ pub(crate) enum SocketError {
 /// Bind the control socket at `path`, mode 0600. The directory is created
 /// (0700) when missing; a stale socket left by a killed daemon is replaced,
 /// a live one is not.
-pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
+pub(crate) fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if let Some(dir) = path.parent().filter(|d| !d.exists()) {
         std::fs::DirBuilder::new()
@@ -75,7 +75,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
 
 /// Serve the control API on `listener` until the drain starts; requests
 /// in flight then get until the drain's deadline.
-pub async fn serve(listener: UnixListener, registry: Arc<Registry>, drain: Watch) {
+pub(crate) async fn serve(listener: UnixListener, registry: Arc<Registry>, drain: Watch) {
     let mut conns = JoinSet::new();
     let draining = drain.draining();
     tokio::pin!(draining);

@@ -30,7 +30,7 @@ use smoltcp::wire::{
 };
 
 pub(crate) use server::RouterSocket;
-pub use server::{bind_on_device, serve};
+pub(crate) use server::{bind_on_device, serve};
 
 use crate::mac::MacAddr;
 

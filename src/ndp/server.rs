@@ -42,7 +42,7 @@ pub(crate) struct RouterSocket {
 /// A raw ICMPv6 socket that sees and sends only through `device`, joined
 /// to the all-routers group there. It belongs to the network namespace of
 /// the calling thread, which must be the tap's. Non-blocking.
-pub fn bind_on_device(device: &str) -> io::Result<RouterSocket> {
+pub(crate) fn bind_on_device(device: &str) -> io::Result<RouterSocket> {
     let index = nix::net::if_::if_nametoindex(device)?;
     let fd: OwnedFd = rustix::net::socket_with(
         AddressFamily::INET6,
@@ -80,7 +80,7 @@ impl RouterSocket {
 /// aborted: once at start, after each solicitation (at most one per
 /// second), and every [`UNSOLICITED_INTERVAL`]. One message at a time:
 /// each costs a bounded parse and at most one reply.
-pub async fn serve(socket: RouterSocket, router: GuestRouter) {
+pub(crate) async fn serve(socket: RouterSocket, router: GuestRouter) {
     let to = SocketAddr::V6(SocketAddrV6::new(ALL_NODES, 0, 0, socket.index));
     let socket = match tokio::net::UdpSocket::from_std(socket.socket) {
         Ok(socket) => socket,

@@ -153,7 +153,7 @@ pub(crate) fn tcp(target: &str, send: &str, server_first: bool) -> Outcome {
     }
 }
 
-pub fn serve(addr: SocketAddr) -> Outcome {
+pub(crate) fn serve(addr: SocketAddr) -> Outcome {
     let listener =
         std::net::TcpListener::bind(addr).map_err(|e| format!("FAIL bind {addr}: {e}"))?;
     eprintln!("serving HTTP on {addr}");
