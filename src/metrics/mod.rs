@@ -306,7 +306,7 @@ impl Metrics {
     }
 
     /// Read `sandbox`'s dropped-packet counter with `f`, in the background
-    /// (once at once, then every [`DROPS_REFRESH`] while someone scrapes;
+    /// (once at once, then every [`drops::REFRESH`] while someone scrapes;
     /// never on a scrape's thread): scrapes export the last value read,
     /// wait (briefly) for the first, and leave the series out while there
     /// is none (`f` returned `None`).
