@@ -94,7 +94,7 @@ impl AuditEvent {
 
     /// The record of a DNS query the responder refused (or would have, in
     /// audit mode): who asked for which name, and why.
-    pub fn of_dns_refusal(
+    pub(crate) fn of_dns_refusal(
         sandbox: &str,
         path: crate::workload::WorkloadPath,
         verdict: &'static str,
@@ -119,7 +119,7 @@ impl AuditEvent {
     }
 
     /// The record of a bundle loaded, swapped in or refused.
-    pub fn of_bundle(
+    pub(crate) fn of_bundle(
         sandbox: &str,
         path: crate::workload::WorkloadPath,
         verdict: &'static str,
