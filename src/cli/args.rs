@@ -87,8 +87,8 @@ pub(crate) struct RecordArgs {
     /// namespace (never reachable from inside the sandbox).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<SocketAddr>,
-    /// Connections relayed at once; more wait for a free slot. Each takes six
-    /// file descriptors: sluice raises its own soft limit to the hard one (the
+    /// Connections relayed at once; more wait for a free slot. Each is budgeted
+    /// six file descriptors: sluice raises its own soft limit to the hard one (the
     /// command keeps the limit it was started with) and serves no more than
     /// that allows.
     #[arg(long, default_value_t = 4096, value_name = "N")]

@@ -1,7 +1,8 @@
-//! sluice's file descriptor budget. A relayed connection holds six
-//! descriptors (two sockets, two pipes), so the soft limit a root shell
-//! usually starts with (1,024) would cut a busy sandbox off at about 160
-//! connections. sluice raises its own soft limit to the hard one at start,
+//! sluice's file descriptor budget. A connection is budgeted six
+//! descriptors (it holds two sockets today; the budget dates from the
+//! spliced relay's two pipes and leaves headroom), so the soft limit a root
+//! shell usually starts with (1,024) would cut a busy sandbox off at about
+//! 160 connections. sluice raises its own soft limit to the hard one at start,
 //! as servers do, and gives the workload back the limit it was started with,
 //! so that nothing changes for the command (select(2) users rely on it).
 
@@ -9,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
-/// Descriptors one relayed connection holds at once.
+/// Descriptors budgeted per relayed connection (it holds two sockets).
 pub(crate) const PER_CONNECTION: u64 = 6;
 /// Descriptors kept aside for listeners, DNS, log files and the runtime.
 const RESERVE: u64 = 256;
