@@ -1,7 +1,7 @@
 //! What kind of failure an error is, as sluice's exit status says it
-//! (DESIGN.md, "Command line"; README's "Exit status"): each of the
-//! library's error types says its own class ([`Classified`]), variant by
-//! variant. The command line (`cli::exit`) asks the outermost classified
+//! (DESIGN.md, "Command line"; docs/architecture.md, "Errors and exit
+//! status"): each of the library's error types says its own class
+//! ([`Classified`]), variant by variant. The command line (`cli::exit`) asks the outermost classified
 //! cause of an error's chain, so the type that knows the context decides
 //! (a `BadInput` wrapper, or an `AttachError` for the `ConfineError` inside
 //! it); a chain with none is [`ExitClass::CannotEnforce`].
