@@ -24,15 +24,13 @@
 //! `report` (one-line errors), `exit_class` (what kind of failure an error is). `policy`
 //! and `bundle` import no tokio and no nftables.
 //!
-//! `unsafe` is forbidden in every module but the five where an API
+//! `unsafe` is forbidden in every module but the four where an API
 //! demands it and no safe wrapper exists (nix, rustix, tokio): `confine`
 //! (`child`: the one `pre_exec` hook, which runs a plain-data setup between
 //! fork and exec, the init's fork, descriptor closing, command line and
 //! `_exit`, and tokio's `AsyncFd` registration; `mounts`: mount_setattr),
 //! `enforce::libnft` (every call into libnftables), `netns::tap` (the tun
-//! driver's ioctls), `probe::frame` (a `sockaddr_ll` for nix) and
-//! `bench::uring` (the bench's io_uring peer: submitting an entry, and
-//! owning an accepted descriptor);
+//! driver's ioctls) and `probe::frame` (a `sockaddr_ll` for nix);
 //! each says why it is sound, and clippy's
 //! `undocumented_unsafe_blocks` is denied.
 
@@ -42,7 +40,7 @@ pub(crate) mod app;
 pub(crate) mod attach;
 #[forbid(unsafe_code)]
 pub mod audit;
-#[deny(unsafe_code)]
+#[forbid(unsafe_code)]
 pub mod bench;
 #[forbid(unsafe_code)]
 pub mod bundle;

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::peers::{self, Engine};
+use super::peers;
 use super::session::{Proxy, Session};
 use super::{BenchError, Testbed};
 
@@ -30,8 +30,6 @@ pub enum ConditionKind {
     /// The client behind a minimal tokio proxy (SO_ORIGINAL_DST and
     /// `copy_bidirectional`) behind the same nft redirect, no policy.
     TokioProxy,
-    /// The same minimal proxy on io_uring in place of tokio's reactor.
-    UringProxy,
     /// The client in a microVM under `sluice vm`.
     Vm,
     /// The same microVM on a plain tap without sluice.
@@ -39,13 +37,12 @@ pub enum ConditionKind {
 }
 
 impl ConditionKind {
-    pub const ALL: [ConditionKind; 8] = [
+    pub const ALL: [ConditionKind; 7] = [
         ConditionKind::Native,
         ConditionKind::Host,
         ConditionKind::Oci,
         ConditionKind::Haproxy,
         ConditionKind::TokioProxy,
-        ConditionKind::UringProxy,
         ConditionKind::Vm,
         ConditionKind::VmDirect,
     ];
@@ -57,7 +54,6 @@ impl ConditionKind {
             ConditionKind::Oci => "oci",
             ConditionKind::Haproxy => "haproxy",
             ConditionKind::TokioProxy => "tokio-proxy",
-            ConditionKind::UringProxy => "uring-proxy",
             ConditionKind::Vm => "vm",
             ConditionKind::VmDirect => "vm-direct",
         }
@@ -91,7 +87,7 @@ impl ConditionKind {
             return None;
         }
         match self {
-            ConditionKind::TokioProxy | ConditionKind::UringProxy => {
+            ConditionKind::TokioProxy => {
                 Some("a TCP relay with no TLS of its own: nothing to terminate with")
             }
             ConditionKind::Vm | ConditionKind::VmDirect => {
@@ -126,7 +122,6 @@ impl ConditionKind {
             ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead, 2 unless set, 3 more while 4 or more connections are in flight)",
             ConditionKind::Haproxy => "haproxy `mode tcp` behind sluice's nft redirect, no policy: plain connections to the one origin, TLS routed by SNI (tls: relayed to the TLS origin; l7: to a second haproxy frontend that terminates TLS with the origin's certificate, allows GET /bytes/*, sets the header and connects to the origin over TLS, verifying it) (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::TokioProxy => "a minimal tokio proxy (SO_ORIGINAL_DST, copy_bidirectional, one thread) behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
-            ConditionKind::UringProxy => "the minimal proxy of tokio-proxy with its accepts, connects, reads, writes, shutdowns and closes on io_uring (one thread, one ring) in place of tokio's epoll reactor; no policy (started once for the run)",
             ConditionKind::Vm => "the client in the test microVM (QEMU microvm, TCG emulation: no KVM here) under `sluice vm` (with --audit and --timings); request times on the guest's clock, start+exit includes the boot",
             ConditionKind::VmDirect => "the same microVM on a plain tap with an origin of its own, without sluice: vm minus vm-direct is sluice's cost",
         }
@@ -180,11 +175,7 @@ pub(crate) fn prepare(
             Ok(peer) => Ok(Box::new(peer)),
             Err(why) => Err(why),
         },
-        ConditionKind::TokioProxy => Ok(Box::new(peers::Peer::minimal_proxy(bed, Engine::Tokio)?)),
-        ConditionKind::UringProxy => match super::uring::unavailable() {
-            Some(why) => Err(why),
-            None => Ok(Box::new(peers::Peer::minimal_proxy(bed, Engine::IoUring)?)),
-        },
+        ConditionKind::TokioProxy => Ok(Box::new(peers::Peer::minimal_proxy(bed)?)),
         ConditionKind::Vm | ConditionKind::VmDirect => super::vm::prepare(kind, bed)?,
     })
 }

@@ -25,8 +25,6 @@ pub(crate) mod scale;
 pub(crate) mod scale_run;
 pub(crate) mod session;
 pub(crate) mod stats;
-#[allow(unsafe_code)]
-pub(crate) mod uring;
 pub(crate) mod vm;
 pub(crate) mod workload;
 

@@ -105,22 +105,16 @@ impl Peer {
         Ok(Ok(peer))
     }
 
-    /// The minimal proxy (`sluice bench-proxy`) on `engine` behind the
-    /// redirect.
-    pub(crate) fn minimal_proxy(bed: &Testbed, engine: Engine) -> Result<Peer, BenchError> {
-        let kind = match engine {
-            Engine::Tokio => ConditionKind::TokioProxy,
-            Engine::IoUring => ConditionKind::UringProxy,
-        };
-        let ns = redirected_namespace(&format!("sluice-bench-{}", engine.name()))?;
+    /// The minimal proxy (`sluice bench-proxy`) behind the redirect.
+    pub(crate) fn minimal_proxy(bed: &Testbed) -> Result<Peer, BenchError> {
+        let kind = ConditionKind::TokioProxy;
+        let ns = redirected_namespace("sluice-bench-tokio")?;
         let mut cmd = Command::new(&bed.exe);
         cmd.arg("bench-proxy")
             .arg("--netns")
             .arg(ns.path())
             .arg("--port")
-            .arg(PROXY_PORT.to_string())
-            .arg("--engine")
-            .arg(engine.name());
+            .arg(PROXY_PORT.to_string());
         let proxy = Session::start(kind.name(), cmd, &bed.outer, Proxy::Itself)?;
         let pid = proxy.pid();
         Ok(Peer {
@@ -284,24 +278,6 @@ fn wait_listening(
     }
 }
 
-/// How the minimal proxy asks the kernel for its work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Engine {
-    /// tokio's current-thread runtime (epoll).
-    Tokio,
-    /// One io_uring (src/bench/uring.rs).
-    IoUring,
-}
-
-impl Engine {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Engine::Tokio => "tokio",
-            Engine::IoUring => "io-uring",
-        }
-    }
-}
-
 /// Said once ready: the line a bench session waits for.
 fn say_ready() -> std::io::Result<()> {
     let mut out = std::io::stdout();
@@ -323,13 +299,9 @@ fn wait_for_quit() {
 
 /// `sluice bench-proxy`: the minimal transparent proxy, listening on
 /// 127.0.0.1:`port` inside the namespace at `netns`, connecting upstream in
-/// its own, on `engine`. Says it is ready on stdout and quits at the end of
+/// its own, on tokio. Says it is ready on stdout and quits at the end of
 /// stdin (or on `quit`), so it never outlives the bench.
-pub(crate) fn serve_minimal_proxy(
-    netns: &std::path::Path,
-    port: u16,
-    engine: Engine,
-) -> anyhow::Result<i32> {
+pub(crate) fn serve_minimal_proxy(netns: &std::path::Path, port: u16) -> anyhow::Result<i32> {
     use anyhow::Context;
     let ns = SandboxNetns::from_path(netns)?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
@@ -337,16 +309,6 @@ pub(crate) fn serve_minimal_proxy(
         .run_in(move || std::net::TcpListener::bind(addr))?
         .with_context(|| format!("cannot listen on {addr} in {}", netns.display()))?;
     listener.set_nonblocking(true)?;
-    if engine == Engine::IoUring {
-        let ring = super::uring::Ring::new()?;
-        say_ready()?;
-        std::thread::spawn(|| {
-            wait_for_quit();
-            std::process::exit(0);
-        });
-        ring.serve(listener)?;
-        return Ok(0);
-    }
     // One thread, as `sluice run` serves a sandbox.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

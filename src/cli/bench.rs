@@ -1,6 +1,6 @@
 //! `sluice bench`: the native-vs-proxied method in one command; and the two
 //! hidden helpers it runs, `sluice bench-client` (the client inside each
-//! condition's sandbox) and `sluice bench-proxy` (the minimal peer, on tokio or io_uring).
+//! condition's sandbox) and `sluice bench-proxy` (the minimal peer, on tokio).
 
 use std::path::PathBuf;
 
@@ -13,8 +13,7 @@ Builds a throwaway topology (an origin and a service the policy forbids, in a na
 own; nothing outside it is touched) and runs every condition side by side: native (the client \
 straight to the origin), host (under `sluice run`), oci (in a container under `sluice oci`; \
 needs podman and an image with the client's libraries, see containers/build-image.sh), haproxy \
-and tokio-proxy (peers with no policy behind the same nft redirect; uring-proxy, the same minimal \
-proxy on io_uring, runs only when asked for), vm (the client in the test microVM under \
+and tokio-proxy (peers with no policy behind the same nft redirect), vm (the client in the test microVM under \
 `sluice vm`) and vm-direct (the same microVM on a plain tap, no sluice; both need \
 qemu-system-x86_64 and the guest kit of containers/vm/build-guest.sh, found in $SLUICE_VM_KIT or \
 target/vm-kit beside the binary; one boot per session, TCG emulation). A condition that cannot \
@@ -46,8 +45,7 @@ pub(crate) const DEFAULT_IMAGE: &str = "localhost/sluice-busybox:latest";
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
     /// Conditions to run, comma-separated (native is required: every ratio
-    /// is to it): native, host, oci, haproxy, tokio-proxy, vm, vm-direct,
-    /// and uring-proxy (not in the default list).
+    /// is to it): native, host, oci, haproxy, tokio-proxy, vm, vm-direct.
     #[arg(
         long,
         value_delimiter = ',',
@@ -305,14 +303,10 @@ pub(crate) struct BenchProxyArgs {
     /// The port to listen on, on 127.0.0.1 there.
     #[arg(long, value_name = "PORT")]
     pub(crate) port: u16,
-    /// How the proxy asks the kernel for its accepts, connects, reads and
-    /// writes: tokio's epoll reactor, or one io_uring.
-    #[arg(long, value_enum, default_value = "tokio")]
-    pub(crate) engine: bench::peers::Engine,
 }
 
 pub(crate) fn execute_proxy(args: BenchProxyArgs) -> anyhow::Result<i32> {
-    bench::peers::serve_minimal_proxy(&args.netns, args.port, args.engine)
+    bench::peers::serve_minimal_proxy(&args.netns, args.port)
 }
 
 #[cfg(test)]
@@ -341,9 +335,7 @@ mod tests {
         assert_eq!(p.batches, 4);
         let p = plan(&["--out", "x"]).unwrap();
         assert_eq!((p.batches, p.warmups), (30, 3));
-        // Every condition but the io_uring experiment.
-        assert_eq!(p.conditions.len(), ConditionKind::ALL.len() - 1);
-        assert!(!p.conditions.contains(&ConditionKind::UringProxy));
+        assert_eq!(p.conditions.len(), ConditionKind::ALL.len());
     }
 
     #[test]
