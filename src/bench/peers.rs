@@ -1,7 +1,7 @@
 //! The peers sluice is measured against: haproxy (`mode tcp` to the fixed
 //! origin; TLS routed by SNI, the `l7` name terminated in `mode http`) and
 //! a minimal proxy (`sluice bench-proxy`: SO_ORIGINAL_DST and
-//! `copy_bidirectional` on tokio, or the same steps on io_uring), each with
+//! `copy_bidirectional` on tokio), each with
 //! no policy, behind the same kind of nft redirect sluice uses. Each gets a throwaway namespace of its own,
 //! plumbed like a sandbox (the bridge with no ports that carries the
 //! default routes) with sluice's own host ruleset applied and read
