@@ -3,6 +3,14 @@
 use sluice::cli::Cli;
 
 fn main() {
+    // The workload's init is this binary executed again under this name
+    // (sluice::confine::PreparedInit): it parses no command line.
+    if std::env::args_os()
+        .next()
+        .is_some_and(|a| a == sluice::confine::INIT_NAME)
+    {
+        sluice::confine::run_init()
+    }
     let cli = Cli::from_command_line();
     init_logging(cli.global.verbose);
     let code = match sluice::cli::execute(cli) {

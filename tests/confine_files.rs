@@ -6,9 +6,11 @@
 //! network namespace of its own with nothing in it, and asserts on what
 //! the script printed and on the host's files afterwards.
 //!
-//! The init must be forked while its process runs one thread, which no
-//! test of libtest's can be: this binary runs itself again as that
-//! process ([`Confined`]), before the test harness starts.
+//! The init's parent must be a thread that outlives the workload, which no
+//! test of libtest's is: this binary runs itself again as that process
+//! ([`Confined`]), before the test harness starts. The init is this binary
+//! again too (sluice starts `/proc/self/exe` as `sluice-init`), so it is
+//! dispatched first.
 
 mod common;
 
@@ -32,6 +34,11 @@ const SCRIPT_VAR: &str = "SLUICE_TEST_CONFINE_FILES_SCRIPT";
 static BEFORE_MAIN: extern "C" fn() = before_main;
 
 extern "C" fn before_main() {
+    // std's own arguments may not be set up yet this early.
+    let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+    if cmdline.split(|b| *b == 0).next() == Some(sluice::confine::INIT_NAME.as_bytes()) {
+        sluice::confine::run_init();
+    }
     if let (Some(plan), Some(script)) = (std::env::var_os(PLAN_VAR), std::env::var_os(SCRIPT_VAR)) {
         let code = match confine_and_run(&plan.to_string_lossy(), script) {
             Ok(code) => code,

@@ -43,7 +43,7 @@ pub(crate) struct RunOptions {
     pub(crate) command: Vec<OsString>,
     /// sluice's own files, which the command must not change.
     pub(crate) files: crate::confine::SluiceFiles,
-    /// The command's init, forked before the runtime started.
+    /// The command's init, started before the runtime started.
     pub(crate) init: crate::confine::PreparedInit,
     /// The sandbox namespace, being made since just after the init's fork
     /// ([`start_sandbox`]).
@@ -255,7 +255,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<i32> {
     };
     let served = session.serve_with(sandbox, id, interception)?;
 
-    // The workload comes from the init, forked before this thread got its
+    // The workload comes from the init, started before this thread got its
     // lead, so it keeps the priority sluice was started with.
     session.services.shared.workers.serve_ahead_of_workload();
     let terminal = crate::confine::terminal::Foreground::now();

@@ -35,7 +35,7 @@ pub(crate) struct VmOptions {
     pub(crate) user: Option<String>,
     pub(crate) command: Vec<OsString>,
     pub(crate) files: SluiceFiles,
-    /// The VMM's init, forked before the runtime started.
+    /// The VMM's init, started before the runtime started.
     pub(crate) init: crate::confine::PreparedInit,
 }
 
@@ -103,7 +103,7 @@ pub(crate) async fn run(opts: VmOptions) -> Result<i32> {
         }
     };
     let served = session.serve_with(sandbox, opts.id, interception)?;
-    // The VM's command comes from the init, forked before: it keeps
+    // The VM's command comes from the init, started before: it keeps
     // sluice's starting priority.
     session.services.shared.workers.serve_ahead_of_workload();
     let terminal = crate::confine::terminal::Foreground::now();

@@ -40,7 +40,7 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // Before the sandbox, whose listeners (one per worker) may be bound
     // before the runtime starts.
     let runtime = crate::serve::runtime::plan_one_sandbox()?;
-    // The init, while sluice is still one thread and small (see PreparedInit).
+    // The init, while sluice is still small (see PreparedInit).
     let init = crate::confine::PreparedInit::fork()?;
     // Then the namespace, on a thread of its own while the runtime and the
     // services start: its table's thread is the longest path to the go.

@@ -230,7 +230,7 @@ fn wrap(args: WrapArgs) -> anyhow::Result<i32> {
     let id = sandbox_id(&args.guest);
     let policy = policy_source(&args.source, WorkloadPath::Vm)?;
     crate::confine::require_root("sluice vm")?;
-    // First, while sluice is one thread and small (see PreparedInit).
+    // First, while sluice is small (see PreparedInit).
     let init = crate::confine::PreparedInit::fork()?;
     let files = super::run::sluice_files(&args.source, &args.records);
     let (started, workers) = crate::serve::runtime::one_sandbox()?;

@@ -1,7 +1,7 @@
 //! What a forked child does between fork and exec, for every process sluice
-//! starts with a setup of its own: the workload (from its init) and podman
-//! (`sluice oci`); and the few unsafe calls of the init's own fork
-//! ([`fork_alone`], [`close_own_descriptors`], [`set_cmdline`], [`exit_now`]).
+//! starts with a setup of its own: the workload's init (sluice re-executed),
+//! the workload (from its init) and podman (`sluice oci`); and the one
+//! unsafe registration of a descriptor with tokio's reactor ([`async_fd`]).
 //!
 //! The setup is plain data ([`ChildSetup`]): which namespace to enter,
 //! which signal mask, which descriptor to keep, whether to die with the
@@ -51,6 +51,9 @@ pub(crate) struct ChildSetup {
 pub(crate) enum Parent {
     /// The parent's pid, compared with getppid(2).
     Pid(nix::unistd::Pid),
+    /// A pidfd of the parent, readable once it has exited: for a child
+    /// that is the first of a new PID namespace, whose parent pid is 0.
+    Pidfd(OwnedFd),
 }
 
 /// The workload's seccomp filter (the last one: its parent, the init,
@@ -131,7 +134,7 @@ pub(crate) fn prepare(cmd: &mut std::process::Command, setup: ChildSetup) {
     // async-signal-safe calls are sound (the parent may be multi-threaded).
     // `ChildSetup::run` makes only system calls, through nix and rustix
     // wrappers that neither allocate nor lock, on data the closure owns:
-    // setns, getrlimit/setrlimit, sigprocmask, fcntl, prctl, getppid,
+    // setns, getrlimit/setrlimit, sigprocmask, fcntl, prctl, getppid, poll,
     // seccomp, capget/capset, setgroups/setgid/setuid and write. Errors are
     // raw errnos, which need no allocation.
     unsafe {
@@ -172,6 +175,19 @@ impl ChildSetup {
         }
         let gone = match &self.parent_alive {
             Some(Parent::Pid(parent)) => nix::unistd::getppid() != *parent,
+            Some(Parent::Pidfd(parent)) => {
+                let mut alive = [rustix::event::PollFd::new(
+                    parent,
+                    rustix::event::PollFlags::IN,
+                )];
+                let now = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                rustix::event::poll(&mut alive, Some(&now))
+                    .map_err(|e| fail(Step::ParentGone, e.raw_os_error()))?
+                    != 0
+            }
             None => false,
         };
         if gone {
@@ -211,152 +227,6 @@ impl WorkloadConfinement {
     }
 }
 
-/// Which side of [`fork_alone`] this is.
-pub(crate) enum Forked {
-    Parent(nix::unistd::Pid),
-    Child,
-}
-
-/// fork(2), refused unless this process runs one thread: the child may then
-/// do anything the parent could (allocate, take locks, spawn), as no other
-/// thread can have held a lock or half-written a structure at the fork.
-/// Used for the workload's init, forked before sluice starts any thread.
-pub(crate) fn fork_alone() -> std::io::Result<Forked> {
-    let threads = std::fs::read_dir("/proc/self/task")?.count();
-    if threads != 1 {
-        return Err(std::io::Error::other(format!(
-            "sluice runs {threads} threads already: the workload's init must be forked before any starts"
-        )));
-    }
-    // SAFETY: one thread (checked just above; none is started between the
-    // check and the fork), so the child inherits no lock another thread
-    // held and may run ordinary code.
-    match unsafe { nix::unistd::fork() }? {
-        nix::unistd::ForkResult::Parent { child } => Ok(Forked::Parent(child)),
-        nix::unistd::ForkResult::Child => Ok(Forked::Child),
-    }
-}
-
-/// In the freshly forked init: close every close-on-exec descriptor but
-/// `keep`, as the exec the init no longer does would have: sluice's own
-/// (every descriptor Rust opens is close-on-exec) go, while those sluice's
-/// caller passed on to it stay for the workload, as without sluice. The
-/// caller must own none of those closed any more (its frames below the fork
-/// never resume: it ends with [`exit_now`]), so no `OwnedFd` is left to
-/// close a number twice.
-pub(crate) fn close_own_descriptors(keep: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
-    use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
-    let dir = rustix::fs::open(
-        "/proc/self/fd",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
-    let mut open = Vec::new();
-    for entry in rustix::fs::Dir::read_from(&dir)? {
-        if let Some(fd) = entry?
-            .file_name()
-            .to_str()
-            .ok()
-            .and_then(|n| n.parse::<i32>().ok())
-        {
-            open.push(fd);
-        }
-    }
-    let listing = dir.as_raw_fd();
-    drop(dir);
-    for fd in open {
-        if fd <= 2 || fd == keep.as_raw_fd() || fd == listing {
-            continue;
-        }
-        // SAFETY: `fd` was open when listed and nothing has closed it since
-        // (the listing's own descriptor, the one closed, is skipped above),
-        // and nothing that runs after this in the init owns it (see above):
-        // the OwnedFd is its only owner, dropped (closed) or given back.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        match rustix::io::fcntl_getfd(&fd) {
-            Ok(flags) if flags.contains(rustix::io::FdFlags::CLOEXEC) => drop(fd),
-            _ => {
-                let _kept = fd.into_raw_fd();
-            }
-        }
-    }
-    Ok(())
-}
-
-/// In the forked init: make its command line (`ps`, /proc/PID/cmdline)
-/// `name` alone instead of sluice's, which it inherited with the fork.
-/// PR_SET_MM_MAP with the process's own layout but the arguments (needs no
-/// CAP_SYS_RESOURCE, which PR_SET_MM_ARG_START would).
-pub(crate) fn set_cmdline(name: &std::ffi::CStr) -> std::io::Result<()> {
-    /// struct prctl_mm_map (linux/prctl.h).
-    #[repr(C)]
-    struct MmMap {
-        start_code: u64,
-        end_code: u64,
-        start_data: u64,
-        end_data: u64,
-        start_brk: u64,
-        brk: u64,
-        start_stack: u64,
-        arg_start: u64,
-        arg_end: u64,
-        env_start: u64,
-        env_end: u64,
-        auxv: u64,
-        auxv_size: u32,
-        exe_fd: u32,
-    }
-    const PR_SET_MM_MAP: libc::c_ulong = 14;
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // The fields after the name (which may hold spaces), from field 3 on.
-    let rest = stat
-        .rsplit_once(") ")
-        .map(|(_, rest)| rest)
-        .ok_or_else(|| std::io::Error::other("unreadable /proc/self/stat"))?;
-    let fields: Vec<u64> = rest
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0);
-    // Lives as long as the init: the kernel reads it from there.
-    let bytes: &'static [u8] = Box::leak(name.to_bytes_with_nul().to_vec().into_boxed_slice());
-    let arg_start = bytes.as_ptr() as u64;
-    let mut map = MmMap {
-        start_code: field(26),
-        end_code: field(27),
-        start_stack: field(28),
-        start_data: field(45),
-        end_data: field(46),
-        start_brk: field(47),
-        brk: 0,
-        arg_start,
-        arg_end: arg_start + bytes.len() as u64,
-        env_start: field(50),
-        env_end: field(51),
-        auxv: 0,
-        auxv_size: 0,
-        exe_fd: u32::MAX,
-    };
-    // SAFETY: sbrk(0) only reads the current program break. The kernel
-    // reads `map` (alive, of the size given) and records the addresses in
-    // it; the arguments' memory stays mapped and unchanged (leaked above)
-    // and nothing is written through any of them.
-    let done = unsafe {
-        map.brk = libc::sbrk(0) as u64;
-        libc::prctl(
-            libc::PR_SET_MM,
-            PR_SET_MM_MAP,
-            &map as *const MmMap as libc::c_ulong,
-            std::mem::size_of::<MmMap>() as libc::c_ulong,
-            0,
-        )
-    };
-    match done {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
-}
-
 /// A pidfd in tokio's reactor (readable once its process has exited).
 pub(crate) fn async_pidfd(pidfd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     async_fd(pidfd, tokio::io::Interest::READABLE)
@@ -372,15 +242,6 @@ pub(crate) fn async_fd(
     // is deprecated by tokio as unsound: tokio-rs/tokio#8587.)
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
         .map_err(std::io::Error::from)
-}
-
-/// End the forked init at once with `code`: _exit(2), without running the
-/// atexit handlers or flushing the stdio buffers it inherited from sluice
-/// (whatever sluice had buffered is sluice's to write, not its init's).
-pub(crate) fn exit_now(code: i32) -> ! {
-    // SAFETY: _exit(2) is always sound; it never returns. (No safe wrapper:
-    // nix has none, rustix's is its unstable runtime API.)
-    unsafe { libc::_exit(code) }
 }
 
 fn raw(e: &std::io::Error) -> i32 {

@@ -1,6 +1,7 @@
-//! The workload's init: PID 1 of its PID namespace. sluice forks it early
-//! ([`super::PreparedInit`]: while sluice still runs one thread, as the
-//! first process of a fresh PID namespace); it waits on a socket for the
+//! The workload's init: PID 1 of its PID namespace. sluice starts it early
+//! ([`super::PreparedInit`]: sluice's own binary executed again, as
+//! `sluice-init`, the first process of a fresh PID namespace); it takes
+//! its stdin back from sluice, waits on a socket for the
 //! plan saying what to run ([`InitArgs`]), sets up the mount namespace and
 //! puts itself under the seccomp filters but setns(2)'s while sluice makes
 //! the network namespace, waits for the go that hands it that namespace,
@@ -40,11 +41,11 @@ use super::mounts::{self, FilePlan};
 use super::{scm, seccomp, RunAs};
 
 /// The init's name (its comm: `ps`, `/proc/1/comm` in the sandbox).
-pub(crate) const NAME: &str = "sluice-init";
+pub const NAME: &str = "sluice-init";
 
-/// Signals the init takes through its signalfd. sluice blocks them before
-/// it forks the init (and unblocks them in itself right after), so none
-/// sent while the init starts is lost.
+/// Signals the init takes through its signalfd. Blocked in the init from
+/// before its exec (sluice's spawn sets its mask), so none sent while the
+/// init starts is lost.
 pub(crate) fn taken_signals() -> SigSet {
     let mut set = SigSet::empty();
     for sig in [
@@ -207,13 +208,27 @@ pub(crate) fn exit_report(said: &[u8]) -> Option<std::process::ExitStatus> {
 pub(crate) const MORE: u8 = b'+';
 pub(crate) const LAST: u8 = b'.';
 pub(crate) const GO: u8 = b'!';
+/// The first message, alone, before the plan: sluice's stdin attached, for
+/// the init (whose stdin was the socket) to take back as its own.
+pub(crate) const STDIN: u8 = b'0';
 pub(crate) const CHUNK: usize = 32 * 1024;
 
-/// The forked init's life, from right after the fork (see
-/// [`super::PreparedInit::fork`]); never returns. `socket` is its end of the
-/// socket pair, `sluice` a pidfd of sluice, `others` what else the fork
-/// left it that it closes first.
-pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -> ! {
+/// `sluice-init`'s life, from its `main` (see [`super::PreparedInit::fork`],
+/// which set its mask and parent-death signal before the exec); never
+/// returns. Its stdin is its end of the socket pair to sluice.
+pub fn run() -> ! {
+    let stdin = std::io::stdin();
+    let is_socket = rustix::fs::fstat(stdin.as_fd()).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket
+    });
+    let socket = match stdin.as_fd().try_clone_to_owned() {
+        Ok(socket) if is_socket => socket,
+        // Not started by sluice: no socket, no one to report to.
+        _ => {
+            eprintln!("{NAME}: sluice starts this itself for a workload (`sluice run`, `sluice vm`); it is not a command");
+            std::process::exit(2)
+        }
+    };
     let report = |kind: u8, why: &[u8]| {
         let mut said = vec![kind];
         said.extend_from_slice(why);
@@ -221,39 +236,21 @@ pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -
     };
     let refuse = |why: String| -> ! {
         report(REPORT_CONFINE_FAILED, why.as_bytes());
-        child::exit_now(3)
+        std::process::exit(3)
     };
-    drop(others);
     let name = std::ffi::CString::new(NAME).expect("no NUL in the name");
     let _ = nix::sys::prctl::set_name(&name);
-    let _ = child::set_cmdline(&name);
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        refuse(format!("cannot {}: {e}", Step::ParentDeath.what()));
-    }
-    // Armed now; a sluice that died before would never send it.
-    let mut alive = [rustix::event::PollFd::new(
-        &sluice,
-        rustix::event::PollFlags::IN,
-    )];
-    let zero = rustix::event::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    match rustix::event::poll(&mut alive, Some(&zero)) {
-        Ok(0) => {}
-        // sluice is gone: nothing to start, no one to tell.
-        Ok(_) => child::exit_now(0),
-        Err(e) => refuse(format!("cannot tell whether sluice is alive: {e}")),
-    }
-    drop(sluice);
-    if let Err(e) = child::close_own_descriptors(socket.as_fd()) {
-        refuse(format!("cannot close sluice's descriptors: {e}"));
+    match receive_stdin(&socket) {
+        Ok(Some(())) => {}
+        // sluice closed the socket without a word: exit quietly.
+        Ok(None) => std::process::exit(0),
+        Err(why) => refuse(why),
     }
 
     let message = match receive_plan(&socket) {
         Ok(Some(message)) => message,
         // sluice closed the socket without a word: exit quietly.
-        Ok(None) => child::exit_now(0),
+        Ok(None) => std::process::exit(0),
         Err(why) => refuse(why),
     };
     let args = match InitArgs::from_message(&message) {
@@ -269,7 +266,7 @@ pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -
         Ok(Some(netns)) => netns,
         // sluice gave up before the go (it failed, or was stopped): nothing
         // runs.
-        Ok(None) => child::exit_now(0),
+        Ok(None) => std::process::exit(0),
         Err(why) => refuse(why),
     };
     if let Some(netns) = netns {
@@ -305,7 +302,29 @@ pub(crate) fn prepared(socket: OwnedFd, sluice: OwnedFd, others: Vec<OwnedFd>) -
             }
         }
     };
-    child::exit_now(code)
+    std::process::exit(code)
+}
+
+/// sluice's stdin, made the init's own (fd 0, in place of the socket);
+/// `None` when sluice closed the socket before sending it.
+fn receive_stdin(socket: &OwnedFd) -> Result<Option<()>, String> {
+    let mut buf = [0u8; 2];
+    let got = loop {
+        match scm::recv(socket, &mut buf) {
+            Ok(got) => break got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("cannot read sluice's stdin: {e}")),
+        }
+    };
+    if got.bytes == 0 && got.fds.is_empty() {
+        return Ok(None);
+    }
+    if got.truncated || got.fds_truncated || got.fds.len() != 1 || buf[..got.bytes] != [STDIN] {
+        return Err("sluice's stdin is not one descriptor".into());
+    }
+    nix::unistd::dup2_stdin(&got.fds[0])
+        .map_err(|e| format!("cannot take sluice's stdin as the init's: {e}"))?;
+    Ok(Some(()))
 }
 
 /// sluice's plan, whole; `None` when sluice closed the socket before

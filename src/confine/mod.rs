@@ -36,6 +36,7 @@ pub(crate) mod terminal;
 
 use std::path::{Path, PathBuf};
 
+pub use init::{run as run_init, NAME as INIT_NAME};
 pub(crate) use mounts::FilePlan;
 pub(crate) use spawn::Workload;
 pub use spawn::{start, PreparedInit};

@@ -1,5 +1,5 @@
-//! sluice's side of starting a confined workload: the early fork of its
-//! init into a fresh PID namespace ([`PreparedInit`]), the plan that tells
+//! sluice's side of starting a confined workload: the early start of its
+//! init in a fresh PID namespace ([`PreparedInit`]), the plan that tells
 //! the init what to run (sent early, so that the init confines itself while
 //! sluice sets up the network namespace), the go that hands it that
 //! namespace ([`start`]), and waiting for the init to say whether the
@@ -9,7 +9,7 @@
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -20,18 +20,19 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use rustix::process::{pidfd_open, PidfdFlags, WaitId, WaitIdOptions};
 use tokio::io::unix::AsyncFd;
 
-use super::child::{self, Forked};
+use super::child::{self, ChildSetup, Parent};
 use super::init::{
     self, InitArgs, CHUNK, GO, LAST, MORE, REPORT_CONFINE_FAILED, REPORT_EXEC_FAILED, STARTED,
+    STDIN,
 };
 use super::{plan_replacements, scm, ConfineError, RunAs, SluiceFiles};
 
 /// How long the init may take to confine and start the workload.
 const START_LIMIT: Duration = Duration::from_secs(30);
 
-/// The workload's init, forked ahead of time: PID 1 of a fresh PID
-/// namespace, waiting on a socket for what to run. Forked while sluice is
-/// one thread and small, it costs a fork of a small process and no exec.
+/// The workload's init, started ahead of time: PID 1 of a fresh PID
+/// namespace, waiting on a socket for what to run. Started while sluice is
+/// small, it costs a fork of a small process and an exec of sluice.
 /// Dropped unused, it closes the socket, and the init exits at once
 /// (quietly, status 0) and is reaped here.
 pub struct PreparedInit {
@@ -63,16 +64,16 @@ struct Planned {
 }
 
 impl PreparedInit {
-    /// Fork the init. Call first thing, before anything starts a thread
-    /// (the runtime, the namespace's), raises the descriptor limit
-    /// or opens descriptors the workload should not see: the init keeps
-    /// sluice's limits and mask as they are now and is refused (an error)
-    /// if sluice already runs more than one thread. Needs root (a PID
-    /// namespace).
+    /// Start the init: sluice itself, executed again as `sluice-init`
+    /// (see [`init::run`]) as the first process of a fresh PID namespace.
+    /// Call first thing, before sluice raises the descriptor limit or opens
+    /// descriptors the workload should not see: the init keeps sluice's
+    /// limits as they are now, and its program confines itself while sluice
+    /// goes on. Needs root (a PID namespace).
     ///
     /// Must be called from the thread that later spawns the workload and
     /// lives as long as sluice (the main thread): the init gets SIGKILL
-    /// when the thread that forked it dies, and its death takes its whole
+    /// when the thread that started it dies, and its death takes its whole
     /// PID namespace with it.
     pub fn fork() -> Result<PreparedInit, ConfineError> {
         let setup = |e: nix::Error| ConfineError::Init(e.into());
@@ -87,48 +88,54 @@ impl PreparedInit {
             SockFlag::SOCK_CLOEXEC,
         )
         .map_err(setup)?;
+        // The init's stdin is its socket until the first message hands it
+        // sluice's own stdin (which the workload inherits): a descriptor
+        // std places, so that the init need not trust a number it is told.
+        let stdin = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(ConfineError::Init)?;
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.arg0(init::NAME).stdin(theirs);
+        child::prepare(
+            &mut cmd,
+            ChildSetup {
+                // std empties the mask in the child: the init takes these
+                // from its signalfd, so none sent while it starts is lost.
+                signal_mask: Some((SigmaskHow::SIG_BLOCK, init::taken_signals())),
+                parent_death: Some(nix::sys::signal::Signal::SIGKILL),
+                parent_alive: Some(Parent::Pidfd(sluice)),
+                ..ChildSetup::default()
+            },
+        );
         // PID namespaces for children are per thread: this thread's is
-        // switched for the one fork and set back at once.
+        // switched for the one spawn and set back at once.
         let pid_ns = std::fs::File::open(Path::new("/proc/thread-self/ns/pid_for_children"))
             .map_err(ConfineError::Init)?;
         unshare(CloneFlags::CLONE_NEWPID).map_err(setup)?;
-        // Held until the init reads them from its signalfd: a stop sent
-        // while it starts is not lost. sluice's own mask is back right after.
-        let mut mask = nix::sys::signal::SigSet::empty();
-        let blocked = nix::sys::signal::sigprocmask(
-            SigmaskHow::SIG_BLOCK,
-            Some(&init::taken_signals()),
-            Some(&mut mask),
-        );
-        let forked = match blocked {
-            Ok(()) => child::fork_alone().map_err(ConfineError::Init),
-            Err(e) => Err(setup(e)),
-        };
-        if let Ok(Forked::Child) = forked {
-            init::prepared(theirs, sluice, vec![ours, pid_ns.into()]);
-        }
-        if blocked.is_ok() {
-            let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None);
-        }
+        let spawned = cmd.spawn();
         let back = setns(pid_ns.as_fd(), CloneFlags::CLONE_NEWPID);
-        let pid = match forked? {
-            Forked::Parent(pid) => pid,
-            Forked::Child => unreachable!("the init never returns"),
-        };
-        drop(theirs);
+        // The pidfd and sluice's end of the socket (in the hook) close now.
+        drop(cmd);
+        // Never waited on through std: the init is reaped through its pidfd.
+        let pid = nix::unistd::Pid::from_raw(spawned.map_err(ConfineError::Init)?.id() as i32);
+        let sent = scm::send(ours.as_raw_fd(), &[STDIN], Some(stdin.as_fd()));
         // The init is our child and not yet reaped: its pid is its own.
         let pidfd = rustix::process::Pid::from_raw(pid.as_raw())
             .ok_or(rustix::io::Errno::SRCH)
             .and_then(|raw| pidfd_open(raw, PidfdFlags::empty()));
-        let pidfd = match pidfd {
-            Ok(pidfd) => pidfd,
-            Err(e) => {
+        let pidfd = match (pidfd, sent) {
+            (Ok(pidfd), Ok(_)) => pidfd,
+            (pidfd, sent) => {
                 // Told nothing, the init exits at once: reap it.
                 drop(ours);
                 let _ = nix::sys::wait::waitpid(pid, None);
-                return Err(ConfineError::Setup(format!(
-                    "cannot open a pidfd of the workload's init: {e}"
-                )));
+                let why = match (pidfd, sent) {
+                    (Err(e), _) => format!("cannot open a pidfd of the workload's init: {e}"),
+                    (_, Err(e)) => format!("cannot hand the workload's init its stdin: {e}"),
+                    _ => unreachable!("one of them failed"),
+                };
+                return Err(ConfineError::Setup(why));
             }
         };
         let prepared = PreparedInit {
@@ -143,7 +150,7 @@ impl PreparedInit {
         };
         back.map_err(|e| {
             ConfineError::Setup(format!(
-                "cannot return to sluice's own PID namespace after forking the init: {e}"
+                "cannot return to sluice's own PID namespace after starting the init: {e}"
             ))
         })?;
         Ok(prepared)

@@ -168,7 +168,7 @@ impl Plan {
     /// planned number of nice steps ahead of the workload (nice -20 at
     /// most). Call it where the workload's own processes cannot inherit it:
     /// in `sluice run` and `sluice vm` the workload comes from the init,
-    /// forked before; in `sluice oci`, after podman is started. A thread
+    /// started before; in `sluice oci`, after podman is started. A thread
     /// that may not raise its priority (no CAP_SYS_NICE) serves at the
     /// workload's.
     pub(crate) fn serve_ahead_of_workload(&self) {
