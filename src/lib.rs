@@ -27,8 +27,8 @@
 //! `unsafe` is forbidden in every module but the four where an API
 //! demands it and no safe wrapper exists (nix, rustix, tokio): `confine`
 //! (`child`: the one `pre_exec` hook, which runs a plain-data setup between
-//! fork and exec, the init's fork, descriptor closing, command line and
-//! `_exit`, and tokio's `AsyncFd` registration; `mounts`: mount_setattr),
+//! fork and exec, and tokio's `AsyncFd` registration; `mounts`:
+//! mount_setattr),
 //! `enforce::libnft` (every call into libnftables), `netns::tap` (the tun
 //! driver's ioctls) and `probe::frame` (a `sockaddr_ll` for nix);
 //! each says why it is sound, and clippy's

@@ -43,9 +43,10 @@ use super::{scm, seccomp, RunAs};
 /// The init's name (its comm: `ps`, `/proc/1/comm` in the sandbox).
 pub const NAME: &str = "sluice-init";
 
-/// Signals the init takes through its signalfd. Blocked in the init from
-/// before its exec (sluice's spawn sets its mask), so none sent while the
-/// init starts is lost.
+/// Signals the init takes through its signalfd. sluice blocks them before
+/// it starts the init (which inherits the mask through the fork and keeps
+/// it through the exec) and unblocks them in itself right after, so none
+/// sent while the init starts is lost.
 pub(crate) fn taken_signals() -> SigSet {
     let mut set = SigSet::empty();
     for sig in [

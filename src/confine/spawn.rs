@@ -100,9 +100,6 @@ impl PreparedInit {
         child::prepare(
             &mut cmd,
             ChildSetup {
-                // std empties the mask in the child: the init takes these
-                // from its signalfd, so none sent while it starts is lost.
-                signal_mask: Some((SigmaskHow::SIG_BLOCK, init::taken_signals())),
                 parent_death: Some(nix::sys::signal::Signal::SIGKILL),
                 parent_alive: Some(Parent::Pidfd(sluice)),
                 ..ChildSetup::default()
@@ -113,12 +110,27 @@ impl PreparedInit {
         let pid_ns = std::fs::File::open(Path::new("/proc/thread-self/ns/pid_for_children"))
             .map_err(ConfineError::Init)?;
         unshare(CloneFlags::CLONE_NEWPID).map_err(setup)?;
-        let spawned = cmd.spawn();
+        // Held until the init reads them from its signalfd (the child
+        // inherits the mask, and an exec keeps it): a stop sent while it
+        // starts is not lost. sluice's own mask is back right after.
+        let mut mask = nix::sys::signal::SigSet::empty();
+        let blocked = nix::sys::signal::sigprocmask(
+            SigmaskHow::SIG_BLOCK,
+            Some(&init::taken_signals()),
+            Some(&mut mask),
+        );
+        let spawned = match blocked {
+            Ok(()) => cmd.spawn().map_err(ConfineError::Init),
+            Err(e) => Err(setup(e)),
+        };
+        if blocked.is_ok() {
+            let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None);
+        }
         let back = setns(pid_ns.as_fd(), CloneFlags::CLONE_NEWPID);
         // The pidfd and sluice's end of the socket (in the hook) close now.
         drop(cmd);
         // Never waited on through std: the init is reaped through its pidfd.
-        let pid = nix::unistd::Pid::from_raw(spawned.map_err(ConfineError::Init)?.id() as i32);
+        let pid = nix::unistd::Pid::from_raw(spawned?.id() as i32);
         let sent = scm::send(ours.as_raw_fd(), &[STDIN], Some(stdin.as_fd()));
         // The init is our child and not yet reaped: its pid is its own.
         let pidfd = rustix::process::Pid::from_raw(pid.as_raw())
