@@ -36,6 +36,40 @@ pub(crate) const DEFAULT_GUEST_IP6: &str = "2001:db8:5c:fffe::2/64";
 /// How long a DHCP lease lasts (a guest renews at half of it).
 pub(crate) const LEASE_SECS: u32 = 3600;
 
+/// A VM's addressing as it is asked for, by `sluice vm`'s flags (once
+/// its defaults are filled in) and by the daemon's attach request (JSON,
+/// each field as text, read with the same `FromStr` as the flags): the one
+/// front end of [`VmNet::new`], which checks it ([`VmAddressing::net`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmAddressing {
+    pub tap: String,
+    pub guest_mac: MacAddr,
+    /// The guest's IPv4 address with its prefix.
+    pub guest_ip: Ipv4Net,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<Ipv4Addr>,
+    /// The guest's IPv6 address with its prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_ip6: Option<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<Ipv6Addr>,
+}
+
+impl VmAddressing {
+    /// The checked addressing (see [`VmNet::new`]).
+    pub(crate) fn net(&self) -> Result<VmNet, VmNetError> {
+        VmNet::new(
+            self.tap.clone(),
+            self.guest_mac,
+            self.guest_ip,
+            self.gateway,
+            self.guest_ip6,
+            self.gateway6,
+        )
+    }
+}
+
 /// Why a VM's addressing was refused.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum VmNetError {
@@ -323,5 +357,36 @@ mod tests {
         assert!(shared.proxy_binds.iter().all(|b| !b.ip().is_loopback()));
         assert!(!shared.spec.owns_namespace());
         assert!(shared.dhcp.is_some());
+    }
+
+    #[test]
+    fn the_daemons_text_addressing_reads_back_as_the_flags_give_it() {
+        let asked = VmAddressing {
+            tap: "tap0".into(),
+            guest_mac: DEFAULT_GUEST_MAC,
+            guest_ip: DEFAULT_GUEST_IP.parse().unwrap(),
+            gateway: None,
+            guest_ip6: Some(DEFAULT_GUEST_IP6.parse().unwrap()),
+            gateway6: None,
+        };
+        let text = serde_json::to_string(&asked).unwrap();
+        assert_eq!(
+            text,
+            r#"{"tap":"tap0","guest_mac":"52:54:00:5c:fe:02","guest_ip":"198.19.254.2/30","guest_ip6":"2001:db8:5c:fffe::2/64"}"#
+        );
+        let read: VmAddressing = serde_json::from_str(&text).unwrap();
+        assert_eq!(read, asked);
+        assert_eq!(read.net().unwrap().gateway, Ipv4Addr::new(198, 19, 254, 1));
+    }
+
+    #[test]
+    fn a_bad_mac_in_the_daemons_request_is_refused_with_the_parsers_reason() {
+        let err = serde_json::from_str::<VmAddressing>(
+            r#"{"tap":"tap0","guest_mac":"52:54:00:5c:fe","guest_ip":"198.19.254.2/30"}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        let flag_err = "52:54:00:5c:fe".parse::<MacAddr>().unwrap_err().to_string();
+        assert!(err.contains(&flag_err), "{err}");
     }
 }

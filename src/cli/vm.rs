@@ -12,7 +12,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use super::args::{policy_source, PolicySourceArgs, RecordArgs};
 use super::BadInput;
 use crate::attach::vm::{
-    VmNet, DEFAULT_GUEST_IP, DEFAULT_GUEST_IP6, DEFAULT_GUEST_MAC, DEFAULT_TAP,
+    VmAddressing, VmNet, DEFAULT_GUEST_IP, DEFAULT_GUEST_IP6, DEFAULT_GUEST_MAC, DEFAULT_TAP,
 };
 use crate::mac::MacAddr;
 use crate::netns::SandboxNetns;
@@ -298,14 +298,7 @@ fn attach_through_daemon(args: &AttachArgs, id: SandboxId) -> anyhow::Result<i32
         bundle: args.source.bundle.clone(),
         trust: args.source.bundle_opts.trust.as_deref().map(absolute),
         binds: Vec::new(),
-        vm: Some(crate::daemon::api::VmAttach {
-            tap: args.tap.clone(),
-            guest_mac: guest.guest_mac.unwrap_or(DEFAULT_GUEST_MAC).to_string(),
-            guest_ip: guest.guest_ip.map(|n| n.to_string()).unwrap_or_default(),
-            gateway: guest.gateway.map(|g| g.to_string()),
-            guest_ip6: guest.guest_ip6.map(|n| n.to_string()),
-            gateway6: guest.gateway6.map(|g| g.to_string()),
-        }),
+        vm: Some(guest.addressing(&args.tap, false)),
     };
     let socket = crate::daemon::socket_path(args.socket.as_deref());
     let info = crate::daemon::Client::new(socket)
@@ -368,22 +361,34 @@ fn detach_through_daemon(args: &DetachArgs) -> anyhow::Result<i32> {
     }
 }
 
-/// The guest's addressing; the wrapper fills in its defaults, attach has
-/// only what it is told (no IPv6 unless given).
-fn vm_net(tap: &str, guest: &GuestArgs, defaults: bool) -> anyhow::Result<VmNet> {
-    let mac = guest.guest_mac.unwrap_or(DEFAULT_GUEST_MAC);
-    let ip = match guest.guest_ip {
-        Some(ip) => ip,
-        None => DEFAULT_GUEST_IP.parse().expect("a valid default"),
-    };
-    let ip6 = match guest.guest_ip6 {
-        Some(ip6) => Some(ip6),
-        None if defaults && !guest.no_ipv6 => {
-            Some(DEFAULT_GUEST_IP6.parse().expect("a valid default"))
+impl GuestArgs {
+    /// The guest's addressing; the wrapper fills in its defaults, attach
+    /// has only what it is told (no IPv6 unless given).
+    fn addressing(&self, tap: &str, defaults: bool) -> VmAddressing {
+        let ip6 = match self.guest_ip6 {
+            Some(ip6) => Some(ip6),
+            None if defaults && !self.no_ipv6 => {
+                Some(DEFAULT_GUEST_IP6.parse().expect("a valid default"))
+            }
+            None => None,
+        };
+        VmAddressing {
+            tap: tap.to_string(),
+            guest_mac: self.guest_mac.unwrap_or(DEFAULT_GUEST_MAC),
+            guest_ip: self
+                .guest_ip
+                .unwrap_or_else(|| DEFAULT_GUEST_IP.parse().expect("a valid default")),
+            gateway: self.gateway,
+            guest_ip6: ip6,
+            gateway6: self.gateway6,
         }
-        None => None,
-    };
-    VmNet::new(tap.to_string(), mac, ip, guest.gateway, ip6, guest.gateway6)
+    }
+}
+
+fn vm_net(tap: &str, guest: &GuestArgs, defaults: bool) -> anyhow::Result<VmNet> {
+    guest
+        .addressing(tap, defaults)
+        .net()
         .map_err(|e| BadInput(anyhow::Error::from(e).context("bad VM addressing")).into())
 }
 

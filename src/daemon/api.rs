@@ -113,22 +113,9 @@ pub struct AttachRequest {
 }
 
 /// The tap and the guest `sluice vm attach --daemon` asks the daemon to
-/// fence (addresses as text; the daemon checks them as `sluice vm` does).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VmAttach {
-    pub tap: String,
-    pub guest_mac: String,
-    /// CIDR.
-    pub(crate) guest_ip: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway: Option<String>,
-    /// CIDR.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) guest_ip6: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway6: Option<String>,
-}
+/// fence (each address as text; the daemon checks them as `sluice vm`
+/// does, with the same parsers).
+pub use crate::attach::vm::VmAddressing as VmAttach;
 
 /// A VM's tap and guest address, as `sluice status` shows them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -35,28 +35,8 @@ pub(super) fn refuse_binds(
 
 /// A VM attach's addressing, checked as `sluice vm` checks it.
 pub(super) fn vm_net(vm: &crate::daemon::api::VmAttach) -> Result<VmNet, ApiError> {
-    fn parse<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, ApiError>
-    where
-        T::Err: std::fmt::Display,
-    {
-        text.parse()
-            .map_err(|e| ApiError::bad(format!("bad {what} {text:?}: {e}")))
-    }
-    fn opt<T: std::str::FromStr>(what: &str, text: &Option<String>) -> Result<Option<T>, ApiError>
-    where
-        T::Err: std::fmt::Display,
-    {
-        text.as_deref().map(|t| parse(what, t)).transpose()
-    }
-    VmNet::new(
-        vm.tap.clone(),
-        parse("guest MAC", &vm.guest_mac)?,
-        parse("guest address", &vm.guest_ip)?,
-        opt("gateway", &vm.gateway)?,
-        opt("guest IPv6 address", &vm.guest_ip6)?,
-        opt("IPv6 gateway", &vm.gateway6)?,
-    )
-    .map_err(|e| ApiError::bad(format!("bad VM addressing: {e}")))
+    vm.net()
+        .map_err(|e| ApiError::bad(format!("bad VM addressing: {e}")))
 }
 
 /// The sandbox, the process that ends it, and the addresses a VM attach added.
