@@ -602,43 +602,13 @@ const SECRET: &str = "vm-s3cret-value-0451";
 /// The injecting origin (a real rustls server, tests/common/l7.rs).
 const L7_ORIGIN: &str = "198.18.0.1:443";
 
-/// A policy whose one rule terminates TLS to api.github.test and injects
-/// the secret from `secret_file` (read by sluice).
-fn l7_policy(secret_file: &Path) -> String {
-    format!(
-        r#"
-version: 1
-name: vm-l7
-secrets:
-  - name: gh
-    file: {}
-rules:
-  - name: code-host
-    action: allow
-    hosts: ["api.github.test"]
-    ports: [443]
-    http:
-      - methods: [GET]
-        paths: ["/"]
-    inject:
-      - header: Authorization
-        value: "Bearer {{{{gh}}}}"
-dns:
-  upstream: []
-  hosts:
-    api.github.test: ["198.18.0.1"]
-"#,
-        secret_file.display()
-    )
-}
-
 /// The TLS tests' world: the injecting origin up (its CA returned), the
 /// secret written, the policy.
 fn l7_setup(w: &World) -> (PathBuf, std::sync::Arc<common::l7::Requests>, PathBuf) {
     let (origin_ca, seen) = common::l7::keepalive_origin(w, L7_ORIGIN, &["api.github.test"]);
     let secret_file = w.dir.path().join("gh-token");
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
-    let policy = w.policy(&l7_policy(&secret_file));
+    let policy = w.policy(&common::l7::injecting_policy(&secret_file, &["/"]));
     (origin_ca, seen, policy)
 }
 

@@ -132,7 +132,8 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
             Ok(Ok(start)) => start,
             // Not TLS after all, a ClientHello rustls refuses, or silence.
             _ => {
-                return handshake_failed(&conn, counters, &state).await;
+                return refuse_connection(&conn, counters, &state, RequestDenial::BadHandshake)
+                    .await;
             }
         };
         let sni = start
@@ -140,17 +141,7 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
             .server_name()
             .map(str::to_ascii_lowercase);
         if sni.as_deref().is_some_and(|s| !same_name(s, &conn.host)) {
-            let outcome = refused(&conn, RequestDenial::HostMismatch);
-            audit_request(
-                conn.ctx,
-                conn.peer,
-                conn.dst,
-                &outcome,
-                Some(conn.host.clone()),
-                None,
-            )
-            .await;
-            return finish(counters, &state, Some(outcome));
+            return refuse_connection(&conn, counters, &state, RequestDenial::HostMismatch).await;
         }
         // The leaf is minted (or taken from the cache) for the decided name;
         // the ClientHello's SNI, if any, is that name.
@@ -159,19 +150,25 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
             Ok(Ok(tls)) => serve_http(tls, conn.ctx, scope, state.clone(), head_timeout).await,
             // A client that pins its certificates, or does not trust the
             // sandbox CA, gives up here: nothing reached the origin.
-            _ => return handshake_failed(&conn, counters, &state).await,
+            _ => {
+                return refuse_connection(&conn, counters, &state, RequestDenial::BadHandshake)
+                    .await
+            }
         }
     };
     finish(counters, &state, served)
 }
 
-/// The client's TLS handshake with sluice failed: refused and audited.
-async fn handshake_failed(
+/// The client's TLS handshake with sluice failed, or named another host
+/// than the one decided: the connection is refused (`why`) and audited
+/// before any request.
+async fn refuse_connection(
     conn: &Terminated<'_>,
     counters: Arc<Counters>,
     state: &Shared,
+    why: RequestDenial,
 ) -> Served {
-    let outcome = refused(conn, RequestDenial::BadHandshake);
+    let outcome = refused(conn, why);
     audit_request(
         conn.ctx,
         conn.peer,
