@@ -85,6 +85,44 @@ fn a_bundles_revision_series_goes_when_its_last_sandbox_is_detached() {
 }
 
 #[test]
+fn a_bundles_expiry_is_exported_beside_its_revision_and_goes_with_it() {
+    let Some(w) = World::new() else { return };
+    let daemon = Daemon::start_with_metrics(&w, METRICS);
+    let before = time::OffsetDateTime::now_utc().unix_timestamp();
+    // Signed to expire a day from now.
+    let (bundle, trust) = signed_bundle(w.dir.path(), POLICY, 3);
+    let after = time::OffsetDateTime::now_utc().unix_timestamp();
+    let (ns, process) = container("sluice-dm-exp");
+    daemon.attach_container(
+        "ctr-exp",
+        &ns.path(),
+        process.pid(),
+        None,
+        Some((bundle, trust)),
+    );
+    let expiry = |text: &str| {
+        metric_value(
+            text,
+            "sluice_bundle_expiry_timestamp_seconds",
+            &[r#"bundle="scraped""#],
+        )
+    };
+    let text = scrape(&w);
+    let day = 86_400.0;
+    let at = expiry(&text).unwrap_or_else(|| panic!("no expiry: {text}"));
+    // The manifest keeps whole seconds.
+    assert!(
+        at >= (before as f64 + day - 1.0) && at <= (after as f64 + day + 1.0),
+        "{at} not a day after {before}..{after}"
+    );
+    sluice::daemon::Client::new(&daemon.socket)
+        .detach(&"ctr-exp".parse().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(expiry(&scrape(&w)), None);
+}
+
+#[test]
 fn the_daemon_refuses_an_attach_of_a_bad_sandbox_id_naming_the_rule() {
     let Some(w) = World::new() else { return };
     let daemon = Daemon::start(&w);

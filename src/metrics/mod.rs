@@ -89,6 +89,8 @@ pub struct Metrics {
     drops: Arc<drops::DroppedPackets>,
     /// sluice_bundle_revision{bundle}
     bundle_revision: IntGaugeVec,
+    /// sluice_bundle_expiry_timestamp_seconds{bundle}
+    bundle_expiry: IntGaugeVec,
     /// sluice_bundle_reloads_total{result}
     bundle_reloads: IntCounterVec,
     /// sluice_audit_waits_total
@@ -175,6 +177,11 @@ impl Metrics {
                 "Revision of the policy bundle currently enforced, by bundle name.",
                 &["bundle"],
             )?,
+            bundle_expiry: gauge_vec(
+                "sluice_bundle_expiry_timestamp_seconds",
+                "When the policy bundle currently enforced expires (its manifest's expires), in unix seconds, by bundle name.",
+                &["bundle"],
+            )?,
             bundle_reloads: counter_vec(
                 "sluice_bundle_reloads_total",
                 "Bundle load attempts, by result (applied, unchanged, refused).",
@@ -218,6 +225,7 @@ impl Metrics {
         registry.register(Box::new(self.hostname_lookups.clone()))?;
         registry.register(Box::new(drops::Collector(self.drops.clone())))?;
         registry.register(Box::new(self.bundle_revision.clone()))?;
+        registry.register(Box::new(self.bundle_expiry.clone()))?;
         registry.register(Box::new(self.bundle_reloads.clone()))?;
         registry.register(Box::new(self.audit_waits.clone()))?;
         registry.register(Box::new(self.audit_head_seq.clone()))?;
@@ -285,9 +293,18 @@ impl Metrics {
             .set(i64::try_from(revision).unwrap_or(i64::MAX));
     }
 
-    /// Forget a bundle's revision series (when its sandbox goes away).
+    /// Record when the bundle now enforced expires (unix seconds).
+    pub(crate) fn set_bundle_expiry(&self, bundle: &str, unix_seconds: i64) {
+        self.bundle_expiry
+            .with_label_values(&[bundle])
+            .set(unix_seconds);
+    }
+
+    /// Forget a bundle's revision and expiry series (when its sandbox goes
+    /// away).
     pub(crate) fn clear_bundle_revision(&self, bundle: &str) {
         let _ = self.bundle_revision.remove_label_values(&[bundle]);
+        let _ = self.bundle_expiry.remove_label_values(&[bundle]);
     }
 
     /// The counter to give the audit log (`AuditWriter::with_options`): it

@@ -123,6 +123,9 @@ pub struct Reloader {
     trigger_rx: mpsc::Receiver<()>,
     observer: Option<Observer>,
     watcher: Option<BundleWatcher>,
+    /// When the bundle in force expires (unix seconds): see
+    /// [`Reloader::expiry`].
+    expires: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Reloader {
@@ -175,7 +178,11 @@ impl Reloader {
                 .await;
         }
         let (trigger_tx, trigger_rx) = mpsc::channel(1);
+        let expires = Arc::new(std::sync::atomic::AtomicI64::new(
+            bundle.manifest.expires.0.unix_timestamp(),
+        ));
         Ok(Reloader {
+            expires,
             handle: PolicyHandle::new(bundle.policy, label),
             digest: bundle.digest,
             config,
@@ -193,6 +200,12 @@ impl Reloader {
     /// or when the watch could not be set up: then SIGHUP still reloads).
     pub fn is_watching(&self) -> bool {
         self.watcher.is_some()
+    }
+
+    /// When the bundle in force expires, in unix seconds, kept current as
+    /// bundles are applied (for `sluice_bundle_expiry_timestamp_seconds`).
+    pub fn expiry(&self) -> Arc<std::sync::atomic::AtomicI64> {
+        self.expires.clone()
     }
 
     /// The handle proxies and the DNS responder read the policy from.
@@ -289,6 +302,10 @@ impl Reloader {
             }
         }
         let label = bundle.label();
+        self.expires.store(
+            bundle.manifest.expires.0.unix_timestamp(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.handle.swap(bundle.policy, label.clone());
         self.digest = bundle.digest;
         tracing::info!(bundle = %label, "bundle applied");

@@ -53,8 +53,8 @@ impl ActiveSource {
                 let mut reloader = Reloader::start(*config, Some(shared.audit.clone())).await?;
                 let handle = reloader.handle();
                 if let Some(metrics) = shared.metrics.clone() {
-                    let label = handle.label();
-                    set_revision(&metrics, &label);
+                    let expiry = reloader.expiry();
+                    set_revision(&metrics, &handle.label(), &expiry);
                     let for_label = handle.clone();
                     reloader.on_outcome(move |outcome: &ReloadOutcome| {
                         metrics.bundle_reload(match outcome {
@@ -63,7 +63,7 @@ impl ActiveSource {
                             ReloadOutcome::Refused { .. } => ReloadResult::Refused,
                         });
                         if let ReloadOutcome::Applied { .. } = outcome {
-                            set_revision(&metrics, &for_label.label());
+                            set_revision(&metrics, &for_label.label(), &expiry);
                         }
                     });
                 }
@@ -130,10 +130,12 @@ impl Reloading {
     }
 }
 
-/// `name@revision` -> sluice_bundle_revision{bundle="name"} = revision.
-fn set_revision(metrics: &Metrics, label: &str) {
+/// `name@revision` -> sluice_bundle_revision{bundle="name"} = revision,
+/// and the bundle's expiry beside it.
+fn set_revision(metrics: &Metrics, label: &str, expiry: &std::sync::atomic::AtomicI64) {
     if let Some((name, rev)) = bundle_of(label) {
         metrics.set_bundle_revision(name, rev);
+        metrics.set_bundle_expiry(name, expiry.load(std::sync::atomic::Ordering::Relaxed));
     }
 }
 
