@@ -785,6 +785,34 @@ struct Served {
     body: Mutex<(Vec<u8>, String)>,
     hits: AtomicU64,
     not_modified: AtomicU64,
+    /// Whether it holds a poll that carries the current ETag and
+    /// `Prefer: wait=N` until the body changes (long polling), as a plain
+    /// static server does not.
+    holds: std::sync::atomic::AtomicBool,
+    /// Told (one permit) each time a poll starts being held.
+    holding: tokio::sync::Notify,
+    /// Tells held polls that the body changed.
+    changed: tokio::sync::Notify,
+}
+
+impl Served {
+    /// Serve `body` as `etag` from now on, waking the polls it holds.
+    fn publish(&self, body: Vec<u8>, etag: &str) {
+        *self.body.lock().unwrap() = (body, etag.into());
+        self.changed.notify_waiters();
+    }
+
+    /// Whether the poll with this head may be held, and for how long.
+    fn hold_for(&self, head: &str) -> Option<Duration> {
+        if !self.holds.load(Ordering::SeqCst) {
+            return None;
+        }
+        head.lines()
+            .find_map(|l| l.strip_prefix("prefer:"))
+            .and_then(|v| v.trim().strip_prefix("wait="))
+            .and_then(|n| n.trim().parse().ok())
+            .map(Duration::from_secs)
+    }
 }
 
 /// Serves `served` over HTTPS at [`SERVER`]; answers 304 to a matching
@@ -821,19 +849,35 @@ async fn https_server(pki: &TestPki, served: Arc<Served>) -> tokio::task::JoinHa
                 }
                 served.hits.fetch_add(1, Ordering::SeqCst);
                 let head = String::from_utf8_lossy(&head).to_lowercase();
+                let matches = |etag: &str| {
+                    head.lines().any(|l| {
+                        l.strip_prefix("if-none-match:").map(str::trim)
+                            == Some(&etag.to_lowercase())
+                    })
+                };
+                let hold = served.hold_for(&head);
+                let mut applied = "";
+                if let Some(wait) = hold {
+                    let changed = served.changed.notified();
+                    tokio::pin!(changed);
+                    changed.as_mut().enable();
+                    let unchanged = matches(&served.body.lock().unwrap().1);
+                    if unchanged {
+                        served.holding.notify_one();
+                        let _ = tokio::time::timeout(wait, changed).await;
+                    }
+                    applied = "Preference-Applied: wait\r\n";
+                }
                 let (body, etag) = served.body.lock().unwrap().clone();
-                let matches = head.lines().any(|l| {
-                    l.strip_prefix("if-none-match:").map(str::trim) == Some(&etag.to_lowercase())
-                });
-                let reply = if matches {
+                let reply = if matches(&etag) {
                     served.not_modified.fetch_add(1, Ordering::SeqCst);
                     format!(
-                        "HTTP/1.1 304 Not Modified\r\nETag: {etag}\r\nConnection: close\r\n\r\n"
+                        "HTTP/1.1 304 Not Modified\r\nETag: {etag}\r\n{applied}Connection: close\r\n\r\n"
                     )
                     .into_bytes()
                 } else {
                     let mut r = format!(
-                        "HTTP/1.1 200 OK\r\nETag: {etag}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        "HTTP/1.1 200 OK\r\nETag: {etag}\r\n{applied}Content-Length: {}\r\nConnection: close\r\n\r\n",
                         body.len()
                     )
                     .into_bytes();
@@ -879,6 +923,7 @@ fn https_config(k: &Keys, ca: &Path, state: &Path) -> ReloadConfig {
         interval: Duration::from_millis(200),
         max_backoff: Duration::from_secs(1),
         timeout: Duration::from_secs(5),
+        long_poll: Duration::from_secs(30),
     };
     cfg
 }
@@ -941,6 +986,220 @@ fn https_200_applies_and_304_does_not_reload() {
         stop.drain();
         task.await.unwrap();
         server.abort();
+    });
+}
+
+/// Long polling: the server holds the poll until the bundle changes, so
+/// a new revision is applied at once although the interval is an hour.
+#[test]
+fn a_server_that_holds_the_poll_gets_its_new_bundle_applied_without_waiting_the_interval() {
+    if !privileged() {
+        return;
+    }
+    in_namespace(|| async {
+        let k = Keys::new();
+        let pki = pki();
+        let ca = k.path("ca.pem");
+        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        let served = Arc::new(Served::default());
+        served.holds.store(true, Ordering::SeqCst);
+        served.publish(signed_archive(&k, 1, 1), "\"v1\"");
+        let server = https_server(&pki, served.clone()).await;
+        let mut config = https_config(&k, &ca, &k.path("state"));
+        config.fetch.interval = Duration::from_secs(3600);
+        config.fetch.long_poll = Duration::from_secs(3600);
+        let mut reloader = Reloader::start(config, None).await.unwrap();
+        let handle = reloader.handle();
+        let (outcomes_tx, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+        reloader.on_outcome(move |o: &ReloadOutcome| {
+            let _ = outcomes_tx.send(o.clone());
+        });
+        let (stop, stopped) = sluice::drain::trigger();
+        let task = tokio::spawn(reloader.run(stopped));
+        // sluice's first poll goes at once and is held (a plain poller's
+        // would wait an hour).
+        served.holding.notified().await;
+        served.publish(signed_archive(&k, 2, 2), "\"v2\"");
+        let applied = outcomes.recv().await.expect("an outcome");
+        assert_eq!(
+            applied,
+            ReloadOutcome::Applied {
+                label: "test-bundle@2".into()
+            }
+        );
+        assert_eq!(rule_port(&handle), 8002);
+        // And the next poll is held again at once, with the new ETag; the
+        // drain gives it up rather than wait out its hour.
+        served.holding.notified().await;
+        stop.drain();
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the drain did not end a held poll")
+            .unwrap();
+        server.abort();
+    });
+}
+
+/// nginx serving a directory at [`SERVER`] (docs/bundles.md's layout): a
+/// plain static server that answers at once (it ignores `Prefer: wait`),
+/// with its own ETag and 304. Killed when dropped.
+struct Nginx {
+    child: std::process::Child,
+    access_log: PathBuf,
+}
+
+impl Nginx {
+    /// Started in the calling thread's namespace, serving `www`; `None`
+    /// when nginx is not installed (and the run does not require it).
+    fn serve(dir: &Path, www: &Path, pki: &TestPki) -> Option<Nginx> {
+        if std::process::Command::new("nginx")
+            .arg("-v")
+            .output()
+            .is_err()
+        {
+            if std::env::var("SLUICE_REQUIRE_PRIVILEGED").as_deref() == Ok("1") {
+                panic!("nginx is not installed (.ci/run installs it)");
+            }
+            eprintln!("SKIPPED: nginx is not installed");
+            return None;
+        }
+        std::fs::write(dir.join("cert.pem"), &pki.cert_pem).unwrap();
+        std::fs::write(dir.join("key.pem"), &pki.key_pem).unwrap();
+        let d = dir.display();
+        let conf = format!(
+            "daemon off; master_process off; worker_processes 1;\n\
+             pid {d}/nginx.pid; error_log {d}/error.log;\n\
+             events {{}}\n\
+             http {{\n\
+               log_format status '$status $request';\n\
+               access_log {d}/access.log status;\n\
+               client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
+               fastcgi_temp_path {d}/fastcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+               server {{\n\
+                 listen {SERVER} ssl;\n\
+                 ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem;\n\
+                 root {};\n\
+               }}\n\
+             }}\n",
+            www.display()
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        let child = std::process::Command::new("nginx")
+            .arg("-p")
+            .arg(dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .spawn()
+            .expect("start nginx");
+        let mut nginx = Nginx {
+            child,
+            access_log: dir.join("access.log"),
+        };
+        // Listening once a connection is accepted (bounded: an nginx that
+        // fails to start exits, which ends the wait too).
+        let started = Instant::now();
+        while std::net::TcpStream::connect(SERVER).is_err() {
+            if let Ok(Some(status)) = nginx.child.try_wait() {
+                panic!(
+                    "nginx exited ({status}): {}",
+                    std::fs::read_to_string(dir.join("error.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "nginx never listened"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(nginx)
+    }
+
+    /// Each request it logged: its status, then the request line.
+    fn logged(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.access_log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Publish `archive` as `www/bundle.tar.gz` the way docs/bundles.md says:
+/// written beside it, then renamed over it (never a half-written file),
+/// with a later mtime than the one before (nginx's ETag is mtime and size).
+fn publish(www: &Path, archive: &[u8], mtime: std::time::SystemTime) {
+    let tmp = www.join(".bundle.tar.gz.tmp");
+    std::fs::write(&tmp, archive).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&tmp)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    std::fs::rename(&tmp, www.join("bundle.tar.gz")).unwrap();
+}
+
+#[test]
+fn a_bundle_directory_served_by_nginx_is_fetched_with_its_etag_answered_304_and_replaced() {
+    if !privileged() {
+        return;
+    }
+    in_namespace(|| async {
+        let k = Keys::new();
+        let pki = pki();
+        let ca = k.path("ca.pem");
+        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        let www = k.path("www");
+        std::fs::create_dir(&www).unwrap();
+        let then = std::time::SystemTime::now() - Duration::from_secs(60);
+        publish(&www, &signed_archive(&k, 1, 1), then);
+        let Some(nginx) = Nginx::serve(k.dir.path(), &www, &pki) else {
+            return;
+        };
+        let mut reloader = Reloader::start(https_config(&k, &ca, &k.path("state")), None)
+            .await
+            .unwrap();
+        let handle = reloader.handle();
+        assert_eq!(rule_port(&handle), 8001);
+
+        // Asked again with nginx's ETag, which did not change: 304, and the
+        // policy in force stays.
+        assert_eq!(reloader.reload_once().await, ReloadOutcome::Unchanged);
+        assert_eq!(
+            nginx.logged(),
+            [
+                "200 GET /bundle.tar.gz HTTP/1.1",
+                "304 GET /bundle.tar.gz HTTP/1.1"
+            ],
+            "{}",
+            std::fs::read_to_string(k.path("error.log")).unwrap_or_default()
+        );
+
+        publish(
+            &www,
+            &signed_archive(&k, 2, 2),
+            then + Duration::from_secs(30),
+        );
+        assert_eq!(
+            reloader.reload_once().await,
+            ReloadOutcome::Applied {
+                label: "test-bundle@2".into()
+            }
+        );
+        assert_eq!(rule_port(&handle), 8002);
+        assert_eq!(
+            nginx.logged().last().map(String::as_str),
+            Some("200 GET /bundle.tar.gz HTTP/1.1")
+        );
     });
 }
 

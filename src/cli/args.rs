@@ -49,9 +49,14 @@ pub(crate) struct BundleOpts {
     /// Extra CA certificate (PEM) to trust when fetching an https:// bundle.
     #[arg(long, value_name = "FILE")]
     pub(crate) ca: Option<PathBuf>,
-    /// How often an https:// bundle is polled.
+    /// How often an https:// bundle is polled (give or take a tenth).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub(crate) poll_interval: std::time::Duration,
+    /// How long an https:// bundle's server may hold a poll until the
+    /// bundle changes (`Prefer: wait`; a server that does not hold is
+    /// polled every --poll-interval). 0s: never ask.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub(crate) long_poll: std::time::Duration,
 }
 
 /// What a sandboxed run records and exports, and its connection limit
@@ -166,6 +171,7 @@ pub(crate) fn policy_source(
             fetch: crate::reload::FetchConfig {
                 ca_file: opts.ca.clone(),
                 interval: opts.poll_interval,
+                long_poll: opts.long_poll,
                 ..Default::default()
             },
         },

@@ -17,7 +17,8 @@
 //!   trust: /etc/sluice/trust.yaml   # for io.sluice.bundle without io.sluice.trust
 //!   state_dir: /var/lib/sluice      # bundle rollback memory, restart records, audit.key
 //!   max_connections: 4096           # per sandbox
-//!   poll_interval: 30s              # https:// bundles
+//!   poll_interval: 30s              # https:// bundles (give or take a tenth)
+//!   long_poll: 60s                  # how long their server may hold a poll (0s: never ask)
 //! ```
 
 use std::net::SocketAddr;
@@ -40,7 +41,13 @@ const TOP_KEYS: &[&str] = &[
     "upstream_ca",
     "defaults",
 ];
-const DEFAULTS_KEYS: &[&str] = &["trust", "state_dir", "max_connections", "poll_interval"];
+const DEFAULTS_KEYS: &[&str] = &[
+    "trust",
+    "state_dir",
+    "max_connections",
+    "poll_interval",
+    "long_poll",
+];
 
 /// The state directory unless the config names another.
 pub(crate) use crate::bundle::DEFAULT_STATE_DIR;
@@ -74,6 +81,8 @@ pub(crate) struct Defaults {
     pub(crate) state_dir: PathBuf,
     pub(crate) max_connections: usize,
     pub(crate) poll_interval: Duration,
+    /// How long an https:// bundle's server may hold a poll.
+    pub(crate) long_poll: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -255,6 +264,7 @@ impl Checker {
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             max_connections: 4096,
             poll_interval: Duration::from_secs(30),
+            long_poll: Duration::from_secs(60),
         };
         let Some(node) = node else { return out };
         let entries = self
@@ -284,6 +294,11 @@ impl Checker {
         if let Some(v) = f.get("poll_interval") {
             if let Some(d) = self.duration(v, "defaults.poll_interval", "30s") {
                 out.poll_interval = d;
+            }
+        }
+        if let Some(v) = f.get("long_poll") {
+            if let Some(d) = self.duration(v, "defaults.long_poll", "60s") {
+                out.long_poll = d;
             }
         }
         out

@@ -347,6 +347,7 @@ impl Registry {
                         },
                         fetch: crate::reload::FetchConfig {
                             interval: self.defaults.poll_interval,
+                            long_poll: self.defaults.long_poll,
                             ..Default::default()
                         },
                     },

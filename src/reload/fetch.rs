@@ -1,6 +1,8 @@
 //! Fetching a bundle over HTTPS (hyper + rustls, roots configured
-//! explicitly) with ETag / If-None-Match, and the jittered backoff the
-//! poller uses after failures.
+//! explicitly) with ETag / If-None-Match, long polling (`Prefer: wait=N`,
+//! RFC 7240: a server that supports it holds the request until the bundle
+//! changes or N seconds pass; any other server answers at once and is
+//! polled), and the jittered intervals and backoff the poller waits.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,8 +36,13 @@ pub struct FetchConfig {
     pub interval: Duration,
     /// Longest wait between retries after failures (default 5 min).
     pub max_backoff: Duration,
-    /// Limit for one whole request, connect to last byte (default 30 s).
+    /// Limit for one whole request, connect to last byte (default 30 s);
+    /// a long poll may take `long_poll` more.
     pub timeout: Duration,
+    /// How long a server may hold a request that carries our ETag until
+    /// the bundle changes (`Prefer: wait=N`; default 60 s, zero: never
+    /// asked).
+    pub long_poll: Duration,
 }
 
 impl Default for FetchConfig {
@@ -46,6 +53,7 @@ impl Default for FetchConfig {
             interval: Duration::from_secs(30),
             max_backoff: Duration::from_secs(300),
             timeout: Duration::from_secs(30),
+            long_poll: Duration::from_secs(60),
         }
     }
 }
@@ -65,6 +73,10 @@ pub(crate) struct Fetcher {
     uri: Uri,
     etag: Option<String>,
     timeout: Duration,
+    long_poll: Duration,
+    /// Whether the last answer said the server held the request
+    /// (`Preference-Applied: wait`): then the next poll goes at once.
+    held: bool,
 }
 
 impl Fetcher {
@@ -98,21 +110,46 @@ impl Fetcher {
             uri,
             etag: None,
             timeout: config.timeout,
+            long_poll: config.long_poll,
+            held: false,
         })
+    }
+
+    /// Whether the server holds our requests until the bundle changes (it
+    /// said so on its last answer): the poller then asks again at once
+    /// instead of waiting its interval.
+    pub(crate) fn server_holds(&self) -> bool {
+        self.held
     }
 
     /// GET the bundle, with If-None-Match when an ETag is known.
     pub(crate) async fn fetch(&mut self) -> Result<Fetched, BundleError> {
-        match tokio::time::timeout(self.timeout, self.fetch_inner()).await {
+        let limit = match self.long_polls() {
+            true => self.timeout + self.long_poll,
+            false => self.timeout,
+        };
+        self.held = false;
+        match tokio::time::timeout(limit, self.fetch_inner()).await {
             Ok(result) => result,
-            Err(_) => Err(self.fail(format!("no answer within {:?}", self.timeout))),
+            Err(_) => Err(self.fail(format!("no answer within {limit:?}"))),
         }
+    }
+
+    /// A long poll needs an ETag to wait on.
+    fn long_polls(&self) -> bool {
+        self.etag.is_some() && !self.long_poll.is_zero()
     }
 
     async fn fetch_inner(&mut self) -> Result<Fetched, BundleError> {
         let mut req = Request::get(self.uri.clone());
         if let Some(etag) = &self.etag {
             req = req.header(IF_NONE_MATCH, etag.as_str());
+        }
+        if self.long_polls() {
+            req = req.header(
+                "prefer",
+                format!("wait={}", self.long_poll.as_secs().max(1)),
+            );
         }
         let req = req
             .body(Empty::new())
@@ -122,6 +159,12 @@ impl Fetcher {
             .request(req)
             .await
             .map_err(|e| self.fail(error_chain(&e)))?;
+        self.held = resp
+            .headers()
+            .get_all("preference-applied")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.split(',').any(|p| p.trim().starts_with("wait")));
         match resp.status() {
             StatusCode::NOT_MODIFIED => return Ok(Fetched::NotModified),
             StatusCode::OK => {}
@@ -203,9 +246,35 @@ pub(crate) fn backoff(interval: Duration, max: Duration, failures: u32) -> Durat
     half + Duration::from_millis(jitter)
 }
 
+/// The poll interval, give or take a tenth at random, so that a fleet
+/// started together does not poll together.
+pub(crate) fn jittered(interval: Duration) -> Duration {
+    let tenth = (interval.as_millis() / 10) as u64;
+    let spread = rand::rng().random_range(0..=2 * tenth);
+    (interval + Duration::from_millis(spread))
+        .saturating_sub(Duration::from_millis(tenth))
+        .max(Duration::from_millis(1))
+}
+
+/// How long a poller waits after a poll the server held: a moment, so that
+/// a server answering at once while saying it held cannot make it spin.
+pub(crate) fn after_held() -> Duration {
+    Duration::from_millis(rand::rng().random_range(50..=250))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_poll_interval_is_jittered_by_a_tenth_either_way() {
+        let i = Duration::from_secs(30);
+        let seen: Vec<Duration> = (0..200).map(|_| jittered(i)).collect();
+        assert!(seen
+            .iter()
+            .all(|d| *d >= Duration::from_secs(27) && *d <= Duration::from_secs(33)));
+        assert!(seen.iter().any(|d| *d != seen[0]), "no jitter at all");
+    }
 
     #[test]
     fn backoff_doubles_with_jitter_and_stays_under_the_cap() {

@@ -227,13 +227,29 @@ impl Reloader {
 
     /// One verify-then-swap from the source, now.
     pub async fn reload_once(&mut self) -> ReloadOutcome {
+        self.reload_unless(std::future::pending::<()>())
+            .await
+            .expect("never given up")
+    }
+
+    /// [`Reloader::reload_once`], given up (`None`) if `cancel` ends while
+    /// the bundle is still being fetched (a long poll the server holds):
+    /// nothing is swapped or recorded before the fetch has ended, and once
+    /// it has, the reload runs to its end.
+    async fn reload_unless<T>(
+        &mut self,
+        cancel: impl std::future::Future<Output = T>,
+    ) -> Option<ReloadOutcome> {
         let shown = self.config.source.shown();
         let (result, raw) = match (&self.config.source, self.fetcher.as_mut()) {
             (BundleSource::Path(path), _) => {
                 (load_path(path.clone(), self.trust.clone()).await, None)
             }
-            (BundleSource::Url(_), Some(fetcher)) => match fetcher.fetch().await {
-                Ok(Fetched::NotModified) => return self.observe(ReloadOutcome::Unchanged),
+            (BundleSource::Url(_), Some(fetcher)) => match tokio::select! {
+                fetched = fetcher.fetch() => fetched,
+                _ = cancel => return None,
+            } {
+                Ok(Fetched::NotModified) => return Some(self.observe(ReloadOutcome::Unchanged)),
                 Ok(Fetched::Body(bytes)) => {
                     let verified = verify_bytes(bytes.to_vec(), &shown, self.trust.clone()).await;
                     (verified, Some(bytes))
@@ -244,7 +260,7 @@ impl Reloader {
                         reason: e.code(),
                         message: e.to_string(),
                     };
-                    return self.observe(outcome);
+                    return Some(self.observe(outcome));
                 }
             },
             (BundleSource::Url(_), None) => unreachable!("a URL source has a fetcher"),
@@ -274,7 +290,7 @@ impl Reloader {
                 .record(event(&self.config, "applied", "verified", label.clone()))
                 .await;
         }
-        self.observe(outcome)
+        Some(self.observe(outcome))
     }
 
     /// Rollback check, then the swap. Persisting the revision mark or the
@@ -321,12 +337,19 @@ impl Reloader {
 
     /// Reloads on every trigger, file change (path sources) or poll (URL
     /// sources) until the drain starts. A reload in progress finishes
-    /// first: a swap is never left half done.
+    /// first (a swap is never left half done), but a fetch still waiting
+    /// on the server (a held long poll) is given up.
     pub async fn run(mut self, drain: Watch) {
         let mut watcher = self.watcher.take();
         let polling = self.fetcher.is_some();
         let interval = self.config.fetch.interval;
-        let mut delay = interval;
+        // With long polling, the first poll goes at once: a server that holds
+        // polls then holds it; one that does not answers and is polled
+        // every interval from then on.
+        let mut delay = match self.config.fetch.long_poll.is_zero() {
+            true => fetch::jittered(interval),
+            false => fetch::after_held(),
+        };
         let mut failures = 0u32;
         let draining = drain.draining();
         tokio::pin!(draining);
@@ -337,17 +360,23 @@ impl Reloader {
                 Some(()) = next_change(&mut watcher) => {}
                 _ = tokio::time::sleep(delay), if polling => {}
             }
-            let outcome = self.reload_once().await;
+            // A poll the server holds ends with the drain.
+            let Some(outcome) = self.reload_unless(&mut draining).await else {
+                return;
+            };
             if let Some(w) = watcher.as_mut() {
                 w.rewatch_dir();
             }
             if polling {
                 let failed = matches!(&outcome, ReloadOutcome::Refused { reason, .. } if *reason == "fetch-failed");
                 failures = if failed { failures + 1 } else { 0 };
+                let held = self.fetcher.as_ref().is_some_and(Fetcher::server_holds);
                 delay = if failed {
                     fetch::backoff(interval, self.config.fetch.max_backoff, failures)
+                } else if held {
+                    fetch::after_held()
                 } else {
-                    interval
+                    fetch::jittered(interval)
                 };
             }
         }

@@ -633,6 +633,9 @@ pub struct TestPki {
     pub ca_pem: String,
     pub cert: rustls::pki_types::CertificateDer<'static>,
     pub key: rustls::pki_types::PrivateKeyDer<'static>,
+    /// The leaf and its key as PEM, for servers that read files (nginx).
+    pub cert_pem: String,
+    pub key_pem: String,
 }
 
 pub fn test_pki(names: &[&str]) -> TestPki {
@@ -651,6 +654,8 @@ pub fn test_pki(names: &[&str]) -> TestPki {
     let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
     TestPki {
         ca_pem: ca_cert.pem(),
+        cert_pem: leaf.pem(),
+        key_pem: leaf_key.serialize_pem(),
         cert: leaf.der().clone(),
         key: rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
     }
