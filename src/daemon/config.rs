@@ -356,9 +356,10 @@ mod tests {
             "version: 1\nsocket: /tmp/s.sock\nmetrics: 127.0.0.1:9464\naudit: /tmp/a.jsonl\n\
              audit_allows: true\naudit_checkpoint_records: 50\naudit_checkpoint_interval: 2s\n\
              timings: /tmp/t.csv\ndefaults:\n  trust: /etc/t.yaml\n  \
-             state_dir: /tmp/st\n  max_connections: 10\n  poll_interval: 5s\n",
+             state_dir: /tmp/st\n  max_connections: 10\n  poll_interval: 5s\n  long_poll: 0s\n",
         )
         .unwrap();
+        assert_eq!(c.defaults.long_poll, Duration::ZERO);
         assert_eq!(c.audit_checkpoint_records, 50);
         assert_eq!(c.audit_checkpoint_interval, Duration::from_secs(2));
         assert_eq!(c.metrics, Some("127.0.0.1:9464".parse().unwrap()));
