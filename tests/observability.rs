@@ -132,6 +132,48 @@ fn known_sequence(metrics: &Metrics) {
 }
 
 #[test]
+fn denies_are_counted_by_path_and_the_reason_their_records_give() {
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry).unwrap();
+    known_sequence(&metrics);
+    let (_, s) = scrape(&registry);
+    let denies = "sluice_denies_total";
+    assert_eq!(
+        value(
+            &s,
+            denies,
+            &[
+                ("path", "host"),
+                ("verdict", "deny"),
+                ("reason", "deny-rule")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            denies,
+            &[("path", "oci"), ("verdict", "deny"), ("reason", "no-rule")]
+        ),
+        Some(2.0)
+    );
+    // An allowed connection is no deny, whatever its reason.
+    assert_eq!(
+        value(
+            &s,
+            denies,
+            &[
+                ("path", "host"),
+                ("verdict", "allow"),
+                ("reason", "allowed")
+            ]
+        ),
+        None
+    );
+}
+
+#[test]
 fn connections_are_counted_by_path_verdict_and_rule() {
     let registry = Registry::new();
     let metrics = Metrics::new(&registry).unwrap();
@@ -485,6 +527,7 @@ fn every_metric_has_help_and_type() {
     });
     for name in [
         "sluice_connections_total",
+        "sluice_denies_total",
         "sluice_active_connections",
         "sluice_connect_seconds",
         "sluice_first_byte_seconds",

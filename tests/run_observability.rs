@@ -107,6 +107,14 @@ fn metrics_count_allowed_and_denied_connections_by_rule() {
         "{text}"
     );
     assert_eq!(
+        v(
+            "sluice_denies_total",
+            &[r#"path="host""#, r#"verdict="deny""#, r#"reason="no-rule""#]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
         v("sluice_dns_queries_total", &[r#"verdict="refused""#]),
         Some(1.0),
         "{text}"

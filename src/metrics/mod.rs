@@ -67,6 +67,8 @@ impl ReloadResult {
 pub struct Metrics {
     /// sluice_connections_total{path,verdict,rule}
     connections: IntCounterVec,
+    /// sluice_denies_total{path,verdict,reason}
+    denies: IntCounterVec,
     /// sluice_active_connections{path}
     active: IntGaugeVec,
     /// sluice_connect_seconds{path}
@@ -128,6 +130,11 @@ impl Metrics {
                 "sluice_connections_total",
                 "Connections decided, by path, verdict (allow, deny, would-deny) and the policy rule that decided (none for the default deny).",
                 &["path", "verdict", "rule"],
+            )?,
+            denies: counter_vec(
+                "sluice_denies_total",
+                "Connections denied (verdict deny, or would-deny in audit mode), by path and the reason their records give (no-rule, private-address, http-path, ...).",
+                &["path", "verdict", "reason"],
             )?,
             active: gauge_vec(
                 "sluice_active_connections",
@@ -214,6 +221,7 @@ impl Metrics {
         build_info: IntGaugeVec,
     ) -> Result<(), prometheus::Error> {
         registry.register(Box::new(self.connections.clone()))?;
+        registry.register(Box::new(self.denies.clone()))?;
         registry.register(Box::new(self.active.clone()))?;
         registry.register(Box::new(self.connect.clone()))?;
         registry.register(Box::new(self.first_byte.clone()))?;
@@ -241,6 +249,7 @@ impl Metrics {
             tally: None,
             path,
             connections: self.connections.clone(),
+            denies: self.denies.clone(),
             active: self.active.with_label_values(&[path]),
             connect: self.connect.with_label_values(&[path]),
             first_byte: self.first_byte.with_label_values(&[path]),
@@ -435,6 +444,7 @@ pub struct PathMetrics {
     tally: Option<Arc<SandboxTally>>,
     path: &'static str,
     connections: IntCounterVec,
+    denies: IntCounterVec,
     active: IntGauge,
     connect: Histogram,
     first_byte: Histogram,
@@ -492,6 +502,11 @@ impl ConnectionMetrics {
                 outcome.rule_name().unwrap_or(NO_RULE),
             ])
             .inc();
+        if outcome.verdict != Verdict::Allow {
+            m.denies
+                .with_label_values(&[m.path, outcome.verdict.as_str(), outcome.reason()])
+                .inc();
+        }
         if let Cause::Upstream(failure) = outcome.cause {
             let index = UpstreamFailure::ALL.iter().position(|f| *f == failure);
             if let Some(counter) = index.and_then(|i| m.upstream_failures.get(i)) {
