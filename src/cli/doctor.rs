@@ -15,8 +15,8 @@ root and capabilities, a network namespace with sluice's nftables table applied 
 the seccomp filter, descriptors), oci (`sluice oci`: podman, runc), vm (`sluice vm`: a tap's \
 fence through libnftables and the netdev family, QEMU, /dev/kvm, the guest kit), daemon (`sluice \
 daemon`: the OCI hook installed). A check that needs the machine tries it in a throwaway network \
-namespace or thread; doctor installs, loads and changes nothing. It needs root to say more than \
-that root is missing.\n\n\
+namespace or thread; doctor installs nothing, loads no kernel module and changes nothing. Run it \
+as root: without root, every check that needs privilege fails for that reason.\n\n\
 A `warn` line lacks something no kind asked for needs: libnftables for host sandboxes (no drop \
 counts without it), /dev/kvm (TCG emulation works), the guest kit (only the tests and `sluice \
 bench` boot it), descriptors for sluice's default --max-connections (sluice then relays fewer at \
