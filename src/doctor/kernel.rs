@@ -2,7 +2,9 @@
 //! capabilities, a network namespace with sluice's table, libnftables and a
 //! tap's fence, the seccomp filter, user namespaces, descriptors. What is
 //! tried for real goes through sluice's own functions (`netns`, `enforce`,
-//! `confine`) in a throwaway namespace or on a throwaway thread.
+//! `confine`) in a throwaway namespace or on a throwaway thread. Nothing
+//! here ever runs in, or changes, the namespace sluice itself runs in, or
+//! lasts beyond its check.
 
 use rustix::thread::CapabilitySet;
 
@@ -272,7 +274,9 @@ fn descriptors_for(connections: usize) -> u64 {
 /// The fix for a namespace that cannot be made.
 fn netns_fix(err: &NetnsError) -> &'static str {
     match err {
-        NetnsError::CreatePermission | NetnsError::EnterPermission { .. } => AS_ROOT,
+        NetnsError::CreatePermission | NetnsError::EnterPermission { .. } => {
+            "run sluice as root (sudo sluice ...), with CAP_SYS_ADMIN"
+        }
         NetnsError::Create(_) => "a kernel with network namespaces (CONFIG_NET_NS=y, as Debian's)",
         NetnsError::Netlink { .. } => "modprobe bridge (the sandbox's sbx0 link is a bridge)",
         NetnsError::Tap { .. } => "modprobe tun (the tun driver and /dev/net/tun)",
@@ -293,7 +297,9 @@ fn enforce_fix(err: &EnforceError) -> &'static str {
         EnforceError::Apply { .. } => {
             "a kernel with nf_tables' inet and netdev families and nat (modprobe nf_tables nft_chain_nat)"
         }
-        EnforceError::Permission { .. } => AS_ROOT,
+        EnforceError::Permission { .. } => {
+            "run sluice as root (sudo sluice ...), with CAP_NET_ADMIN"
+        }
         EnforceError::Descriptors(_) => "Linux 5.9 or later (close_range)",
         EnforceError::Mismatch(_) => {
             "report it; meanwhile SLUICE_TABLE_VIA=libnftables sends host tables through libnftables"

@@ -93,7 +93,7 @@ pub(crate) struct Check {
 }
 
 /// Every check run for the kinds asked for.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub(crate) struct Report {
     pub(crate) kinds: Vec<Kind>,
     pub(crate) checks: Vec<Check>,

@@ -1,7 +1,8 @@
 //! The checks of what is installed: podman, runc and the OCI hook for
 //! containers; QEMU, /dev/kvm and the guest kit for microVMs. A program is
 //! found on PATH and asked only `--version`, killed if it has not answered
-//! within [`LIMIT`]; files are only read.
+//! within [`LIMIT`]; files are only read. Nothing here ever installs,
+//! edits or starts anything else.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
