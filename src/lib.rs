@@ -12,6 +12,9 @@
 //! prepared sandbox (listeners, DNS, services, reloading) for `app` and
 //! `daemon` alike, so neither imports the other; `proxy` learns
 //! sluice's internal addresses and its resolver only through its context.
+//! `doctor` (`sluice doctor`) asks the machine what each kind of workload
+//! needs through those same modules, in throwaway namespaces, and changes
+//! nothing.
 //! `testbed` (throwaway topology, fast origin, load client) serves the demo,
 //! the probe, `bench` and the tests and is on no enforcement path. `bench`
 //! runs sluice, its peers and the native client side by side (the demo's
@@ -56,6 +59,8 @@ pub(crate) mod demo;
 pub mod dhcp;
 #[forbid(unsafe_code)]
 pub mod dns;
+#[forbid(unsafe_code)]
+pub(crate) mod doctor;
 #[forbid(unsafe_code)]
 pub mod drain;
 #[deny(unsafe_code)]

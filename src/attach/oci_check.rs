@@ -378,8 +378,9 @@ impl WrapperHook {
 }
 
 /// The `hooks_dir` list podman's containers.conf gives ($CONTAINERS_CONF,
-/// else the system files), or podman's default list.
-fn configured_hooks_dirs() -> Vec<String> {
+/// else the system files), or podman's default list (where `sluice doctor`
+/// looks for the hook, too).
+pub(crate) fn configured_hooks_dirs() -> Vec<String> {
     let files: Vec<PathBuf> = match std::env::var_os("CONTAINERS_CONF") {
         Some(conf) => vec![PathBuf::from(conf)],
         None => vec![

@@ -12,6 +12,7 @@ pub(crate) mod check;
 pub(crate) mod compare;
 pub(crate) mod daemon;
 pub(crate) mod demo;
+pub(crate) mod doctor;
 pub(crate) mod exit;
 pub(crate) mod oci;
 pub(crate) mod oci_hook;
@@ -42,7 +43,8 @@ Otherwise 0 done, 1 a check found a problem (`audit verify`: a broken chain; `be
 or deny check). sluice's own failures, as the error's class says: 2 bad input (policy, bundle, \
 arguments, a sandbox id, an audit, timings or metrics address that cannot be used, a request the \
 daemon refused as bad), 3 cannot enforce (not root, libnftables (the nftables package) missing, \
-ruleset read-back mismatch, or the machine or sluice itself failed), 4 no daemon answers at the \
+ruleset read-back mismatch, or the machine or sluice itself failed; `doctor`: something a \
+kind asked for needs is missing), 4 no daemon answers at the \
 control socket (`sluice status`, `--daemon`).\n\nLogging: -v / -vv, or RUST_LOG=sluice=debug."
 )]
 pub struct Cli {
@@ -138,6 +140,9 @@ pub(crate) enum Command {
     BenchScale(bench::BenchScaleArgs),
     /// Show sluice at work on a throwaway topology (needs root; touches nothing outside it).
     Demo,
+    /// What this machine has and lacks for each kind of workload, each lack with its fix.
+    #[command(after_help = doctor::AFTER_HELP)]
+    Doctor(doctor::DoctorArgs),
     /// A small network client used by the demo and the tests to probe a sandbox from inside.
     #[command(subcommand)]
     Probe(probe::ProbeCommand),
@@ -172,6 +177,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::BenchHold => Ok(crate::bench::scale_run::hold_main()),
         Command::BenchProxy(args) => bench::execute_proxy(args),
         Command::Demo => demo::execute(),
+        Command::Doctor(args) => doctor::execute(args),
         Command::Probe(cmd) => Ok(probe::execute(cmd)),
     }
 }

@@ -161,6 +161,12 @@ fn api() -> Result<&'static Api, EnforceError> {
     .map_err(|why| EnforceError::NftNotFound(why.clone()))
 }
 
+/// Load the library as every session does (once per process), without
+/// opening a context: whether this machine can run a fence at all.
+pub(super) fn load() -> Result<(), EnforceError> {
+    api().map(|_| ())
+}
+
 /// One libnftables context, open: its own netlink socket, in the network
 /// namespace of the thread that opened it (it is neither Send nor Sync, so
 /// it stays there). Freed on drop.

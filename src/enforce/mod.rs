@@ -112,6 +112,13 @@ pub fn example_fence(tap: &str) -> TapFence {
     }
 }
 
+/// Whether libnftables loads here (`sluice doctor`): the same load a tap's
+/// fence, a replaced table and the drop counters go through. The `nft`
+/// program is never needed.
+pub(crate) fn libnftables_loads() -> Result<(), EnforceError> {
+    libnft::load()
+}
+
 /// Errors from applying, verifying or reading the `inet sluice` table.
 #[derive(Debug, thiserror::Error)]
 pub enum EnforceError {
