@@ -84,6 +84,8 @@ pub mod policy;
 #[deny(unsafe_code)]
 pub mod probe;
 #[forbid(unsafe_code)]
+pub(crate) mod program;
+#[forbid(unsafe_code)]
 pub mod proxy;
 #[forbid(unsafe_code)]
 pub mod reload;

@@ -284,7 +284,11 @@ fn podman_global() -> [&'static str; 5] {
 
 /// Why containers cannot run here, if they cannot.
 fn oci_unavailable(image: &str) -> Option<Skip> {
-    oci_unavailable_with(image, |tool| super::which(tool).is_some(), podman_has_image)
+    oci_unavailable_with(
+        image,
+        |tool| crate::program::on_path(tool).is_some(),
+        podman_has_image,
+    )
 }
 
 /// [`oci_unavailable`] with what it looks up given: whether a tool is on

@@ -624,15 +624,6 @@ fn audited_denies(path: &Path) -> Option<usize> {
     }
 }
 
-/// Where `tool` is on PATH.
-pub(crate) fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(tool))
-            .find(|p| p.is_file())
-    })
-}
-
 impl crate::exit_class::Classified for BenchError {
     /// A plan that cannot be run: bad input; the rest: the machine.
     fn exit_class(&self) -> crate::exit_class::ExitClass {

@@ -53,7 +53,7 @@ enum Process {
 impl Peer {
     /// haproxy behind the redirect, or why it cannot run here.
     pub(crate) fn haproxy(bed: &Testbed) -> Result<Result<Peer, Skip>, BenchError> {
-        let Some(haproxy) = super::which("haproxy") else {
+        let Some(haproxy) = crate::program::on_path("haproxy") else {
             return Ok(Err(
                 "haproxy is not installed (apt-get install --no-install-recommends haproxy)".into(),
             ));

@@ -53,7 +53,7 @@ pub(crate) fn prepare(
     kind: ConditionKind,
     bed: &Testbed,
 ) -> Result<Result<Box<dyn Condition>, Skip>, BenchError> {
-    if super::which(QEMU).is_none() {
+    if crate::program::on_path(QEMU).is_none() {
         return Ok(Err(format!(
             "{QEMU} is not installed (apt-get install --no-install-recommends qemu-system-x86)"
         )));

@@ -143,7 +143,7 @@ pub(crate) fn execute(args: BenchArgs) -> anyhow::Result<i32> {
     let plan = args.plan().map_err(|e| super::BadInput(e.into()))?;
     crate::confine::require_root("sluice bench")?;
     for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
-        if bench::which(tool).is_none() {
+        if crate::program::on_path(tool).is_none() {
             anyhow::bail!("`{tool}` is not installed: apt-get install -y {package}");
         }
     }
@@ -265,7 +265,7 @@ pub(crate) fn execute_scale(args: BenchScaleArgs) -> anyhow::Result<i32> {
         ("nft", "nftables"),
         ("sleep", "coreutils"),
     ] {
-        if bench::which(tool).is_none() {
+        if crate::program::on_path(tool).is_none() {
             anyhow::bail!("`{tool}` is not installed: apt-get install -y {package}");
         }
     }

@@ -82,7 +82,7 @@ pub(crate) fn run() -> Result<i32> {
 /// The tools the demo's topology is built with are installed.
 fn require_tools() -> Result<()> {
     for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
-        if which(tool).is_none() {
+        if crate::program::on_path(tool).is_none() {
             anyhow::bail!("`{tool}` is not installed: apt-get install -y {package}");
         }
     }
@@ -274,14 +274,6 @@ fn scrape_drops(addr: &str) -> std::result::Result<String, String> {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-}
-
-fn which(tool: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(tool))
-            .find(|p| p.is_file())
-    })
 }
 
 fn tempdir() -> Result<std::path::PathBuf> {

@@ -4,7 +4,6 @@
 //! within [`LIMIT`]; files are only read. Nothing here ever installs,
 //! edits or starts anything else.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -40,17 +39,7 @@ fn version(program: &str, install: &str) -> Found {
     }
 }
 
-/// Where `program` is on PATH, as the shell would find it.
-fn on_path(program: &str) -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH")?;
-    std::env::split_paths(&paths)
-        .map(|dir| dir.join(program))
-        .find(|path| is_executable(path))
-}
-
-fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
+use crate::program::{is_executable, on_path};
 
 /// Run `path --version` (no input; killed if it has not answered within
 /// [`LIMIT`]) and return the first line it printed.
