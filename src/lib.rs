@@ -22,7 +22,7 @@
 //! shutdown: one deadline, which every long-lived task meets through
 //! `drain`. Small leaves that any layer may use: `workload` (the path enum),
 //! `outcome` (how a connection ended, which every record reads),
-//! `sandbox_id` (the one rule for sandbox ids),
+//! `sandbox_id` (the one rule for sandbox ids), `program` (a program on PATH),
 //! `drain`, `confine` (root check, capabilities, descriptor limits),
 //! `report` (one-line errors), `exit_class` (what kind of failure an error is). `policy`
 //! and `bundle` import no tokio and no nftables.
