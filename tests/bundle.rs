@@ -928,6 +928,15 @@ fn https_config(k: &Keys, ca: &Path, state: &Path) -> ReloadConfig {
     cfg
 }
 
+/// Keys, the server's certificate, and its CA written for the client.
+fn https_keys() -> (Keys, TestPki, PathBuf) {
+    let k = Keys::new();
+    let pki = pki();
+    let ca = k.path("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    (k, pki, ca)
+}
+
 fn signed_archive(k: &Keys, port: u16, revision: u64) -> Vec<u8> {
     let out = k.path(&format!("srv-{revision}.tar.gz"));
     k.sign(&policy_v(port), revision, &out);
@@ -940,10 +949,7 @@ fn https_200_applies_and_304_does_not_reload() {
         return;
     }
     in_namespace(|| async {
-        let k = Keys::new();
-        let pki = pki();
-        let ca = k.path("ca.pem");
-        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        let (k, pki, ca) = https_keys();
         let served = Arc::new(Served::default());
         *served.body.lock().unwrap() = (signed_archive(&k, 1, 1), "\"v1\"".into());
         let server = https_server(&pki, served.clone()).await;
@@ -997,10 +1003,7 @@ fn a_server_that_holds_the_poll_gets_its_new_bundle_applied_without_waiting_the_
         return;
     }
     in_namespace(|| async {
-        let k = Keys::new();
-        let pki = pki();
-        let ca = k.path("ca.pem");
-        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        let (k, pki, ca) = https_keys();
         let served = Arc::new(Served::default());
         served.holds.store(true, Ordering::SeqCst);
         served.publish(signed_archive(&k, 1, 1), "\"v1\"");
@@ -1154,10 +1157,7 @@ fn a_bundle_directory_served_by_nginx_is_fetched_with_its_etag_answered_304_and_
         return;
     }
     in_namespace(|| async {
-        let k = Keys::new();
-        let pki = pki();
-        let ca = k.path("ca.pem");
-        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        let (k, pki, ca) = https_keys();
         let www = k.path("www");
         std::fs::create_dir(&www).unwrap();
         let then = std::time::SystemTime::now() - Duration::from_secs(60);
@@ -1209,10 +1209,7 @@ fn https_server_down_keeps_and_restarts_from_the_last_good_bundle() {
         return;
     }
     in_namespace(|| async {
-        let k = Keys::new();
-        let pki = pki();
-        let ca = k.path("ca.pem");
-        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        let (k, pki, ca) = https_keys();
         let state = k.path("state");
         let served = Arc::new(Served::default());
         *served.body.lock().unwrap() = (signed_archive(&k, 1, 5), "\"v5\"".into());
