@@ -21,10 +21,25 @@ pub(crate) fn execute(args: ManArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Every visible command's page, `<name>-<sub>...1`, into `dir`.
+/// Every visible command's page, `<name>-<sub>...1`, into `dir`, each
+/// headed `sluice VERSION` (clap_mangen's `generate_to` would give a
+/// subcommand's page only its own name there) and undated, so the same
+/// sources make the same pages.
 pub(crate) fn write_pages(dir: &std::path::Path) -> std::io::Result<()> {
+    fn write(cmd: clap::Command, dir: &std::path::Path, source: &str) -> std::io::Result<()> {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            write(sub.clone(), dir, source)?;
+        }
+        clap_mangen::Man::new(cmd)
+            .source(source.to_string())
+            .manual("sluice manual")
+            .generate_to(dir)
+            .map(drop)
+    }
     std::fs::create_dir_all(dir)?;
-    clap_mangen::generate_to(super::Cli::command(), dir)
+    let mut cmd = super::Cli::command().disable_help_subcommand(true);
+    cmd.build();
+    write(cmd, dir, &format!("sluice {}", env!("CARGO_PKG_VERSION")))
 }
 
 #[cfg(test)]
@@ -67,10 +82,11 @@ mod tests {
         wanted.sort();
         assert_eq!(written, wanted);
         let run = std::fs::read_to_string(dir.path().join("sluice-run.1")).unwrap();
-        assert!(
-            run.starts_with(".ie \\n(.g .ds Aq") || run.contains(".TH"),
-            "{run}"
-        );
         assert!(run.contains("\\-\\-policy"), "{run}");
+        let title = format!(
+            ".TH sluice-run 1  \"sluice {}\" \"sluice manual\"",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(run.contains(&title), "{run}");
     }
 }
