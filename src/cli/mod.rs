@@ -10,10 +10,12 @@ pub(crate) mod bench;
 pub(crate) mod bundle;
 pub(crate) mod check;
 pub(crate) mod compare;
+pub(crate) mod completions;
 pub(crate) mod daemon;
 pub(crate) mod demo;
 pub(crate) mod doctor;
 pub(crate) mod exit;
+pub(crate) mod man;
 pub(crate) mod oci;
 pub(crate) mod oci_hook;
 pub(crate) mod probe;
@@ -146,6 +148,12 @@ pub(crate) enum Command {
     /// A small network client used by the demo and the tests to probe a sandbox from inside.
     #[command(subcommand)]
     Probe(probe::ProbeCommand),
+    /// Print the shell completion script for bash, zsh or fish.
+    #[command(after_help = completions::AFTER_HELP)]
+    Completions(completions::CompletionsArgs),
+    /// Write a manual page per command and subcommand into DIR (for packaging).
+    #[command(hide = true)]
+    Man(man::ManArgs),
     /// The client `sluice bench` runs in each condition's sandbox (JSON lines on stdin and stdout).
     #[command(hide = true)]
     BenchClient,
@@ -179,6 +187,8 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo => demo::execute(),
         Command::Doctor(args) => doctor::execute(args),
         Command::Probe(cmd) => Ok(probe::execute(cmd)),
+        Command::Completions(args) => completions::execute(args),
+        Command::Man(args) => man::execute(args),
     }
 }
 

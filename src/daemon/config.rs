@@ -343,6 +343,17 @@ mod tests {
     }
 
     #[test]
+    fn the_packaged_config_loads_with_the_socket_and_state_dir_its_unit_makes() {
+        // packaging/debian/sluice-daemon.service makes /run/sluice
+        // (RuntimeDirectory) and /var/lib/sluice (StateDirectory).
+        let text = include_str!("../../packaging/debian/daemon.yaml");
+        let c = parse(text).unwrap();
+        assert_eq!(c.socket, PathBuf::from("/run/sluice/daemon.sock"));
+        assert_eq!(c.defaults.state_dir, PathBuf::from("/var/lib/sluice"));
+        assert_eq!(c.audit, Some(PathBuf::from("/var/log/sluice/audit.jsonl")));
+    }
+
+    #[test]
     fn an_empty_config_is_the_defaults() {
         let c = parse("").unwrap();
         assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));

@@ -15,6 +15,7 @@ pub mod client;
 pub(crate) mod config;
 mod exits;
 mod fdpass;
+mod notify;
 mod registry;
 mod server;
 
@@ -79,13 +80,22 @@ pub(crate) async fn run(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
+    // Ready once the socket listens, the records are re-adopted and the
+    // signals are caught: a request or a SIGHUP from now on is served.
+    let systemd = notify::Notifier::from_env();
+    let listening = format!("listening on {}", config.socket.display());
+    systemd.ready(&listening);
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sighup.recv() => {
                 tracing::info!("SIGHUP received: reloading every sandbox's policy");
+                // Each sandbox reloads on its own task; READY=1 says every
+                // reload was asked for, not that every one has finished.
+                systemd.reloading();
                 registry.reload_all();
+                systemd.ready(&listening);
             }
             _ = &mut control_ended => {
                 tracing::error!("the control socket stopped");
@@ -93,6 +103,7 @@ pub(crate) async fn run(
             }
         }
     }
+    systemd.stopping();
     tracing::info!(
         sandboxes = registry.len(),
         "stopping: releasing every sandbox"
