@@ -14,7 +14,7 @@
 use std::io::Read;
 use std::net::SocketAddr;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Instant;
@@ -35,19 +35,6 @@ const GATEWAY_CIDR: &str = "198.19.254.1/30";
 /// The VMM.
 const QEMU: &str = "qemu-system-x86_64";
 
-/// Where the guest kit is: $SLUICE_VM_KIT, else `target/vm-kit` beside
-/// the `target/<profile>/sluice` that runs (where build-guest.sh puts it).
-pub(crate) fn kit_dir(exe: &Path) -> PathBuf {
-    match std::env::var_os("SLUICE_VM_KIT") {
-        Some(dir) => PathBuf::from(dir),
-        None => exe
-            .parent()
-            .and_then(Path::parent)
-            .map(|target| target.join("vm-kit"))
-            .unwrap_or_else(|| PathBuf::from("target/vm-kit")),
-    }
-}
-
 /// Make `kind` (vm or vm-direct) ready, or say why it cannot run here.
 pub(crate) fn prepare(
     kind: ConditionKind,
@@ -58,7 +45,7 @@ pub(crate) fn prepare(
             "{QEMU} is not installed (apt-get install --no-install-recommends qemu-system-x86)"
         )));
     }
-    let dir = kit_dir(&bed.exe);
+    let dir = Kit::default_dir(&bed.exe);
     let kit = match Kit::in_dir(&dir) {
         Ok(kit) => kit,
         Err(why) => {

@@ -195,7 +195,7 @@ pub(super) fn kvm() -> Found {
 /// (`sluice vm` itself boots whatever its VMM is given).
 pub(super) fn guest_kit() -> Found {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sluice"));
-    let dir = crate::bench::vm::kit_dir(&exe);
+    let dir = crate::testbed::guest::Kit::default_dir(&exe);
     match crate::testbed::guest::Kit::in_dir(&dir) {
         Ok(kit) => Found::Have(format!(
             "{} and {}",

@@ -52,6 +52,20 @@ pub struct Kit {
 }
 
 impl Kit {
+    /// Where the guest kit is: $SLUICE_VM_KIT, else `target/vm-kit` beside
+    /// the `target/<profile>/sluice` that runs as `exe` (where
+    /// build-guest.sh puts it).
+    pub(crate) fn default_dir(exe: &Path) -> PathBuf {
+        match std::env::var_os("SLUICE_VM_KIT") {
+            Some(dir) => PathBuf::from(dir),
+            None => exe
+                .parent()
+                .and_then(Path::parent)
+                .map(|target| target.join("vm-kit"))
+                .unwrap_or_else(|| PathBuf::from("target/vm-kit")),
+        }
+    }
+
     /// The kit containers/vm/build-guest.sh left in `dir` (`vmlinuz`,
     /// `initrd.gz`), or why there is none.
     pub(crate) fn in_dir(dir: &Path) -> Result<Kit, String> {
