@@ -111,7 +111,10 @@ pub(super) async fn serve(client: TcpStream, conn: Terminated<'_>) -> Served {
             rule = %conn.rule,
             "a rule needs requests decided and this sandbox has no CA (its starting policy terminated no TLS); restart the sandbox with this policy"
         );
-        return refused_connection(&conn, RequestDenial::NoInterception).await;
+        return Served {
+            outcome: Some(audited_refusal(&conn, RequestDenial::NoInterception).await),
+            ..Served::default()
+        };
     };
     let scope = Arc::new(Scope {
         ctx_sandbox: conn.ctx.sandbox.clone(),
@@ -168,16 +171,7 @@ async fn refuse_connection(
     state: &Shared,
     why: RequestDenial,
 ) -> Served {
-    let outcome = refused(conn, why);
-    audit_request(
-        conn.ctx,
-        conn.peer,
-        conn.dst,
-        &outcome,
-        Some(conn.host.clone()),
-        None,
-    )
-    .await;
+    let outcome = audited_refusal(conn, why).await;
     finish(counters, state, Some(outcome))
 }
 
@@ -201,7 +195,9 @@ fn refused(conn: &Terminated<'_>, denial: RequestDenial) -> Outcome {
     }
 }
 
-async fn refused_connection(conn: &Terminated<'_>, denial: RequestDenial) -> Served {
+/// The connection refused for `denial` before any request, its audit
+/// record written: its outcome.
+async fn audited_refusal(conn: &Terminated<'_>, denial: RequestDenial) -> Outcome {
     let outcome = refused(conn, denial);
     audit_request(
         conn.ctx,
@@ -212,10 +208,7 @@ async fn refused_connection(conn: &Terminated<'_>, denial: RequestDenial) -> Ser
         None,
     )
     .await;
-    Served {
-        outcome: Some(outcome),
-        ..Served::default()
-    }
+    outcome
 }
 
 /// What every request of the connection shares.
