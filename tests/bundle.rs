@@ -1119,13 +1119,23 @@ impl Nginx {
         Some(nginx)
     }
 
-    /// Each request it logged: its status, then the request line.
-    fn logged(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.access_log)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
+    /// Each request it logged (its status, then the request line), once
+    /// there are `count`: nginx writes a request's line after it has sent
+    /// the answer, so the client can read the answer before the line is
+    /// there. Bounded: a line that never comes fails the test.
+    fn logged(&self, count: usize) -> Vec<String> {
+        let started = Instant::now();
+        loop {
+            let lines: Vec<String> = std::fs::read_to_string(&self.access_log)
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_string)
+                .collect();
+            if lines.len() >= count || started.elapsed() > Duration::from_secs(30) {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -1175,7 +1185,7 @@ fn a_bundle_directory_served_by_nginx_is_fetched_with_its_etag_answered_304_and_
         // policy in force stays.
         assert_eq!(reloader.reload_once().await, ReloadOutcome::Unchanged);
         assert_eq!(
-            nginx.logged(),
+            nginx.logged(2),
             [
                 "200 GET /bundle.tar.gz HTTP/1.1",
                 "304 GET /bundle.tar.gz HTTP/1.1"
@@ -1197,7 +1207,7 @@ fn a_bundle_directory_served_by_nginx_is_fetched_with_its_etag_answered_304_and_
         );
         assert_eq!(rule_port(&handle), 8002);
         assert_eq!(
-            nginx.logged().last().map(String::as_str),
+            nginx.logged(3).last().map(String::as_str),
             Some("200 GET /bundle.tar.gz HTTP/1.1")
         );
     });
