@@ -35,6 +35,16 @@ pub(crate) enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tls: Option<TlsFetch>,
     },
+    /// The reference pair's client (`bench::reference`): `count` GETs of
+    /// `path` at `addr`, fresh connections, `threads` at once, each body
+    /// `expect_len` bytes (its length checked, not its digest).
+    Reference {
+        addr: String,
+        path: String,
+        count: usize,
+        threads: usize,
+        expect_len: usize,
+    },
     /// A socket to `forbidden` (`addr:port`, a live service the policy
     /// forbids) and a GET of `allowed` (the control).
     Deny { forbidden: String, allowed: String },
@@ -51,6 +61,10 @@ pub(crate) struct TlsFetch {
     pub(crate) name: String,
     pub(crate) ca_pem: String,
 }
+
+/// Bodies over this size get their buffers made ready before the clock
+/// (`load::ready_buffers`).
+const BIG_BODY: usize = 1 << 20;
 
 /// The line a client prints first, once it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,6 +167,13 @@ pub(crate) fn execute(command: &Command) -> Reply {
             expect_sha256,
             tls.as_ref(),
         ),
+        Command::Reference {
+            addr,
+            path,
+            count,
+            threads,
+            expect_len,
+        } => super::reference::fetch(addr, path, *count, *threads, *expect_len),
         Command::Deny { forbidden, allowed } => Reply {
             deny: Some(deny(forbidden, allowed)),
             ..Reply::default()
@@ -188,6 +209,10 @@ fn fetch(
             }
         }
     };
+    if len > BIG_BODY {
+        // Before the clock: where each body will go.
+        load::ready_buffers(count, len + 64 * 1024);
+    }
     let batch = match load::fetch_many_with(url, count.max(1), threads.max(1), tls) {
         Ok(batch) => batch,
         Err(why) => return failed(why),

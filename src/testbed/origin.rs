@@ -11,7 +11,8 @@
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The body `/bytes/N` serves: byte i is (i * 31 + 7) mod 251.
@@ -19,16 +20,50 @@ pub fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i * 31 + 7) % 251) as u8).collect()
 }
 
-/// Serve HTTP on `listener` until it fails, a thread per connection.
+/// Serve HTTP on `listener` until it fails, a thread per connection in
+/// flight.
 pub(crate) fn serve_http_forever(listener: TcpListener) {
-    serve_http_counting(listener, &AtomicU64::new(0));
+    serve_http_counting(listener, Arc::new(AtomicU64::new(0)));
 }
 
-pub(crate) fn serve_http_counting(listener: TcpListener, counter: &AtomicU64) {
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { break };
-        counter.fetch_add(1, Ordering::Relaxed);
-        std::thread::spawn(move || serve_http(stream));
+/// [`serve_http_forever`], counting the connections accepted in `counter`.
+///
+/// The threads are a pool that grows: each blocks in accept(2), serves what
+/// it accepted and goes back to accept, and the one that takes the last
+/// idle place starts another. So no thread is started while the pool is
+/// big enough for what is in flight (the bench measured a thread started
+/// per connection as most of its native time: issue 34), and a test that
+/// holds many connections open still gets each one served. The calling
+/// thread is the first of them; this returns when its accept fails.
+pub(crate) fn serve_http_counting(listener: TcpListener, counter: Arc<AtomicU64>) {
+    let pool = Arc::new(Pool {
+        listener,
+        idle: AtomicUsize::new(0),
+        counter,
+    });
+    accept_and_serve(&pool);
+}
+
+/// The origin's threads and what they share.
+struct Pool {
+    listener: TcpListener,
+    /// Threads blocked in accept.
+    idle: AtomicUsize,
+    counter: Arc<AtomicU64>,
+}
+
+fn accept_and_serve(pool: &Arc<Pool>) {
+    loop {
+        pool.idle.fetch_add(1, Ordering::SeqCst);
+        let accepted = pool.listener.accept();
+        let idle = pool.idle.fetch_sub(1, Ordering::SeqCst) - 1;
+        let Ok((stream, _)) = accepted else { return };
+        pool.counter.fetch_add(1, Ordering::Relaxed);
+        if idle == 0 {
+            let pool = pool.clone();
+            std::thread::spawn(move || accept_and_serve(&pool));
+        }
+        serve_http(stream);
     }
 }
 
@@ -117,6 +152,16 @@ const MAX_BODY: usize = 64 << 20;
 /// for it.
 pub(crate) fn prepare_bulk() {
     patterned();
+}
+
+/// The first `len` bytes of [`pattern`] (at most [`MAX_BODY`]), computed
+/// once for the whole process.
+pub(crate) fn pattern_prefix(len: usize) -> &'static [u8] {
+    static SMALL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    match SMALL.get_or_init(|| pattern(1 << 20)) {
+        small if len <= small.len() => &small[..len],
+        _ => &patterned()[..len.min(MAX_BODY)],
+    }
 }
 
 /// [`pattern`] of [`MAX_BODY`] bytes, computed once, for bodies over 1 MiB:

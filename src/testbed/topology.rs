@@ -89,7 +89,7 @@ impl OuterNetns {
         let listener = self.run_in(move || TcpListener::bind(addr))??;
         let hits = Arc::new(AtomicU64::new(0));
         let counter = hits.clone();
-        std::thread::spawn(move || super::origin::serve_http_counting(listener, &counter));
+        std::thread::spawn(move || super::origin::serve_http_counting(listener, counter));
         Ok(hits)
     }
 
