@@ -35,7 +35,7 @@ fn quick_run() -> Option<&'static Run> {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
-        let mut conditions = vec!["native", "host", "tokio-proxy"];
+        let mut conditions = vec!["native", "reference", "host", "tokio-proxy"];
         let image = format!("localhost/sluice-bench-test:{}", std::process::id());
         let oci = tool_path("podman").is_some() && tool_path("runc").is_some();
         if oci {
@@ -175,7 +175,7 @@ fn batches_csv_has_a_row_per_condition_workload_and_batch() {
             "{r:?}"
         );
         // The proxy's CPU is measured where there is a proxy, and only there.
-        let proxied = r["condition"] != "native";
+        let proxied = r["condition"] != "native" && r["condition"] != "reference";
         assert_eq!(!r["cpu_us_per_connection"].is_empty(), proxied, "{r:?}");
     }
 }
@@ -221,6 +221,49 @@ fn the_report_sets_l7_beside_tls_for_sluice_and_the_peer_that_terminates() {
 }
 
 #[test]
+fn the_report_sets_native_beside_the_reference_pair_and_gives_every_tail() {
+    let Some(run) = quick_run() else { return };
+    succeeded(run);
+    let report = read(run.dir.path(), "report.md");
+    let section = report
+        .split("## Calibration and tails")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no calibration section in:\n{report}"));
+    let calibration = section
+        .lines()
+        .find(|l| l.starts_with("Calibration: native's small P50 is "))
+        .unwrap_or_else(|| panic!("no calibration line in:\n{section}"));
+    let over: f64 = calibration
+        .split("native / reference = ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no ratio in {calibration:?}"));
+    // Either verdict is a behaviour the report may state; which one is the
+    // machine's business. The line must match its ratio.
+    assert_eq!(
+        calibration.contains("**not calibrated"),
+        (over - 1.0).abs() > 0.15,
+        "{calibration}"
+    );
+    for condition in &run.conditions {
+        let row = section
+            .lines()
+            .find(|l| l.starts_with(&format!("| {condition} |")))
+            .unwrap_or_else(|| panic!("no tails row for {condition}:\n{section}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // small, serial, start+exit: each P50 / P90 / P99.
+        for cell in &cells[2..5] {
+            let q: Vec<f64> = cell.split(" / ").filter_map(|v| v.parse().ok()).collect();
+            assert!(
+                q.len() == 3 && q[0] <= q[1] && q[1] <= q[2],
+                "{condition}: {row}"
+            );
+        }
+    }
+}
+
+#[test]
 fn paired_csv_has_the_documented_columns_for_every_condition_but_native() {
     let Some(run) = quick_run() else { return };
     succeeded(run);
@@ -234,18 +277,16 @@ fn paired_csv_has_the_documented_columns_for_every_condition_but_native() {
             .filter(|r| r["condition"] == *condition)
             .map(|r| r["workload"].as_str())
             .collect();
-        // l7 only where the condition has TLS of its own to terminate with.
-        let mut expected = vec![
-            "small",
-            "serial",
-            "bulk-1k",
-            "bulk-64k",
-            "stream-first-byte",
-            "stream-last-byte",
-            "tls",
-        ];
-        if *condition != "tokio-proxy" {
-            expected.push("l7");
+        // A metric for every workload the condition runs (no l7 where it
+        // has no TLS of its own to terminate with; the reference pair runs
+        // the plain workloads only).
+        let kind = ConditionKind::parse(condition).unwrap();
+        let mut expected = Vec::new();
+        for workload in Workload::ALL.into_iter().filter(|w| kind.runs(*w)) {
+            match workload.name() {
+                "stream" => expected.extend(["stream-first-byte", "stream-last-byte"]),
+                name => expected.push(name),
+            }
         }
         expected.push("start-exit");
         assert_eq!(metrics, expected, "{condition}");

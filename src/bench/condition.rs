@@ -20,6 +20,9 @@ use super::{BenchError, Testbed};
 pub enum ConditionKind {
     /// The client straight to the origin: no sluice, no nftables.
     Native,
+    /// The calibration: the reference pair (`bench::reference`), the
+    /// leanest client and origin, where native runs.
+    Reference,
     /// The client as the workload of `sluice run`.
     Host,
     /// The client in a local container under `sluice oci`.
@@ -37,8 +40,9 @@ pub enum ConditionKind {
 }
 
 impl ConditionKind {
-    pub const ALL: [ConditionKind; 7] = [
+    pub const ALL: [ConditionKind; 8] = [
         ConditionKind::Native,
+        ConditionKind::Reference,
         ConditionKind::Host,
         ConditionKind::Oci,
         ConditionKind::Haproxy,
@@ -50,6 +54,7 @@ impl ConditionKind {
     pub fn name(self) -> &'static str {
         match self {
             ConditionKind::Native => "native",
+            ConditionKind::Reference => "reference",
             ConditionKind::Host => "host",
             ConditionKind::Oci => "oci",
             ConditionKind::Haproxy => "haproxy",
@@ -83,7 +88,13 @@ impl ConditionKind {
     /// report says so): the `l7` workload needs a proxy that terminates
     /// TLS and a client that trusts it.
     pub(crate) fn skips(self, workload: super::Workload) -> Option<&'static str> {
-        if workload != super::Workload::L7 {
+        use super::Workload;
+        if self == ConditionKind::Reference
+            && matches!(workload, Workload::Stream | Workload::Tls | Workload::L7)
+        {
+            return Some("the reference pair calibrates the plain workloads only");
+        }
+        if workload != Workload::L7 {
             return None;
         }
         match self {
@@ -96,6 +107,7 @@ impl ConditionKind {
             // The container gets the CA bundle and SSL_CERT_FILE from
             // `sluice oci`, as a `sluice run` workload does.
             ConditionKind::Native
+            | ConditionKind::Reference
             | ConditionKind::Host
             | ConditionKind::Oci
             | ConditionKind::Haproxy => None,
@@ -118,8 +130,9 @@ impl ConditionKind {
     pub(crate) fn describe(self) -> &'static str {
         match self {
             ConditionKind::Native => "the client straight to the origin (no sluice, no nftables)",
-            ConditionKind::Host => "the client as the workload of `sluice run` (with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead of the client, 2 unless set, 3 more while 4 or more connections are in flight, and the peers at its priority)",
-            ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings; sluice serves `SLUICE_NICE` nice steps ahead, 2 unless set, 3 more while 4 or more connections are in flight)",
+            ConditionKind::Reference => "the calibration: the leanest blocking client and origin (a fixed pool of origin threads, one buffer per client thread, status and length checked) where native runs; native within 15% of it means the bench's own client and origin are not what the ratios measure",
+            ConditionKind::Host => "the client as the workload of `sluice run` (with --audit and --timings; its defaults: a worker per CPU, no nice lead unless `SLUICE_NICE` is set)",
+            ConditionKind::Oci => "the client in a local container under `sluice oci` (podman, runc; with --audit and --timings; its defaults: a worker per CPU, no nice lead unless `SLUICE_NICE` is set)",
             ConditionKind::Haproxy => "haproxy `mode tcp` behind sluice's nft redirect, no policy: plain connections to the one origin, TLS routed by SNI (tls: relayed to the TLS origin; l7: to a second haproxy frontend that terminates TLS with the origin's certificate, allows GET /bytes/*, sets the header and connects to the origin over TLS, verifying it) (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::TokioProxy => "a minimal tokio proxy (SO_ORIGINAL_DST, copy_bidirectional, one thread) behind sluice's nft redirect; no policy (started once for the run, so its start+exit is the client's alone)",
             ConditionKind::Vm => "the client in the test microVM (QEMU microvm, TCG emulation: no KVM here) under `sluice vm` (with --audit and --timings); request times on the guest's clock, start+exit includes the boot",
@@ -158,6 +171,7 @@ pub(crate) fn prepare(
 ) -> Result<Result<Box<dyn Condition>, Skip>, BenchError> {
     Ok(match kind {
         ConditionKind::Native => Ok(Box::new(Native)),
+        ConditionKind::Reference => Ok(Box::new(Reference)),
         ConditionKind::Host => Ok(Box::new(Sluice {
             kind,
             audit: bed.dir.join("audit-host.jsonl"),
@@ -223,6 +237,20 @@ impl Condition for Native {
 
     fn start(&self, bed: &Testbed, _round: usize) -> Result<Session, BenchError> {
         Session::start("native", client_command(bed), &bed.outer, Proxy::None)
+    }
+}
+
+/// The reference pair: the bench client's lean path (its `reference`
+/// commands) to the reference origin, where native runs.
+struct Reference;
+
+impl Condition for Reference {
+    fn kind(&self) -> ConditionKind {
+        ConditionKind::Reference
+    }
+
+    fn start(&self, bed: &Testbed, _round: usize) -> Result<Session, BenchError> {
+        Session::start("reference", client_command(bed), &bed.outer, Proxy::None)
     }
 }
 

@@ -20,6 +20,7 @@ mod interrupt;
 pub(crate) mod peers;
 pub(crate) mod plot;
 pub(crate) mod progress;
+pub(crate) mod reference;
 pub mod report;
 pub(crate) mod scale;
 pub(crate) mod scale_run;
@@ -268,6 +269,11 @@ impl Testbed {
         bed.outer
             .http_origin(origin)
             .map_err(setup("starting the origin"))?;
+        let reference: SocketAddr = reference::REFERENCE_ORIGIN.parse().expect("literal");
+        bed.outer
+            .run_in(move || reference::serve(std::net::TcpListener::bind(reference)?))
+            .and_then(|started| Ok(started?))
+            .map_err(setup("starting the reference origin"))?;
         let injected = bed.injected_seen.clone();
         let seen = move |head: &str| {
             if carries_injected_header(head) {
@@ -505,7 +511,7 @@ fn run_round(
         deny = Some(judge_deny(reply, bed.forbidden_hits() > hits));
     }
     let mut batches = Vec::new();
-    for (workload, command) in &commands.workloads {
+    for (workload, command) in commands.of(kind) {
         if !kind.runs(*workload) {
             continue;
         }

@@ -235,6 +235,26 @@ pub(crate) fn request_quantiles(
     ])
 }
 
+/// The P50, P90 and P99 (µs) of `condition`'s start+exit over the formal
+/// rounds.
+pub(crate) fn start_exit_quantiles(
+    results: &Results,
+    condition: ConditionKind,
+) -> Option<[f64; 3]> {
+    let mut times: Vec<f64> = results
+        .rounds
+        .iter()
+        .filter(|r| r.condition == condition)
+        .map(|r| (r.start + r.exit).as_secs_f64() * 1e6)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    Some([
+        quantile_sorted(&times, 0.5)?,
+        quantile_sorted(&times, 0.9)?,
+        quantile_sorted(&times, 0.99)?,
+    ])
+}
+
 /// One of DESIGN.md's speed targets, judged on this run.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Target {

@@ -165,10 +165,21 @@ impl Metric {
 #[derive(Debug, Clone)]
 pub(crate) struct Commands {
     pub(crate) workloads: Vec<(Workload, Command)>,
+    /// The same plain workloads for the reference pair's client.
+    pub(crate) reference: Vec<(Workload, Command)>,
     pub(crate) deny: Command,
 }
 
 impl Commands {
+    /// The workloads `kind`'s client runs, with their commands.
+    pub(crate) fn of(&self, kind: super::ConditionKind) -> &[(Workload, Command)] {
+        if kind == super::ConditionKind::Reference {
+            &self.reference
+        } else {
+            &self.workloads
+        }
+    }
+
     /// `ca_pem`: the CA of the TLS origin (and of haproxy's certificate),
     /// which every client trusts besides what its sandbox delivers.
     pub(crate) fn new(
@@ -236,9 +247,33 @@ impl Commands {
                 };
                 (w, command)
             })
+            .collect::<Vec<_>>();
+        let reference = workloads
+            .iter()
+            .filter_map(|(w, command)| match command {
+                Command::Fetch {
+                    url,
+                    count,
+                    threads,
+                    expect_len,
+                    tls: None,
+                    ..
+                } if *w != Workload::Stream => Some((
+                    *w,
+                    Command::Reference {
+                        addr: super::reference::REFERENCE_ORIGIN.to_string(),
+                        path: url.strip_prefix(&format!("http://{ORIGIN}"))?.to_string(),
+                        count: *count,
+                        threads: *threads,
+                        expect_len: *expect_len,
+                    },
+                )),
+                _ => None,
+            })
             .collect();
         Commands {
             workloads,
+            reference,
             deny: Command::Deny {
                 forbidden: FORBIDDEN.to_string(),
                 allowed: format!("http://{ORIGIN}/"),
@@ -289,6 +324,33 @@ mod tests {
                 assert!(tls.is_none(), "{w:?}");
             }
         }
+    }
+
+    #[test]
+    fn the_reference_pair_gets_the_plain_workloads_at_its_own_origin() {
+        let commands = Commands::new(&Workload::ALL, 256, 8, "CA");
+        let reference: Vec<Workload> = commands.reference.iter().map(|(w, _)| *w).collect();
+        assert_eq!(
+            reference,
+            [
+                Workload::Small,
+                Workload::Serial,
+                Workload::Bulk1k,
+                Workload::Bulk64k
+            ]
+        );
+        let Command::Reference {
+            addr,
+            path,
+            count,
+            threads,
+            ..
+        } = &commands.reference[0].1
+        else {
+            panic!("not a reference command");
+        };
+        assert_eq!(addr, super::super::reference::REFERENCE_ORIGIN);
+        assert_eq!((path.as_str(), *count, *threads), ("/bytes/1024", 256, 8));
     }
 
     #[test]

@@ -11,7 +11,8 @@ use crate::bench::{self, report, BenchError, ConditionKind, Plan, Workload};
 pub(crate) const AFTER_HELP: &str = "\
 Builds a throwaway topology (an origin and a service the policy forbids, in a namespace of its \
 own; nothing outside it is touched) and runs every condition side by side: native (the client \
-straight to the origin), host (under `sluice run`), oci (in a container under `sluice oci`; \
+straight to the origin), reference (the calibration: the leanest client and origin where native \
+runs; always run), host (under `sluice run`), oci (in a container under `sluice oci`; \
 needs podman and an image with the client's libraries, see containers/build-image.sh), haproxy \
 and tokio-proxy (peers with no policy behind the same nft redirect), vm (the client in the test microVM under \
 `sluice vm`) and vm-direct (the same microVM on a plain tap, no sluice; both need \
@@ -28,7 +29,9 @@ whose rule decides each request and injects a header: sluice terminates TLS with
 and verifies the origin; haproxy does the same in `mode http`; the TCP relays and the VM \
 conditions skip it). --workloads picks some. The report gives P50/P95 across batches, the \
 ratio to native, the paired difference to native with a 95% bootstrap CI, the proxy's CPU per \
-connection and start+exit time; DIR gets report.md, batches.csv, paired.csv, raw.jsonl and two SVG \
+connection and start+exit time, the calibration (native beside the reference pair, the leanest \
+client and origin: within 15% or the report says the ratios are compressed) and every request's \
+P50/P90/P99; DIR gets report.md, batches.csv, paired.csv, raw.jsonl and two SVG \
 plots.
 
 Exit status: 0 done; 1 a content check or a deny check failed (the run is void; a deny failure's \
@@ -45,12 +48,13 @@ pub(crate) const DEFAULT_IMAGE: &str = "localhost/sluice-busybox:latest";
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
     /// Conditions to run, comma-separated (native is required: every ratio
-    /// is to it): native, host, oci, haproxy, tokio-proxy, vm, vm-direct.
+    /// is to it; reference, the calibration, always runs beside it):
+    /// native, reference, host, oci, haproxy, tokio-proxy, vm, vm-direct.
     #[arg(
         long,
         value_delimiter = ',',
         value_name = "LIST",
-        default_value = "native,host,oci,haproxy,tokio-proxy,vm,vm-direct"
+        default_value = "native,reference,host,oci,haproxy,tokio-proxy,vm,vm-direct"
     )]
     pub(crate) conditions: Vec<String>,
     /// Workloads to run, comma-separated: small, serial, bulk-1k,
@@ -104,6 +108,12 @@ impl BenchArgs {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // The calibration belongs to every run: without it a ratio to
+        // native cannot say whether native measured the instrument.
+        let mut conditions = conditions;
+        if !conditions.contains(&ConditionKind::Reference) {
+            conditions.push(ConditionKind::Reference);
+        }
         let mut workloads = self
             .workloads
             .iter()
@@ -336,6 +346,21 @@ mod tests {
         let p = plan(&["--out", "x"]).unwrap();
         assert_eq!((p.batches, p.warmups), (30, 3));
         assert_eq!(p.conditions.len(), ConditionKind::ALL.len());
+    }
+
+    #[test]
+    fn the_reference_pair_runs_beside_native_unless_named_already() {
+        let p = plan(&["--conditions", "native,host", "--out", "x"]).unwrap();
+        assert_eq!(
+            p.conditions,
+            [
+                ConditionKind::Native,
+                ConditionKind::Host,
+                ConditionKind::Reference
+            ]
+        );
+        let p = plan(&["--conditions", "reference,native", "--out", "x"]).unwrap();
+        assert_eq!(p.conditions.len(), 2);
     }
 
     #[test]
