@@ -117,6 +117,53 @@ fn two_workers_deny_and_audit_every_connection_whichever_worker_takes_it() {
         .all(|r| r["verdict"] == "deny" && r["dst"] == "198.18.0.1:8082"));
 }
 
+/// `sluice run -- true` with debug logs on, started by `launcher` (a
+/// program and its arguments put before sluice's; none: sluice itself).
+fn run_true_logging_workers(w: &World, launcher: &[&str]) -> std::process::Output {
+    let mut argv: Vec<&str> = launcher.to_vec();
+    argv.push(sluice_bin());
+    let (program, args) = argv.split_first().expect("a program");
+    let child = w
+        .outer
+        .command(program)
+        .args(args)
+        .arg("run")
+        .arg("--policy")
+        .arg(w.policy(POLICY))
+        .arg("--state-dir")
+        .arg(w.state_dir())
+        .args(["--", "true"])
+        .env_remove("SLUICE_WORKERS")
+        .env("RUST_LOG", "sluice=debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    wait_bounded(child, Duration::from_secs(60))
+}
+
+#[test]
+fn by_default_a_sandbox_gets_a_worker_per_cpu_sluice_may_run_on() {
+    let Some(w) = World::new() else { return };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let out = run_true_logging_workers(&w, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        workers_that_listened(&out),
+        cpus.min(16),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_sandbox_confined_to_one_cpu_by_its_affinity_gets_one_worker() {
+    let Some(w) = World::new() else { return };
+    let out = run_true_logging_workers(&w, &["taskset", "-c", "0"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(workers_that_listened(&out), 1, "{}", stderr(&out));
+}
+
 /// `sluice run -- true` with `var=value` in its environment, to its end.
 fn run_true_with(w: &World, var: &str, value: &str) -> std::process::Output {
     let child = w
@@ -161,9 +208,17 @@ fn nice_of_caller_workload_and_sluice(w: &World, lead: Option<&str>) -> (i32, i3
 }
 
 #[test]
-fn sluice_serves_two_nice_steps_ahead_of_a_workload_that_keeps_the_callers_priority() {
+fn sluice_serves_at_the_workloads_priority_unless_sluice_nice_asks_for_a_lead() {
     let Some(w) = World::new() else { return };
     let (caller, workload, sluice) = nice_of_caller_workload_and_sluice(&w, None);
+    assert_eq!(workload, caller, "the workload keeps the caller's nice");
+    assert_eq!(sluice, caller, "no lead by default");
+}
+
+#[test]
+fn sluice_nice_2_serves_two_steps_ahead_of_a_workload_that_keeps_the_callers_priority() {
+    let Some(w) = World::new() else { return };
+    let (caller, workload, sluice) = nice_of_caller_workload_and_sluice(&w, Some("2"));
     assert_eq!(workload, caller, "the workload keeps the caller's nice");
     assert_eq!(
         sluice,
@@ -192,6 +247,9 @@ struct Conversation {
 impl Conversation {
     fn start(w: &World, policy: &str, script: &str, lead: Option<&str>) -> Conversation {
         let mut cmd = w.run_command(&w.policy(policy), &["bash", "-c", script]);
+        // One worker: the main thread (the one read) serves every
+        // connection, so it alone sees the load.
+        cmd.env("SLUICE_WORKERS", "1");
         if let Some(lead) = lead {
             cmd.env("SLUICE_NICE", lead);
         }
@@ -281,7 +339,7 @@ fn sluice_serves_three_more_steps_ahead_while_four_connections_are_in_flight() {
     let Some(w) = World::new() else { return };
     w.holding_origin("198.18.0.1:7000");
     let caller = own_nice();
-    let mut talk = Conversation::start(&w, POLICY, &hold_then_one_at_a_time(4), None);
+    let mut talk = Conversation::start(&w, POLICY, &hold_then_one_at_a_time(4), Some("2"));
     assert_eq!(talk.next_line(), "busy");
     // The fourth accept took the extra lead before relaying its hello.
     let busy = talk.sluice_nice();
@@ -312,7 +370,7 @@ fn sluice_serves_three_more_steps_ahead_while_four_connections_are_in_flight() {
 fn the_lead_under_load_stays_three_steps_however_many_connections_are_in_flight() {
     let Some(w) = World::new() else { return };
     let caller = own_nice();
-    let nice = nice_while_holding(&w, 16, None);
+    let nice = nice_while_holding(&w, 16, Some("2"));
     assert_eq!(
         nice,
         (caller - 5).max(-20),

@@ -12,12 +12,12 @@
 //! keeps every connection it accepted, so no task or wake-up crosses
 //! threads. The daemon keeps tokio's multi-threaded runtime.
 //!
-//! The threads that serve one sandbox run a few nice steps ahead of its
-//! workload (`SLUICE_NICE`, [`serve_ahead_of_workload`]): every connection
-//! the workload makes waits on them, so when the two compete for a CPU the
-//! proxy's turn comes first. While many connections are in flight they run
-//! a few steps further ahead ([`lead_by_load`]). The workload keeps the
-//! priority it was started with.
+//! With `SLUICE_NICE=N` (opt-in) the threads that serve one sandbox run N
+//! nice steps ahead of its workload ([`serve_ahead_of_workload`]): every
+//! connection the workload makes waits on them, so when the two compete for
+//! a CPU the proxy's turn comes first. While many connections are in flight
+//! they run a few steps further ahead ([`lead_by_load`]). The workload keeps
+//! the priority it was started with.
 
 use anyhow::{Context, Result};
 use tokio::runtime::Handle;
@@ -33,14 +33,24 @@ pub(crate) struct BadWorkers(String);
 pub(crate) struct BadNice(String);
 
 /// How many nice steps a sandbox's serving threads run ahead of its
-/// workload unless `SLUICE_NICE` says otherwise. Measured on these 2-vCPU
-/// machines (docs/measurements.md, round thirteen): 2 steps took the
-/// 8-in-flight time from 1.02-1.07 to 0.99 of haproxy's with one at a time,
-/// the stream and bulk no worse; 5 and 10 steps gained more at 8 in flight
-/// but cost 15-22 µs one at a time and a tenth of the bulk throughput, and
-/// would let a workload that pushes traffic through sluice take that much
-/// more of a CPU from the host's other processes.
-const NICE_AHEAD: i32 = 2;
+/// workload unless `SLUICE_NICE` says otherwise: none. The lead is opt-in:
+/// on the calibrated bench (docs/measurements.md, issue 34) it gained
+/// nothing at 8 in flight once a sandbox had a worker per CPU, haproxy given
+/// the same lead got slower, and a lead changes CPU fairness for every
+/// other process on the host.
+const NICE_AHEAD: i32 = 0;
+
+/// The most workers one sandbox gets by default, however many CPUs there
+/// are: each worker binds its own listener per address and keeps a thread.
+/// `SLUICE_WORKERS` may go to 64.
+const MAX_DEFAULT_WORKERS: usize = 16;
+
+/// The CPUs this process may run on: its affinity mask and its cgroup's CPU
+/// quota, as `std::thread::available_parallelism` reads them (1 if they
+/// cannot be read).
+fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 /// Nice steps a serving thread takes on top of its lead while [`BUSY_AT`]
 /// or more of the sandbox's connections are in flight. Measured on these
@@ -226,10 +236,12 @@ impl Workers {
     }
 }
 
-/// One sandbox (`run`, `oci`, `vm`) is served on one thread by default: no
-/// task ever hops between threads, and on these 2-vCPU machines the
-/// workload and its peers need the other core. With `SLUICE_WORKERS=n` it
-/// is served thread-per-core by n threads.
+/// One sandbox (`run`, `oci`, `vm`) is served by a worker per available
+/// CPU (at most [`MAX_DEFAULT_WORKERS`]), thread-per-core: each accepts on
+/// its own listeners and keeps what it accepted, so no task hops between
+/// threads. `SLUICE_WORKERS=n` sets the count. Measured on these 2-vCPU
+/// machines (docs/measurements.md, issue 34): two workers took 8 in flight
+/// from behind haproxy to ahead of it, one at a time and bulk no worse.
 pub(crate) fn one_sandbox() -> Result<(tokio::runtime::Runtime, Workers)> {
     plan_one_sandbox()?.start()
 }
@@ -239,7 +251,7 @@ pub(crate) fn one_sandbox() -> Result<(tokio::runtime::Runtime, Workers)> {
 /// [`OneSandbox::listeners_per_address`]), which may happen before the
 /// runtime starts.
 pub(crate) fn plan_one_sandbox() -> Result<OneSandbox> {
-    let workers = workers(1)?;
+    let workers = workers(available_cpus().min(MAX_DEFAULT_WORKERS))?;
     let nice_ahead = nice_ahead(std::env::var("SLUICE_NICE").ok().as_deref())?;
     Ok(OneSandbox {
         plan: Plan {
@@ -278,8 +290,7 @@ impl OneSandbox {
 /// The daemon serves many sandboxes and gets a worker per core, on tokio's
 /// multi-threaded runtime, with no lead over its workloads.
 pub(crate) fn many_sandboxes() -> Result<(tokio::runtime::Runtime, Workers)> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = workers(cores)?;
+    let workers = workers(available_cpus())?;
     let plan = Plan {
         workers,
         nice_ahead: 0,
@@ -312,8 +323,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_nice_lead_is_two_steps_unless_set() {
-        assert_eq!(nice_ahead(None).unwrap(), 2);
+    fn there_is_no_nice_lead_unless_sluice_nice_sets_one() {
+        assert_eq!(nice_ahead(None).unwrap(), 0);
     }
 
     #[test]

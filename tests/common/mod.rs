@@ -342,6 +342,17 @@ pub fn accepted_per_worker(out: &Output, workers: usize) -> Vec<u64> {
     accepted
 }
 
+/// How many workers served a sandbox: the workers whose listeners logged
+/// their close (debug logs on).
+pub fn workers_that_listened(out: &Output) -> usize {
+    stderr(out)
+        .lines()
+        .filter(|line| line.contains("proxy listener closed"))
+        .filter_map(|line| line.split("worker=").nth(1)?.split_whitespace().next())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
 /// Wait for `child` at most `limit`, killing it (and failing) past that.
 pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     let start = Instant::now();
