@@ -242,7 +242,7 @@ fn the_report_sets_native_beside_the_reference_pair_and_gives_every_tail() {
     // Either verdict is a behaviour the report may state; which one is the
     // machine's business. The line must match its ratio.
     assert_eq!(
-        calibration.contains("**not calibrated"),
+        calibration.contains("**not calibrated**"),
         (over - 1.0).abs() > 0.15,
         "{calibration}"
     );

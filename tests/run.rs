@@ -123,10 +123,8 @@ fn run_true_logging_workers(w: &World, launcher: &[&str]) -> std::process::Outpu
     let mut argv: Vec<&str> = launcher.to_vec();
     argv.push(sluice_bin());
     let (program, args) = argv.split_first().expect("a program");
-    let child = w
-        .outer
-        .command(program)
-        .args(args)
+    let mut cmd = w.outer.command(program);
+    cmd.args(args)
         .arg("run")
         .arg("--policy")
         .arg(w.policy(POLICY))
@@ -134,12 +132,8 @@ fn run_true_logging_workers(w: &World, launcher: &[&str]) -> std::process::Outpu
         .arg(w.state_dir())
         .args(["--", "true"])
         .env_remove("SLUICE_WORKERS")
-        .env("RUST_LOG", "sluice=debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    wait_bounded(child, Duration::from_secs(60))
+        .env("RUST_LOG", "sluice=debug");
+    output_of(cmd)
 }
 
 #[test]
@@ -166,14 +160,9 @@ fn a_sandbox_confined_to_one_cpu_by_its_affinity_gets_one_worker() {
 
 /// `sluice run -- true` with `var=value` in its environment, to its end.
 fn run_true_with(w: &World, var: &str, value: &str) -> std::process::Output {
-    let child = w
-        .run_command(&w.policy(POLICY), &["true"])
-        .env(var, value)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    wait_bounded(child, Duration::from_secs(60))
+    let mut cmd = w.run_command(&w.policy(POLICY), &["true"]);
+    cmd.env(var, value);
+    output_of(cmd)
 }
 
 #[test]

@@ -14,6 +14,7 @@
 //! let a failed batch contribute latency, or carry on past a content check
 //! that failed: that ends the run with an error.
 
+pub(crate) mod calibration;
 pub(crate) mod client;
 pub(crate) mod condition;
 mod interrupt;

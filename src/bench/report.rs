@@ -346,61 +346,6 @@ pub(crate) fn tls_table(results: &Results, summary: &Summary) -> String {
     md
 }
 
-/// The calibration (native beside the reference pair) and the tails a
-/// median hides: every request's P50 / P90 / P99 for small and serial,
-/// and every round's start+exit.
-pub(crate) fn calibration_and_tails(results: &Results, summary: &Summary) -> String {
-    let mut md = String::from("\n## Calibration and tails\n\n");
-    let small = |c: ConditionKind| summary.of(c)?.metrics.get(&Metric::Small)?.p50;
-    match (
-        small(ConditionKind::Native),
-        small(ConditionKind::Reference),
-    ) {
-        (Some(native), Some(reference)) if reference > 0.0 => {
-            let over = native / reference;
-            let holds = (over - 1.0).abs() <= super::reference::CALIBRATED_WITHIN;
-            let _ = writeln!(
-                md,
-                "Calibration: native's small P50 is {:.3} ms, the reference pair's {:.3} ms: \
-                 native / reference = {over:.2}, {} (within {:.0}%).\n",
-                native / 1e3,
-                reference / 1e3,
-                if holds {
-                    "calibrated"
-                } else {
-                    "**not calibrated: the bench's own client or origin is part of what native measures, \
-                     so every ratio to native is compressed**"
-                },
-                super::reference::CALIBRATED_WITHIN * 100.0
-            );
-        }
-        _ => md.push_str(
-            "Calibration: not measured (run the `reference` condition beside `native`).\n\n",
-        ),
-    }
-    md.push_str(
-        "Every request of the formal batches (small, serial) and every round's start+exit, \
-         in ms: P50 / P90 / P99.\n\n\
-         | condition | small requests | serial requests | start+exit |\n|---|---|---|---|\n",
-    );
-    let three = |q: Option<[f64; 3]>| {
-        q.map_or("-".into(), |[a, b, c]| {
-            format!("{:.3} / {:.3} / {:.3}", a / 1e3, b / 1e3, c / 1e3)
-        })
-    };
-    for c in &summary.conditions {
-        let kind = c.condition;
-        let _ = writeln!(
-            md,
-            "| {kind} | {} | {} | {} |",
-            three(stats::request_quantiles(results, kind, Workload::Small)),
-            three(stats::request_quantiles(results, kind, Workload::Serial)),
-            three(stats::start_exit_quantiles(results, kind)),
-        );
-    }
-    md
-}
-
 /// The main table, as report.md has it (also printed at the end of a run).
 pub(crate) fn table(summary: &Summary) -> String {
     let mut out = String::from(
@@ -418,7 +363,7 @@ fn markdown(results: &Results, summary: &Summary, machine: &Machine, command: &s
     let mut md = String::from("# sluice bench\n\n");
     write_run(&mut md, results, machine, command);
     write_results(&mut md, summary);
-    md.push_str(&calibration_and_tails(results, summary));
+    md.push_str(&super::calibration::section(results, summary));
     let called = write_paired(&mut md, summary);
     write_plain_tap(&mut md, summary);
     if results

@@ -219,7 +219,7 @@ pub(crate) fn request_quantiles(
     condition: ConditionKind,
     workload: Workload,
 ) -> Option<[f64; 3]> {
-    let mut times: Vec<f64> = results
+    let times: Vec<f64> = results
         .rounds
         .iter()
         .filter(|r| r.condition == condition)
@@ -227,6 +227,11 @@ pub(crate) fn request_quantiles(
         .filter(|b| b.workload == workload && b.ok())
         .flat_map(|b| b.reply.samples.iter().map(|s| s.last_byte_us as f64))
         .collect();
+    p50_p90_p99(times)
+}
+
+/// The P50, P90 and P99 of `times`.
+fn p50_p90_p99(mut times: Vec<f64>) -> Option<[f64; 3]> {
     times.sort_by(f64::total_cmp);
     Some([
         quantile_sorted(&times, 0.5)?,
@@ -241,18 +246,13 @@ pub(crate) fn start_exit_quantiles(
     results: &Results,
     condition: ConditionKind,
 ) -> Option<[f64; 3]> {
-    let mut times: Vec<f64> = results
+    let times: Vec<f64> = results
         .rounds
         .iter()
         .filter(|r| r.condition == condition)
         .map(|r| (r.start + r.exit).as_secs_f64() * 1e6)
         .collect();
-    times.sort_by(f64::total_cmp);
-    Some([
-        quantile_sorted(&times, 0.5)?,
-        quantile_sorted(&times, 0.9)?,
-        quantile_sorted(&times, 0.99)?,
-    ])
+    p50_p90_p99(times)
 }
 
 /// One of DESIGN.md's speed targets, judged on this run.

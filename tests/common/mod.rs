@@ -274,13 +274,7 @@ impl World {
 
     /// Run to completion (bounded), returning the output.
     pub fn run(&self, policy: &Path, argv: &[&str]) -> Output {
-        let child = self
-            .run_command(policy, argv)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sluice");
-        wait_bounded(child, Duration::from_secs(60))
+        output_of(self.run_command(policy, argv))
     }
 
     /// `sluice probe ARGS` inside a sandbox under `policy`.
@@ -340,6 +334,16 @@ pub fn accepted_per_worker(out: &Output, workers: usize) -> Vec<u64> {
         }
     }
     accepted
+}
+
+/// Run `cmd` with its output piped, to its end (at most a minute).
+pub fn output_of(mut cmd: Command) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    wait_bounded(child, Duration::from_secs(60))
 }
 
 /// How many workers served a sandbox: the workers whose listeners logged
