@@ -43,6 +43,9 @@ pub(crate) mod app;
 pub(crate) mod attach;
 #[forbid(unsafe_code)]
 pub mod audit;
+// `sluice bench` and its helpers: only in a build with the `bench` feature
+// (on by default; the Debian package's build leaves it out).
+#[cfg(feature = "bench")]
 #[forbid(unsafe_code)]
 pub mod bench;
 #[forbid(unsafe_code)]

@@ -50,7 +50,9 @@ fn quick_run() -> Option<&'static Run> {
                 "bench", "--quick", "--seed", "7", "--image", &image, "--out",
             ])
             .arg(dir.path())
-            // The VM conditions have a run of their own (vm_run).
+            // The VM conditions have a run of their own (vm_run); here
+            // they are skipped, not built.
+            .arg("--no-build")
             .env("SLUICE_VM_KIT", "/nonexistent/sluice-vm-kit")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -495,6 +497,51 @@ fn assert_nothing_left(pid: u32) {
         })
         .collect();
     assert!(temp.is_empty(), "{temp:?}");
+}
+
+#[test]
+fn a_missing_oci_image_is_built_before_the_run_and_the_oci_condition_runs() {
+    if !privileged() || tool_path("podman").is_none() || tool_path("runc").is_none() {
+        return;
+    }
+    let image = format!("localhost/sluice-bench-built:{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(sluice_bin())
+        .args([
+            "bench",
+            "--conditions",
+            "native,oci",
+            "--workloads",
+            "small",
+        ])
+        .args(["--batches", "2", "--warmups", "0", "--conns", "16"])
+        .args(["--threads", "4", "--seed", "13", "--image", &image, "--out"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, Duration::from_secs(600));
+    let built = Command::new("podman")
+        .args(["image", "exists", &image])
+        .status()
+        .unwrap()
+        .success();
+    let _ = Command::new("podman").args(["rmi", "-f", &image]).output();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(built, "{err}");
+    assert!(
+        err.contains(&format!("oci: building the image {image}")),
+        "{err}"
+    );
+    assert!(!err.contains("oci: skipped"), "{err}");
+    let rows = csv_rows(
+        &read(dir.path(), "batches.csv"),
+        sluice::bench::report::BATCHES_HEADER,
+    );
+    let oci: Vec<_> = rows.iter().filter(|r| r["condition"] == "oci").collect();
+    assert_eq!(oci.len(), 2, "{rows:?}");
 }
 
 #[test]

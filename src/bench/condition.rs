@@ -164,10 +164,13 @@ pub(crate) trait Condition {
 pub(crate) type Skip = String;
 
 /// Make `kind` ready for the run on `bed`, or say why it cannot run here.
+/// With `build`, an image or guest kit that is missing is built first
+/// ([`super::provision`]).
 pub(crate) fn prepare(
     kind: ConditionKind,
     bed: &Testbed,
     image: &str,
+    build: bool,
 ) -> Result<Result<Box<dyn Condition>, Skip>, BenchError> {
     Ok(match kind {
         ConditionKind::Native => Ok(Box::new(Native)),
@@ -178,7 +181,17 @@ pub(crate) fn prepare(
             image: None,
         })),
         ConditionKind::Oci => match oci_unavailable(image) {
-            Some(why) => Err(why),
+            Some(OciLack::Image(why)) if build => {
+                match super::provision::build_image(&bed.exe, image) {
+                    Ok(()) => Ok(Box::new(Sluice {
+                        kind,
+                        audit: bed.dir.join("audit-oci.jsonl"),
+                        image: Some(image.to_string()),
+                    })),
+                    Err(failed) => Err(format!("{why}; building it: {failed}")),
+                }
+            }
+            Some(lack) => Err(lack.why()),
             None => Ok(Box::new(Sluice {
                 kind,
                 audit: bed.dir.join("audit-oci.jsonl"),
@@ -190,7 +203,7 @@ pub(crate) fn prepare(
             Err(why) => Err(why),
         },
         ConditionKind::TokioProxy => Ok(Box::new(peers::Peer::minimal_proxy(bed)?)),
-        ConditionKind::Vm | ConditionKind::VmDirect => super::vm::prepare(kind, bed)?,
+        ConditionKind::Vm | ConditionKind::VmDirect => super::vm::prepare(kind, bed, build)?,
     })
 }
 
@@ -310,8 +323,25 @@ fn podman_global() -> [&'static str; 5] {
     ]
 }
 
+/// What the oci condition lacks here.
+#[derive(Debug, PartialEq)]
+enum OciLack {
+    /// A tool to install: nothing the bench can build.
+    Tool(Skip),
+    /// The image, which the bench can build.
+    Image(Skip),
+}
+
+impl OciLack {
+    fn why(self) -> Skip {
+        match self {
+            OciLack::Tool(why) | OciLack::Image(why) => why,
+        }
+    }
+}
+
 /// Why containers cannot run here, if they cannot.
-fn oci_unavailable(image: &str) -> Option<Skip> {
+fn oci_unavailable(image: &str) -> Option<OciLack> {
     oci_unavailable_with(
         image,
         |tool| crate::program::on_path(tool).is_some(),
@@ -325,20 +355,20 @@ fn oci_unavailable_with(
     image: &str,
     installed: impl Fn(&str) -> bool,
     has_image: impl Fn(&str) -> bool,
-) -> Option<Skip> {
+) -> Option<OciLack> {
     for (tool, package) in [("podman", "podman"), ("runc", "runc")] {
         if !installed(tool) {
-            return Some(format!(
+            return Some(OciLack::Tool(format!(
                 "{tool} is not installed (apt-get install --no-install-recommends {package})"
-            ));
+            )));
         }
     }
     if has_image(image) {
         None
     } else {
-        Some(format!(
+        Some(OciLack::Image(format!(
             "image {image} not found: build it with containers/build-image.sh --sluice \"$(command -v sluice)\" --tag {image}, or name one with --image"
-        ))
+        )))
     }
 }
 
@@ -378,14 +408,20 @@ mod tests {
     fn without_podman_oci_is_skipped_with_the_package_to_install() {
         let why = oci_unavailable_with("img", |tool| tool != "podman", |_| true);
         assert_eq!(
-            why.as_deref(),
-            Some("podman is not installed (apt-get install --no-install-recommends podman)")
+            why,
+            Some(OciLack::Tool(
+                "podman is not installed (apt-get install --no-install-recommends podman)".into()
+            ))
         );
     }
 
     #[test]
     fn without_its_image_oci_is_skipped_with_how_to_build_it() {
-        let why = oci_unavailable_with("localhost/bench:1", |_| true, |_| false).unwrap();
+        let Some(OciLack::Image(why)) =
+            oci_unavailable_with("localhost/bench:1", |_| true, |_| false)
+        else {
+            panic!("an image that is missing is the lack");
+        };
         assert!(
             why.starts_with(
                 "image localhost/bench:1 not found: build it with containers/build-image.sh "

@@ -21,6 +21,7 @@ mod interrupt;
 pub(crate) mod peers;
 pub(crate) mod plot;
 pub(crate) mod progress;
+mod provision;
 pub(crate) mod reference;
 pub mod report;
 pub(crate) mod scale;
@@ -175,6 +176,9 @@ pub(crate) struct Plan {
     pub(crate) seed: u64,
     /// The image the `oci` condition runs the client in.
     pub(crate) image: String,
+    /// Build the oci image or the guest kit when missing, rather than
+    /// skip the condition.
+    pub(crate) build_missing: bool,
 }
 
 impl Plan {
@@ -431,7 +435,7 @@ pub(crate) fn run(plan: &Plan, progress: &mut Progress) -> Result<Results, Bench
         if interrupt::raised() {
             return Err(BenchError::Interrupted);
         }
-        match condition::prepare(kind, &bed, &plan.image)? {
+        match condition::prepare(kind, &bed, &plan.image, plan.build_missing)? {
             Ok(ready) => prepared.push(ready),
             Err(why) => {
                 progress.skipped(kind, &why);

@@ -653,6 +653,7 @@ mod tests {
                 threads: 1,
                 seed: 1,
                 image: String::new(),
+                build_missing: false,
             },
             ran: vec![ConditionKind::Native, ConditionKind::Host],
             skipped: Vec::new(),

@@ -415,6 +415,7 @@ mod tests {
                 threads: 1,
                 seed: 3,
                 image: String::new(),
+                build_missing: false,
             },
             ran: vec![ConditionKind::Native, ConditionKind::Host],
             skipped: Vec::new(),

@@ -10,6 +10,7 @@ fn plan() -> Plan {
         threads: 8,
         seed: 1,
         image: "x".into(),
+        build_missing: false,
     }
 }
 

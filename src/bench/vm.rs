@@ -39,6 +39,7 @@ const QEMU: &str = "qemu-system-x86_64";
 pub(crate) fn prepare(
     kind: ConditionKind,
     bed: &Testbed,
+    build: bool,
 ) -> Result<Result<Box<dyn Condition>, Skip>, BenchError> {
     if crate::program::on_path(QEMU).is_none() {
         return Ok(Err(format!(
@@ -48,9 +49,15 @@ pub(crate) fn prepare(
     let dir = Kit::default_dir(&bed.exe);
     let kit = match Kit::in_dir(&dir) {
         Ok(kit) => kit,
+        Err(why) if build => match super::provision::build_kit(&dir)
+            .and_then(|()| Kit::in_dir(&dir))
+        {
+            Ok(kit) => kit,
+            Err(failed) => return Ok(Err(format!("{why}; building it: {failed}"))),
+        },
         Err(why) => {
             return Ok(Err(format!(
-                "{why}: build the guest kit with containers/vm/build-guest.sh (it prints kit=DIR) and set SLUICE_VM_KIT=DIR"
+                "{why}: build the guest kit with containers/vm/build-guest.sh (it prints kit=DIR) and set SLUICE_VM_KIT=DIR, or leave out --no-build"
             )))
         }
     };

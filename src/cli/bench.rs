@@ -17,8 +17,9 @@ needs podman and an image with the client's libraries, see containers/build-imag
 and tokio-proxy (peers with no policy behind the same nft redirect), vm (the client in the test microVM under \
 `sluice vm`) and vm-direct (the same microVM on a plain tap, no sluice; both need \
 qemu-system-x86_64 and the guest kit of containers/vm/build-guest.sh, found in $SLUICE_VM_KIT or \
-target/vm-kit beside the binary; one boot per session, TCG emulation). A condition that cannot \
-run here is skipped with one line saying why.
+target/vm-kit beside the binary; one boot per session, TCG emulation). A missing oci image or \
+guest kit is built first with those scripts from the source tree sluice was built from (unless \
+--no-build); a condition that still cannot run here is skipped with one line saying why.
 
 Every round (--warmups, then --batches) starts a fresh session per condition, in a shuffled \
 order, and runs: a deny check, small (--conns fresh connections, --threads at once, 1 KiB), \
@@ -86,9 +87,16 @@ pub(crate) struct BenchArgs {
     /// libraries sluice links against; this sluice binary is mounted in).
     #[arg(long, value_name = "NAME", default_value = DEFAULT_IMAGE)]
     pub(crate) image: String,
-    /// Every available condition with few batches: well under two minutes.
+    /// Every available condition with few batches: well under two minutes
+    /// once the oci image and the guest kit exist.
     #[arg(long)]
     pub(crate) quick: bool,
+    /// Skip oci or vm when the image or the guest kit is missing, instead
+    /// of building it first with containers/build-image.sh or
+    /// containers/vm/build-guest.sh from the source tree sluice was built
+    /// from (the kit takes minutes the first time).
+    #[arg(long)]
+    pub(crate) no_build: bool,
     /// Where the report goes (created if missing).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: PathBuf,
@@ -143,6 +151,7 @@ impl BenchArgs {
             threads: self.threads,
             seed,
             image: self.image.clone(),
+            build_missing: !self.no_build,
         };
         plan.check()?;
         Ok(plan)
@@ -346,6 +355,16 @@ mod tests {
         let p = plan(&["--out", "x"]).unwrap();
         assert_eq!((p.batches, p.warmups), (30, 3));
         assert_eq!(p.conditions.len(), ConditionKind::ALL.len());
+    }
+
+    #[test]
+    fn a_missing_image_or_kit_is_built_unless_no_build_is_given() {
+        assert!(plan(&["--quick", "--out", "x"]).unwrap().build_missing);
+        assert!(
+            !plan(&["--quick", "--no-build", "--out", "x"])
+                .unwrap()
+                .build_missing
+        );
     }
 
     #[test]

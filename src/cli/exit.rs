@@ -67,8 +67,19 @@ fn class_of_cause(cause: &(dyn Error + 'static)) -> Option<ExitClass> {
         crate::timing::TimingError,
         crate::timing::PlotError,
         crate::mac::MacError,
-        crate::bench::BenchError,
     )
+    .or_else(|| bench_class(cause))
+}
+
+/// The class of a `sluice bench` failure, in a build that has the bench.
+#[cfg(feature = "bench")]
+fn bench_class(cause: &(dyn Error + 'static)) -> Option<ExitClass> {
+    classify!(cause, crate::bench::BenchError)
+}
+
+#[cfg(not(feature = "bench"))]
+fn bench_class(_: &(dyn Error + 'static)) -> Option<ExitClass> {
+    None
 }
 
 // The classes of the errors of modules that know nothing of exit statuses.

@@ -6,6 +6,7 @@
 
 pub(crate) mod args;
 pub(crate) mod audit;
+#[cfg(feature = "bench")]
 pub(crate) mod bench;
 pub(crate) mod bundle;
 pub(crate) mod check;
@@ -135,9 +136,11 @@ pub(crate) enum Command {
     #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
     /// Measure sluice side by side with the native path and peer proxies (needs root).
+    #[cfg(feature = "bench")]
     #[command(after_help = bench::AFTER_HELP)]
     Bench(bench::BenchArgs),
     /// One daemon, many sandboxes, many held connections: attach time and RSS (needs root).
+    #[cfg(feature = "bench")]
     #[command(after_help = bench::SCALE_AFTER_HELP)]
     BenchScale(bench::BenchScaleArgs),
     /// Show sluice at work on a throwaway topology (needs root; touches nothing outside it).
@@ -155,12 +158,15 @@ pub(crate) enum Command {
     #[command(hide = true)]
     Man(man::ManArgs),
     /// The client `sluice bench` runs in each condition's sandbox (JSON lines on stdin and stdout).
+    #[cfg(feature = "bench")]
     #[command(hide = true)]
     BenchClient,
     /// The client `sluice bench-scale --run` runs under `sluice run` (lines on stdin and stdout).
+    #[cfg(feature = "bench")]
     #[command(hide = true)]
     BenchHold,
     /// The minimal tokio proxy `sluice bench` measures sluice against.
+    #[cfg(feature = "bench")]
     #[command(hide = true)]
     BenchProxy(bench::BenchProxyArgs),
 }
@@ -179,10 +185,15 @@ pub fn execute(cli: Cli) -> anyhow::Result<i32> {
         Command::Daemon(args) => daemon::execute(args),
         Command::OciHook(args) => oci_hook::execute(args),
         Command::Status(args) => status::execute(args),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench::execute(args),
+        #[cfg(feature = "bench")]
         Command::BenchScale(args) => bench::execute_scale(args),
+        #[cfg(feature = "bench")]
         Command::BenchClient => Ok(crate::bench::client::main()),
+        #[cfg(feature = "bench")]
         Command::BenchHold => Ok(crate::bench::scale_run::hold_main()),
+        #[cfg(feature = "bench")]
         Command::BenchProxy(args) => bench::execute_proxy(args),
         Command::Demo => demo::execute(),
         Command::Doctor(args) => doctor::execute(args),

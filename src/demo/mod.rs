@@ -174,6 +174,7 @@ fn show_audit(audit_path: &Path) {
 
 /// Step 10: the same small requests directly and through `sluice run`,
 /// side by side (a few seconds of `sluice bench`'s method).
+#[cfg(feature = "bench")]
 fn compare_costs() -> Result<()> {
     use crate::bench::{self, ConditionKind, Metric, Workload};
     let plan = bench::Plan {
@@ -185,6 +186,7 @@ fn compare_costs() -> Result<()> {
         threads: 8,
         seed: 1,
         image: String::new(),
+        build_missing: false,
     };
     println!(
         "\n10. What it costs here: 256 fresh connections, 8 at a time, 1 KiB each, directly and through `sluice run`,\n   \
@@ -233,7 +235,19 @@ fn compare_costs() -> Result<()> {
     Ok(())
 }
 
+/// Step 10 in a build without the bench (the Debian package's): what to
+/// run instead.
+#[cfg(not(feature = "bench"))]
+fn compare_costs() -> Result<()> {
+    println!(
+        "\n10. What it costs here: this sluice is built without `sluice bench` (the package leaves the bench out);\n   \
+         build sluice from source (`cargo build --release`, the `bench` feature is on by default) to measure it"
+    );
+    Ok(())
+}
+
 /// Rounds of the demo's comparison.
+#[cfg(feature = "bench")]
 const COMPARE_ROUNDS: usize = 3;
 
 /// Wait (bounded) until the workload created `marker`; false if it ended or

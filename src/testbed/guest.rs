@@ -326,6 +326,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// `text` as one sh word (single-quoted).
+#[cfg(any(test, feature = "bench"))]
 pub(crate) fn sh_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
 }

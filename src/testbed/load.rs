@@ -61,6 +61,8 @@ pub(crate) struct Fetched {
     pub(crate) first_byte_us: u64,
     /// When the body's last byte (by Content-Length) arrived; the close
     /// that ends the response follows.
+    // Read by the bench only.
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     pub(crate) last_byte_us: u64,
     /// When the server closed the connection (the response's end).
     pub(crate) total_us: u64,
@@ -234,6 +236,7 @@ static READY_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// client what it costs the reference pair's (which keeps no body): no
 /// page faults on a fresh 32 MiB allocation while the clock runs. Call it
 /// before the clock starts.
+#[cfg(feature = "bench")]
 pub(crate) fn ready_buffers(count: usize, len: usize) {
     let mut ready = READY
         .lock()

@@ -150,12 +150,14 @@ const MAX_BODY: usize = 64 << 20;
 
 /// Compute the bulk body now, so that the first bulk request does not pay
 /// for it.
+#[cfg(feature = "bench")]
 pub(crate) fn prepare_bulk() {
     patterned();
 }
 
 /// The first `len` bytes of [`pattern`] (at most [`MAX_BODY`]), computed
 /// once for the whole process.
+#[cfg(feature = "bench")]
 pub(crate) fn pattern_prefix(len: usize) -> &'static [u8] {
     static SMALL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     match SMALL.get_or_init(|| pattern(1 << 20)) {

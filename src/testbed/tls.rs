@@ -7,7 +7,10 @@
 //! the testbed: the CA's key is dropped once the certificate is signed, and
 //! the certificate's key lives in memory and in the bench's own temp dir.
 
-use std::io::{Read, Write};
+use std::io::Read;
+#[cfg(any(test, feature = "bench"))]
+use std::io::Write;
+#[cfg(any(test, feature = "bench"))]
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +25,8 @@ pub struct TestPki {
     /// The server certificate and its key, in PEM (haproxy's `crt` file is
     /// the two concatenated).
     pub cert_pem: String,
+    // Read by the bench only.
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     pub(crate) key_pem: String,
     cert: CertificateDer<'static>,
     key_der: Vec<u8>,
@@ -77,6 +82,7 @@ pub(crate) fn serve_https_forever(listener: TcpListener, config: Arc<rustls::Ser
 }
 
 /// `serve_https_forever`, giving `seen` every request head.
+#[cfg(any(test, feature = "bench"))]
 pub(crate) fn serve_https_seeing(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,

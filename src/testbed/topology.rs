@@ -95,6 +95,7 @@ impl OuterNetns {
 
     /// Serve the same origin over TLS on `addr` with `config`, giving `seen`
     /// every request head ([`super::tls::serve_https_seeing`]).
+    #[cfg(feature = "bench")]
     pub(crate) fn https_origin(
         &self,
         addr: SocketAddr,

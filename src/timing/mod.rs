@@ -23,7 +23,10 @@ pub use compare::{compare, load_input, Input};
 pub(crate) use io::{check_writable, push_csv, TimingError, TimingLog};
 pub use io::{read_file, TimingWriter, CSV_HEADER};
 pub use plot::plot_svg;
-pub(crate) use plot::{ecdf_panel, ecdf_points, PlotError, PALETTE};
+pub(crate) use plot::PlotError;
+// The bench draws its panels with the same hand.
+#[cfg(feature = "bench")]
+pub(crate) use plot::{ecdf_panel, ecdf_points, PALETTE};
 
 /// One connection, from accept to close. Phases that did not happen (a
 /// denied connection never connects; a direct client makes no decision) are

@@ -104,6 +104,7 @@ pub struct PairedDiff {
 
 impl PairedDiff {
     /// Whether the interval leaves zero out (a difference, not noise).
+    #[cfg(any(test, feature = "bench"))]
     pub(crate) fn excludes_zero(&self) -> bool {
         self.ci_low_us > 0.0 || self.ci_high_us < 0.0
     }
