@@ -521,6 +521,7 @@ fn a_missing_oci_image_is_built_before_the_run_and_the_oci_condition_runs() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let pid = child.id();
     let out = wait_bounded(child, Duration::from_secs(600));
     let built = Command::new("podman")
         .args(["image", "exists", &image])
@@ -542,6 +543,7 @@ fn a_missing_oci_image_is_built_before_the_run_and_the_oci_condition_runs() {
     );
     let oci: Vec<_> = rows.iter().filter(|r| r["condition"] == "oci").collect();
     assert_eq!(oci.len(), 2, "{rows:?}");
+    assert_nothing_left(pid);
 }
 
 #[test]

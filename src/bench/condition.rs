@@ -180,24 +180,24 @@ pub(crate) fn prepare(
             audit: bed.dir.join("audit-host.jsonl"),
             image: None,
         })),
-        ConditionKind::Oci => match oci_unavailable(image) {
-            Some(OciLack::Image(why)) if build => {
-                match super::provision::build_image(&bed.exe, image) {
-                    Ok(()) => Ok(Box::new(Sluice {
-                        kind,
-                        audit: bed.dir.join("audit-oci.jsonl"),
-                        image: Some(image.to_string()),
-                    })),
-                    Err(failed) => Err(format!("{why}; building it: {failed}")),
+        ConditionKind::Oci => {
+            let lack = match oci_unavailable(image) {
+                Some(OciLack::Image(why)) if build => {
+                    super::provision::build_image(&bed.exe, image)
+                        .err()
+                        .map(|failed| format!("{why}; building it: {failed}"))
                 }
+                lack => lack.map(OciLack::why),
+            };
+            match lack {
+                Some(why) => Err(why),
+                None => Ok(Box::new(Sluice {
+                    kind,
+                    audit: bed.dir.join("audit-oci.jsonl"),
+                    image: Some(image.to_string()),
+                })),
             }
-            Some(lack) => Err(lack.why()),
-            None => Ok(Box::new(Sluice {
-                kind,
-                audit: bed.dir.join("audit-oci.jsonl"),
-                image: Some(image.to_string()),
-            })),
-        },
+        }
         ConditionKind::Haproxy => match peers::Peer::haproxy(bed)? {
             Ok(peer) => Ok(Box::new(peer)),
             Err(why) => Err(why),
