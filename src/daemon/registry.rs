@@ -5,8 +5,7 @@
 //! An attach answers OK only after `attach::prepare` applied and read back
 //! the table and bound the listeners; any failure before that leaves nothing
 //! attached and the namespace as it was given, except for the in-namespace
-//! plumbing (a bridge with no ports, see `SandboxNetns::plumb`), which leads
-//! nowhere.
+//! plumbing (an ifb link, see `SandboxNetns::plumb`), which leads nowhere.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;

@@ -85,7 +85,7 @@ pub(super) fn capabilities() -> Found {
 }
 
 /// `netns` and `nftables`: a sandbox namespace made as `sluice run` makes
-/// it (`lo`, the `sbx0` bridge, default routes), and host mode's table
+/// it (`lo`, the `sbx0` ifb link, default routes), and host mode's table
 /// applied in it over netlink and read back. The namespace is freed with
 /// its descriptor when the check ends.
 pub(super) fn namespace_and_table() -> (Found, Found) {
@@ -113,7 +113,7 @@ pub(super) fn namespace_and_table() -> (Found, Found) {
         }
         Ok(Ok(table)) => (
             Found::Have(
-                "a sandbox namespace (lo, the sbx0 bridge, default routes) can be made".into(),
+                "a sandbox namespace (lo, the sbx0 ifb link, default routes) can be made".into(),
             ),
             match table {
                 Ok(()) => Found::Have(
@@ -278,7 +278,7 @@ fn netns_fix(err: &NetnsError) -> &'static str {
             "run sluice as root (sudo sluice ...), with CAP_SYS_ADMIN"
         }
         NetnsError::Create(_) => "a kernel with network namespaces (CONFIG_NET_NS=y, as Debian's)",
-        NetnsError::Netlink { .. } => "modprobe bridge (the sandbox's sbx0 link is a bridge)",
+        NetnsError::Netlink { .. } => "modprobe ifb (the sandbox's sbx0 link is an ifb)",
         NetnsError::Tap { .. } => "modprobe tun (the tun driver and /dev/net/tun)",
         _ => "see the detail",
     }

@@ -1,6 +1,6 @@
 //! The sandbox namespace's plumbing, over rtnetlink from the calling
-//! thread's namespace: `lo` up, the link `sbx0` (a bridge with no ports,
-//! up), the addresses, and the default routes. Also the list of links, for
+//! thread's namespace: `lo` up, the link `sbx0` (an ifb, which leads
+//! nowhere, up), the addresses, and the default routes. Also the list of links, for
 //! refusing a namespace that has more than `lo`.
 //!
 //! One NETLINK_ROUTE socket, opened on the calling thread (so it talks to
@@ -17,9 +17,7 @@ use netlink_packet_core::{
     NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressHeaderFlags, AddressMessage, AddressScope};
-use netlink_packet_route::link::{
-    InfoBridge, InfoData, InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
-};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -33,7 +31,7 @@ pub(super) fn configure() -> Result<(), NetnsError> {
     quiet_ipv6_defaults();
     let mut rtnl = Rtnl::open()?;
     rtnl.set_up("bringing lo up", "lo")?;
-    rtnl.add_bridge(SANDBOX_LINK)?;
+    rtnl.add_ifb(SANDBOX_LINK)?;
     let link = rtnl.index_of(SANDBOX_LINK)?;
     let lo = rtnl.index_of("lo")?;
     rtnl.add_address(
@@ -137,26 +135,25 @@ impl Rtnl {
         self.ack(step, RouteNetlinkMessage::SetLink(link), NLM_F_ACK)
     }
 
-    /// A bridge with no ports, created up: one device where a veth pair is
-    /// two (0.2 to 2 ms less per start, more under load: docs/measurements.md,
-    /// round seven), it leads nowhere, and the kernel refuses to
-    /// move a bridge to another namespace ("The interface netns is
-    /// immutable"), so the link the default routes use cannot be taken out
-    /// of the sandbox. (These kernels have no `dummy` link type.)
-    fn add_bridge(&mut self, name: &str) -> Result<(), NetnsError> {
+    /// An `ifb` link, created up: one device where a veth pair is two, and
+    /// it leads nowhere (an ifb drops what is sent to it unless tc
+    /// redirected it there from another link of the same namespace). Not a
+    /// bridge, although the kernel refuses to move a bridge to another
+    /// namespace: a bridge's teardown waits for RCU (`rcu_barrier` in
+    /// `br_multicast_dev_del`) with the rtnl lock held, so the kernel's
+    /// cleanup of each exited sandbox stalled every network change on the
+    /// host, the next sandbox's start among them, by 50 to 100 ms
+    /// (docs/measurements.md, "Start and exit: the bridge's teardown").
+    /// (These kernels have no `dummy` link type.)
+    fn add_ifb(&mut self, name: &str) -> Result<(), NetnsError> {
         let mut link = LinkMessage::default();
         link.header.flags = LinkFlags::Up;
         link.header.change_mask = LinkFlags::Up;
         link.attributes.push(LinkAttribute::IfName(name.into()));
-        // Without multicast snooping: with it the bridge joins the
-        // snoopers' groups (224.0.0.106, ff02::6a) and reports them, which
-        // the drop counter would count as the workload's.
-        link.attributes.push(LinkAttribute::LinkInfo(vec![
-            LinkInfo::Kind(InfoKind::Bridge),
-            LinkInfo::Data(InfoData::Bridge(vec![InfoBridge::MulticastSnooping(false)])),
-        ]));
+        link.attributes
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Ifb)]));
         self.ack(
-            "creating the link sbx0 (a bridge with no ports)",
+            "creating the link sbx0 (an ifb, which leads nowhere)",
             RouteNetlinkMessage::NewLink(link),
             NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
         )

@@ -3,8 +3,8 @@
 //! This module owns creating, opening and entering the network namespace a
 //! workload runs in: an ANONYMOUS namespace (never `ip netns add`, so no
 //! bind mount under /run/netns can outlive sluice) held only by an fd, with
-//! `lo` and one link `sbx0` (a bridge with no ports, which the kernel will
-//! not move to another namespace), and default routes (v4 and v6) via
+//! `lo` and one link `sbx0` (an ifb, which drops what is sent to it, here
+//! or in any namespace it is moved to), and default routes (v4 and v6) via
 //! `sbx0` so that connect() reaches netfilter instead of failing with
 //! ENETUNREACH. The kernel frees the namespace with
 //! its last reference (this fd, a process inside, or a socket created in it),
@@ -50,7 +50,7 @@ pub const SANDBOX_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0x0db8, 0x5c, 0xffff, 0, 
 /// Name of the link that carries the addresses and default routes.
 pub(crate) const SANDBOX_LINK: &str = "sbx0";
 /// What kind of link [`SANDBOX_LINK`] is (`IFLA_INFO_KIND`).
-pub(crate) const SANDBOX_LINK_KIND: &str = "bridge";
+pub(crate) const SANDBOX_LINK_KIND: &str = "ifb";
 
 pub use tap::TapOwner;
 
@@ -147,8 +147,8 @@ pub struct SandboxNetns {
 }
 
 impl SandboxNetns {
-    /// Creates a fresh anonymous namespace with `lo` up, `sbx0` (a bridge
-    /// with no ports, up), [`SANDBOX_V4`]/30 on `sbx0`,
+    /// Creates a fresh anonymous namespace with `lo` up, `sbx0` (an ifb,
+    /// which leads nowhere, up), [`SANDBOX_V4`]/30 on `sbx0`,
     /// [`SANDBOX_V6`]/128 (nodad) on `lo`, and v4 and v6 default routes via
     /// `sbx0` (the v6 one with [`SANDBOX_V6`] as its source).
     pub fn create() -> Result<SandboxNetns, NetnsError> {
@@ -244,7 +244,7 @@ impl SandboxNetns {
 
     /// Gives a namespace someone else created (a container's, holding only
     /// `lo`) the same plumbing as [`SandboxNetns::create`]: `lo` up, the
-    /// bridge `sbx0`, and default routes, so that connect() reaches
+    /// ifb `sbx0`, and default routes, so that connect() reaches
     /// netfilter. Refuse namespaces with other links before calling this.
     pub fn plumb(&self) -> Result<(), NetnsError> {
         self.run_in(links::configure)?
@@ -415,7 +415,7 @@ impl SandboxNetns {
         self.run_in(move || Ok(links::Rtnl::open()?.link(&name)?.is_some()))?
     }
 
-    /// What kind of link `name` is (`IFLA_INFO_KIND`: `bridge`, `veth`,
+    /// What kind of link `name` is (`IFLA_INFO_KIND`: `ifb`, `veth`,
     /// `tun`, ...); `None` when there is no such link or it has no kind
     /// (`lo`).
     pub fn link_kind(&self, name: &str) -> Result<Option<String>, NetnsError> {
@@ -511,9 +511,7 @@ fn netlink_hint(err: &io::Error) -> &'static str {
         Some(libc::EPERM) | Some(libc::EACCES) => {
             " (needs root: CAP_NET_ADMIN in the sandbox namespace; run sluice as root)"
         }
-        Some(libc::EOPNOTSUPP) => {
-            " (this kernel lacks bridge support: load it with `modprobe bridge`)"
-        }
+        Some(libc::EOPNOTSUPP) => " (this kernel lacks ifb support: load it with `modprobe ifb`)",
         Some(libc::EEXIST) => {
             " (it exists already: only a namespace holding nothing but lo can be plumbed)"
         }

@@ -77,9 +77,8 @@ pub(super) fn enforce(
         .links()
         .map_err(|e| ApiError::internal(e.to_string()))?;
     // Plumbed already (a second attach of the same namespace) only if the
-    // one link is sluice's bridge by name and by kind: a link of another
-    // kind named sbx0 (a veth whose peer is elsewhere) is a way out. A
-    // bridge's ports would be links here too.
+    // one link is sluice's ifb by name and by kind: a link of another
+    // kind named sbx0 (a veth whose peer is elsewhere) is a way out.
     let ours = || -> Result<bool, ApiError> {
         Ok(links == [SANDBOX_LINK]
             && netns
