@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
 /// The source tree this binary was built from.
 const SOURCE_TREE: &str = env!("CARGO_MANIFEST_DIR");
@@ -32,16 +33,51 @@ pub(crate) fn build_image(exe: &Path, image: &str) -> Result<(), String> {
 }
 
 /// Build the guest kit into `dir` (minutes the first time: a kernel
-/// download and a static sluice).
+/// download and a static sluice). A build that failed is not run again in
+/// the same bench: vm and vm-direct share the kit, and the second would
+/// pay for the same failure (a slow download twice).
 pub(crate) fn build_kit(dir: &Path) -> Result<(), String> {
-    let script = script(KIT_SCRIPT)?;
-    eprintln!(
-        "vm: building the guest kit in {} with {KIT_SCRIPT} (once, minutes: a kernel download and a static sluice)",
-        dir.display()
-    );
-    let mut cmd = Command::new(&script);
-    cmd.arg("--kit").arg(dir);
-    run(cmd, KIT_SCRIPT)
+    static FAILED: Failures = Mutex::new(Vec::new());
+    unless_failed_before(&FAILED, dir, || {
+        let script = script(KIT_SCRIPT)?;
+        eprintln!(
+            "vm: building the guest kit in {} with {KIT_SCRIPT} (once, minutes: a kernel download and a static sluice)",
+            dir.display()
+        );
+        let mut cmd = Command::new(&script);
+        cmd.arg("--kit").arg(dir);
+        run(cmd, KIT_SCRIPT)
+    })
+}
+
+/// Builds that failed in this process, by directory, with why.
+type Failures = Mutex<Vec<(PathBuf, String)>>;
+
+/// `build()`, unless it failed for `dir` before: then the same error,
+/// without running it again.
+fn unless_failed_before(
+    failures: &Failures,
+    dir: &Path,
+    build: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    let earlier = {
+        let failures = failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures
+            .iter()
+            .find(|(d, _)| d == dir)
+            .map(|(_, why)| why.clone())
+    };
+    if let Some(why) = earlier {
+        return Err(format!("{why} (earlier in this run)"));
+    }
+    let built = build();
+    if let Err(why) = &built {
+        failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((dir.to_path_buf(), why.clone()));
+    }
+    built
 }
 
 /// `relative` in the source tree, or why it is not there.
@@ -87,6 +123,26 @@ mod tests {
         for relative in [IMAGE_SCRIPT, KIT_SCRIPT] {
             assert!(script(relative).is_ok(), "{relative}");
         }
+    }
+
+    #[test]
+    fn a_build_that_failed_is_not_run_again_for_the_same_directory() {
+        let failures: Failures = Mutex::new(Vec::new());
+        let runs = std::cell::Cell::new(0);
+        let failing = || {
+            runs.set(runs.get() + 1);
+            Err("build-guest.sh failed".to_string())
+        };
+        let kit = Path::new("/tmp/kit-a");
+        assert_eq!(
+            unless_failed_before(&failures, kit, failing),
+            Err("build-guest.sh failed".into())
+        );
+        let again = unless_failed_before(&failures, kit, failing).unwrap_err();
+        assert_eq!(again, "build-guest.sh failed (earlier in this run)");
+        assert_eq!(runs.get(), 1, "run once");
+        let other = unless_failed_before(&failures, Path::new("/tmp/kit-b"), || Ok(()));
+        assert_eq!(other, Ok(()), "another directory is built");
     }
 
     #[test]
