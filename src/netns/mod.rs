@@ -52,6 +52,14 @@ pub(crate) const SANDBOX_LINK: &str = "sbx0";
 /// What kind of link [`SANDBOX_LINK`] is (`IFLA_INFO_KIND`).
 pub(crate) const SANDBOX_LINK_KIND: &str = "ifb";
 
+/// Whether a link of `kind` named [`SANDBOX_LINK`], alone beside `lo`, is
+/// one sluice made: an ifb, or the bridge with no ports that sluice made
+/// before 2026-12-08 (a daemon upgraded while such a container runs
+/// adopts it again). Neither leads anywhere; a veth, which does, is not.
+pub(crate) fn is_sandbox_link_kind(kind: Option<&str>) -> bool {
+    matches!(kind, Some(SANDBOX_LINK_KIND) | Some("bridge"))
+}
+
 pub use tap::TapOwner;
 
 /// An address with its prefix length, as it sits on a link.
@@ -534,5 +542,17 @@ mod tests {
     fn sandbox_netns_can_be_shared_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<SandboxNetns>();
+    }
+
+    #[test]
+    fn only_links_that_lead_nowhere_count_as_sluices_own() {
+        assert!(is_sandbox_link_kind(Some("ifb")));
+        assert!(
+            is_sandbox_link_kind(Some("bridge")),
+            "made before 2026-12-08"
+        );
+        for other in [Some("veth"), Some("vxlan"), Some("tun"), None] {
+            assert!(!is_sandbox_link_kind(other), "{other:?}");
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::os::fd::OwnedFd;
 use crate::attach::vm::VmNet;
 use crate::daemon::adopt;
 use crate::daemon::api::{ApiError, AttachRequest};
-use crate::netns::{LinkAddress, SandboxNetns, SANDBOX_LINK, SANDBOX_LINK_KIND};
+use crate::netns::{is_sandbox_link_kind, LinkAddress, SandboxNetns, SANDBOX_LINK};
 
 /// Refuse `req` if one of its container's bind sources reaches one of
 /// `guarded`.
@@ -77,15 +77,16 @@ pub(super) fn enforce(
         .links()
         .map_err(|e| ApiError::internal(e.to_string()))?;
     // Plumbed already (a second attach of the same namespace) only if the
-    // one link is sluice's ifb by name and by kind: a link of another
-    // kind named sbx0 (a veth whose peer is elsewhere) is a way out.
+    // one link is sluice's by name and by kind: a link of another kind
+    // named sbx0 (a veth whose peer is elsewhere) is a way out.
     let ours = || -> Result<bool, ApiError> {
         Ok(links == [SANDBOX_LINK]
-            && netns
-                .link_kind(SANDBOX_LINK)
-                .map_err(|e| ApiError::internal(e.to_string()))?
-                .as_deref()
-                == Some(SANDBOX_LINK_KIND))
+            && is_sandbox_link_kind(
+                netns
+                    .link_kind(SANDBOX_LINK)
+                    .map_err(|e| ApiError::internal(e.to_string()))?
+                    .as_deref(),
+            ))
     };
     if links.is_empty() {
         netns
