@@ -75,22 +75,19 @@ fn two_workers_with_shared_listeners_relay_every_connection_and_both_serve() {
         "sluice counts every connection: {}",
         stderr(&out)
     );
-    // The kernel spreads connections over the two listeners by their
-    // addresses: with 64 source ports, each worker gets some (the odds of
-    // one getting none are 2 in 2^64).
+    // Two workers accept on one socket: whichever is free takes the next
+    // connection, so the split follows the load and is not pinned here
+    // (three workers, a socket each, are: the test below).
     let accepted = accepted_per_worker(&out, 2);
     assert_eq!(accepted.iter().sum::<u64>(), 64, "{}", stderr(&out));
-    assert!(
-        accepted.iter().all(|&n| n > 0),
-        "both workers accept: {accepted:?}"
-    );
+    assert_eq!(workers_that_listened(&out), 2, "{}", stderr(&out));
 }
 
 #[test]
-fn two_workers_deny_and_audit_every_connection_whichever_worker_takes_it() {
+fn three_workers_deny_and_audit_every_connection_whichever_worker_takes_it() {
     let Some(w) = World::new() else { return };
     let hits = w.http_origin("198.18.0.1:8082");
-    let out = w.probe_on_workers(&w.policy(POLICY), 2, 32, "http://198.18.0.1:8082/");
+    let out = w.probe_on_workers(&w.policy(POLICY), 3, 64, "http://198.18.0.1:8082/");
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -98,18 +95,20 @@ fn two_workers_deny_and_audit_every_connection_whichever_worker_takes_it() {
         stderr(&out)
     );
     assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 0);
-    // Both workers took denied connections (the odds of one taking none
-    // of 32 are 2 in 2^32), and every one of them was audited.
-    let accepted = accepted_per_worker(&out, 2);
-    assert_eq!(accepted.iter().sum::<u64>(), 32, "{}", stderr(&out));
+    // Three workers have a SO_REUSEPORT socket each, and the kernel
+    // spreads connections over them by their addresses: every worker took
+    // denied connections (the odds of one taking none of 64 are about 3 in
+    // 2^37), and every one of them was audited.
+    let accepted = accepted_per_worker(&out, 3);
+    assert_eq!(accepted.iter().sum::<u64>(), 64, "{}", stderr(&out));
     assert!(
         accepted.iter().all(|&n| n > 0),
-        "both workers deny: {accepted:?}"
+        "every worker denies: {accepted:?}"
     );
     let audit = w.audit();
     assert_eq!(
         audit.len(),
-        32,
+        64,
         "one record per denied connection: {audit:?}"
     );
     assert!(audit
@@ -156,6 +155,58 @@ fn a_sandbox_confined_to_one_cpu_by_its_affinity_gets_one_worker() {
     let out = run_true_logging_workers(&w, &["taskset", "-c", "0"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(workers_that_listened(&out), 1, "{}", stderr(&out));
+}
+
+/// With `SLUICE_WORKERS=workers`: how many TCP sockets listen on each
+/// address inside the sandbox (`ss -Hltn`, run as the workload), and how
+/// many workers served a proxy listener.
+fn listening_sockets_with_workers(
+    w: &World,
+    workers: usize,
+) -> (std::collections::BTreeMap<String, usize>, usize) {
+    let mut cmd = w.run_command(&w.policy(POLICY), &["ss", "-Hltn"]);
+    cmd.env("SLUICE_WORKERS", workers.to_string())
+        .env("RUST_LOG", "sluice=debug");
+    let out = output_of(cmd);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut sockets = std::collections::BTreeMap::new();
+    for line in stdout(&out).lines() {
+        if let Some(addr) = line.split_whitespace().nth(3) {
+            *sockets.entry(addr.to_string()).or_insert(0) += 1;
+        }
+    }
+    (sockets, workers_that_listened(&out))
+}
+
+#[test]
+fn two_workers_accept_on_one_proxy_socket_per_address() {
+    let Some(w) = World::new() else { return };
+    let (sockets, listened) = listening_sockets_with_workers(&w, 2);
+    assert_eq!(sockets["127.0.0.1:15001"], 1, "{sockets:?}");
+    assert_eq!(sockets["[::1]:15001"], 1, "{sockets:?}");
+    assert_eq!(listened, 2, "both workers accept on it");
+}
+
+#[test]
+fn four_workers_accept_in_pairs_on_two_proxy_sockets_per_address() {
+    let Some(w) = World::new() else { return };
+    let (sockets, listened) = listening_sockets_with_workers(&w, 4);
+    assert_eq!(sockets["127.0.0.1:15001"], 2, "{sockets:?}");
+    assert_eq!(sockets["[::1]:15001"], 2, "{sockets:?}");
+    assert_eq!(listened, 4);
+}
+
+#[test]
+fn three_workers_get_a_proxy_socket_each_so_that_the_spread_stays_even() {
+    let Some(w) = World::new() else { return };
+    let (sockets, listened) = listening_sockets_with_workers(&w, 3);
+    assert_eq!(sockets["127.0.0.1:15001"], 3, "{sockets:?}");
+    assert_eq!(sockets["[::1]:15001"], 3, "{sockets:?}");
+    assert_eq!(
+        sockets["127.0.0.1:15053"], 1,
+        "one DNS listener whatever the workers"
+    );
+    assert_eq!(listened, 3);
 }
 
 /// `sluice run -- true` with `var=value` in its environment, to its end.

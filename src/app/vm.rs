@@ -94,7 +94,11 @@ pub(crate) async fn run(opts: VmOptions) -> Result<i32> {
         session.finish(None, super::Leftovers::Unknown).await;
         return Err(attach::AttachError::Confine(err).into());
     }
-    let listeners = session.services.shared.workers.listeners_per_address();
+    let workers = &session.services.shared.workers;
+    let listeners = (
+        workers.listeners_per_address(),
+        workers.workers_per_socket(),
+    );
     let sandbox = match own_namespace(&opts.net, owner, listeners) {
         Ok(sandbox) => sandbox,
         Err(err) => {
@@ -149,13 +153,20 @@ fn vmm_ca_file(
 }
 
 /// A fresh namespace with the tap in it, fenced, listeners bound.
-fn own_namespace(net: &VmNet, owner: TapOwner, listeners: usize) -> Result<attach::Sandbox> {
+fn own_namespace(
+    net: &VmNet,
+    owner: TapOwner,
+    (listeners, per_socket): (usize, usize),
+) -> Result<attach::Sandbox> {
     let netns = SandboxNetns::create().context("cannot create the VMM's network namespace")?;
     netns
         .create_tap(&net.tap, owner, &net.gateway_addresses())
         .with_context(|| format!("cannot create the tap {}", net.tap))?;
-    attach::prepare(netns, &net.attachment(true).served_by(listeners))
-        .context("cannot fence the tap")
+    let attachment = net
+        .attachment(true)
+        .served_by(listeners)
+        .sockets_shared_by(per_socket);
+    attach::prepare(netns, &attachment).context("cannot fence the tap")
 }
 
 /// Everything `sluice vm attach` was asked to do.
@@ -226,7 +237,8 @@ pub(crate) async fn attach(opts: AttachOptions) -> Result<i32> {
     };
     let attachment = net
         .attachment(false)
-        .served_by(session.services.shared.workers.listeners_per_address());
+        .served_by(session.services.shared.workers.listeners_per_address())
+        .sockets_shared_by(session.services.shared.workers.workers_per_socket());
     let sandbox = match attach::prepare(netns, &attachment) {
         Ok(sandbox) => sandbox,
         Err(err) => {

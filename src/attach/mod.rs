@@ -80,11 +80,15 @@ pub(crate) struct Attachment {
     /// pinned too (its MAC, permanent), so that no reply to it waits on
     /// neighbour discovery.
     pub(crate) router: Option<(String, crate::ndp::GuestRouter)>,
-    /// Proxy listeners bound per proxy address: one per worker of the
-    /// runtime that serves them ([`Attachment::served_by`]). With more than
-    /// one they share the address through SO_REUSEPORT, and the kernel
-    /// spreads connections over them by their addresses.
+    /// Proxy listeners per proxy address: one per worker of the runtime
+    /// that serves them ([`Attachment::served_by`]), each accepting on its
+    /// worker.
     pub(crate) listeners_per_address: usize,
+    /// How many of those listeners accept on one bound socket
+    /// ([`Attachment::sockets_shared_by`]); the sockets of one address
+    /// share it through SO_REUSEPORT, and the kernel spreads connections
+    /// over them by their addresses.
+    pub(crate) listeners_per_socket: usize,
 }
 
 impl Attachment {
@@ -92,6 +96,17 @@ impl Attachment {
     /// (at least one): one per worker (`serve::runtime::Workers`).
     pub(crate) fn served_by(mut self, listeners: usize) -> Attachment {
         self.listeners_per_address = listeners.max(1);
+        self
+    }
+
+    /// The same attachment, with `listeners` of each address's listeners
+    /// accepting on one socket (at least one; none shared unless it divides
+    /// their number, so that each socket has as many). Workers that share
+    /// a socket take whichever connection comes while they are free, where
+    /// SO_REUSEPORT's hash can queue one behind a busy worker while another
+    /// idles (`serve::runtime::WORKERS_PER_SOCKET` says what was measured).
+    pub(crate) fn sockets_shared_by(mut self, listeners: usize) -> Attachment {
+        self.listeners_per_socket = listeners.max(1);
         self
     }
 
@@ -114,6 +129,7 @@ impl Attachment {
             dhcp: None,
             router: None,
             listeners_per_address: 1,
+            listeners_per_socket: 1,
         }
     }
 }
@@ -245,7 +261,14 @@ fn enforce_inside(attachment: &Attachment) -> Result<SandboxSockets, AttachError
 
 /// Runs on a thread inside the sandbox namespace.
 fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> {
-    let shared = attachment.listeners_per_address > 1;
+    let listeners = attachment.listeners_per_address.max(1);
+    // Shared only when every socket gets as many listeners: SO_REUSEPORT
+    // spreads connections evenly over the sockets, and so over the workers.
+    let per_socket = match attachment.listeners_per_socket.clamp(1, listeners) {
+        n if listeners % n == 0 => n,
+        _ => 1,
+    };
+    let bound_per_address = listeners / per_socket;
     let tcp = |what, addr, reuseport: bool| {
         let bound = if reuseport {
             reuseport_listener(addr)
@@ -293,8 +316,22 @@ fn bind_sockets(attachment: &Attachment) -> Result<SandboxSockets, AttachError> 
         router: None,
     };
     for &addr in &attachment.proxy_binds {
-        for _ in 0..attachment.listeners_per_address.max(1) {
-            sockets.proxy.push(tcp("proxy", addr, shared)?);
+        let reuseport = bound_per_address > 1;
+        let mut bound = Vec::with_capacity(bound_per_address);
+        for _ in 0..bound_per_address {
+            bound.push(tcp("proxy", addr, reuseport)?);
+        }
+        // In worker order: the k-th listener is worker k's, on socket
+        // k / per_socket.
+        for k in 0..listeners {
+            let socket = bound[k / per_socket]
+                .try_clone()
+                .map_err(|source| AttachError::Bind {
+                    what: "proxy",
+                    addr,
+                    source,
+                })?;
+            sockets.proxy.push(socket);
         }
     }
     for &addr in &attachment.dns_binds {

@@ -244,6 +244,7 @@ impl VmNet {
             dhcp: Some((self.tap.clone(), self.lease())),
             router: self.router().map(|r| (self.tap.clone(), r)),
             listeners_per_address: 1,
+            listeners_per_socket: 1,
         }
     }
 

@@ -44,7 +44,9 @@ pub(crate) fn execute(args: OciArgs) -> anyhow::Result<i32> {
     // The namespace first, on a thread of its own while the runtime and the
     // services start (as for `sluice run`).
     let sandbox = crate::app::start_sandbox(
-        &crate::attach::oci::attachment().served_by(runtime.listeners_per_address()),
+        &crate::attach::oci::attachment()
+            .served_by(runtime.listeners_per_address())
+            .sockets_shared_by(runtime.workers_per_socket()),
     )?;
     let (started, workers) = runtime.start()?;
     let opts = crate::app::oci::OciOptions {

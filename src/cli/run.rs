@@ -45,7 +45,9 @@ pub(crate) fn execute(args: RunArgs) -> anyhow::Result<i32> {
     // Then the namespace, on a thread of its own while the runtime and the
     // services start: its table's thread is the longest path to the go.
     let sandbox = crate::app::start_sandbox(
-        &crate::attach::host::attachment().served_by(runtime.listeners_per_address()),
+        &crate::attach::host::attachment()
+            .served_by(runtime.listeners_per_address())
+            .sockets_shared_by(runtime.workers_per_socket()),
     )?;
     let files = sluice_files(&args.source, &args.records);
     let (started, workers) = runtime.start()?;

@@ -3,9 +3,11 @@
 //! [`many_sandboxes`]) and passed down as a value ([`Workers`]), never a
 //! process-wide global.
 //!
-//! Each worker gets its own proxy listener per address (SO_REUSEPORT, see
-//! `Attachment::served_by`): the kernel spreads connections
-//! over the listeners. One sandbox (`run`, `oci`, `vm`) with more than one
+//! Each worker gets its own proxy listener per address
+//! (`Attachment::served_by`). One sandbox's workers accept in pairs on one
+//! socket per pair ([`WORKERS_PER_SOCKET`]; the daemon's, on a socket each),
+//! and the sockets of one address share it through SO_REUSEPORT, the
+//! kernel spreading connections over them. One sandbox (`run`, `oci`, `vm`) with more than one
 //! worker is served thread-per-core: the main thread's single-threaded
 //! runtime and, per extra worker, a thread with a single-threaded runtime
 //! of its own ([`Workers::side`]) that accepts on its own listeners and
@@ -169,6 +171,9 @@ fn start_side_workers(n: usize, plan: Plan) -> Result<Vec<Handle>> {
 pub(crate) struct Plan {
     /// Worker threads, each with its own proxy listener per address.
     pub(crate) workers: usize,
+    /// How many workers' listeners accept on one socket (1: each its own
+    /// SO_REUSEPORT socket).
+    pub(crate) workers_per_socket: usize,
     /// Nice steps the serving threads run ahead of the workload (0: none).
     pub(crate) nice_ahead: i32,
 }
@@ -204,6 +209,7 @@ impl Default for Workers {
         Workers {
             plan: Plan {
                 workers: 1,
+                workers_per_socket: 1,
                 nice_ahead: 0,
             },
             side: Vec::new(),
@@ -221,6 +227,12 @@ impl Workers {
     /// Proxy listeners to bind per address: one per worker.
     pub(crate) fn listeners_per_address(&self) -> usize {
         self.plan.workers
+    }
+
+    /// How many of them accept on one socket ([`WORKERS_PER_SOCKET`] for
+    /// one sandbox's workers, 1 for the daemon's).
+    pub(crate) fn workers_per_socket(&self) -> usize {
+        self.plan.workers_per_socket
     }
 
     /// What a sandbox's proxy calls after each accept (its `on_accept`),
@@ -256,6 +268,7 @@ pub(crate) fn plan_one_sandbox() -> Result<OneSandbox> {
     Ok(OneSandbox {
         plan: Plan {
             workers,
+            workers_per_socket: WORKERS_PER_SOCKET,
             nice_ahead,
         },
     })
@@ -270,6 +283,11 @@ impl OneSandbox {
     /// Proxy listeners to bind per address: one per worker.
     pub(crate) fn listeners_per_address(&self) -> usize {
         self.plan.workers
+    }
+
+    /// How many of them accept on one socket: [`WORKERS_PER_SOCKET`].
+    pub(crate) fn workers_per_socket(&self) -> usize {
+        self.plan.workers_per_socket
     }
 
     /// Start the side workers and the main thread's runtime.
@@ -287,12 +305,28 @@ impl OneSandbox {
     }
 }
 
+/// One sandbox's workers accept in pairs on one socket per pair (the pairs'
+/// sockets share the address through SO_REUSEPORT). On one socket, the
+/// worker that is free takes the next connection; with a SO_REUSEPORT
+/// socket each, the kernel's hash of the connection's addresses picks the
+/// worker, busy or not. Measured on these 2-vCPU machines (8 in flight,
+/// six paired `sluice bench` runs, docs/measurements.md, issue 34): one
+/// socket for both workers took sluice from 1.09-1.22 of haproxy's time to
+/// 1.00-1.12, at 2-9 µs less CPU per connection. Every worker on a socket
+/// is woken for each connection and all but one find nothing to accept, so
+/// the sharing stops at two, the number measured.
+pub(crate) const WORKERS_PER_SOCKET: usize = 2;
+
 /// The daemon serves many sandboxes and gets a worker per core, on tokio's
 /// multi-threaded runtime, with no lead over its workloads.
 pub(crate) fn many_sandboxes() -> Result<(tokio::runtime::Runtime, Workers)> {
     let workers = workers(available_cpus())?;
+    // Not measured with a shared socket: the daemon's workers are one
+    // multi-threaded runtime, whose one reactor would wake two accept
+    // tasks for each connection.
     let plan = Plan {
         workers,
+        workers_per_socket: 1,
         nice_ahead: 0,
     };
     Ok((
