@@ -20,6 +20,7 @@ use super::{supervise_command, PolicySource, ServiceOptions, Session};
 use crate::attach::{self, host, vm::VmNet};
 use crate::confine::{RunAs, SluiceFiles};
 use crate::netns::{SandboxNetns, TapOwner};
+use crate::serve::runtime::Workers;
 
 /// The VMM's variable naming the CA bundle its guest should trust.
 pub(crate) const CA_FILE_VARIABLE: &str = "SLUICE_CA_FILE";
@@ -94,12 +95,7 @@ pub(crate) async fn run(opts: VmOptions) -> Result<i32> {
         session.finish(None, super::Leftovers::Unknown).await;
         return Err(attach::AttachError::Confine(err).into());
     }
-    let workers = &session.services.shared.workers;
-    let listeners = (
-        workers.listeners_per_address(),
-        workers.workers_per_socket(),
-    );
-    let sandbox = match own_namespace(&opts.net, owner, listeners) {
+    let sandbox = match own_namespace(&opts.net, owner, &session.services.shared.workers) {
         Ok(sandbox) => sandbox,
         Err(err) => {
             session.finish(None, super::Leftovers::Unknown).await;
@@ -153,19 +149,15 @@ fn vmm_ca_file(
 }
 
 /// A fresh namespace with the tap in it, fenced, listeners bound.
-fn own_namespace(
-    net: &VmNet,
-    owner: TapOwner,
-    (listeners, per_socket): (usize, usize),
-) -> Result<attach::Sandbox> {
+fn own_namespace(net: &VmNet, owner: TapOwner, workers: &Workers) -> Result<attach::Sandbox> {
     let netns = SandboxNetns::create().context("cannot create the VMM's network namespace")?;
     netns
         .create_tap(&net.tap, owner, &net.gateway_addresses())
         .with_context(|| format!("cannot create the tap {}", net.tap))?;
     let attachment = net
         .attachment(true)
-        .served_by(listeners)
-        .sockets_shared_by(per_socket);
+        .served_by(workers.listeners_per_address())
+        .sockets_shared_by(workers.workers_per_socket());
     attach::prepare(netns, &attachment).context("cannot fence the tap")
 }
 

@@ -7,8 +7,8 @@
 //! (`Attachment::served_by`). One sandbox's workers accept in pairs on one
 //! socket per pair ([`WORKERS_PER_SOCKET`]; the daemon's, on a socket each),
 //! and the sockets of one address share it through SO_REUSEPORT, the
-//! kernel spreading connections over them. One sandbox (`run`, `oci`, `vm`) with more than one
-//! worker is served thread-per-core: the main thread's single-threaded
+//! kernel spreading connections over them. One sandbox (`run`, `oci`,
+//! `vm`) with more than one worker is served thread-per-core: the main thread's single-threaded
 //! runtime and, per extra worker, a thread with a single-threaded runtime
 //! of its own ([`Workers::side`]) that accepts on its own listeners and
 //! keeps every connection it accepted, so no task or wake-up crosses
@@ -311,8 +311,8 @@ impl OneSandbox {
 /// socket each, the kernel's hash of the connection's addresses picks the
 /// worker, busy or not. Measured on these 2-vCPU machines (8 in flight,
 /// six paired `sluice bench` runs, docs/measurements.md, issue 34): one
-/// socket for both workers took sluice from 1.09-1.22 of haproxy's time to
-/// 1.00-1.12, at 2-9 µs less CPU per connection. Every worker on a socket
+/// socket for both workers took sluice from 1.09-1.18 of haproxy's time to
+/// 1.00-1.07, with its CPU per connection below haproxy's in every pair. Every worker on a socket
 /// is woken for each connection and all but one find nothing to accept, so
 /// the sharing stops at two, the number measured.
 pub(crate) const WORKERS_PER_SOCKET: usize = 2;
